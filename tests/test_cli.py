@@ -1,0 +1,124 @@
+"""End to end through the installed `tfdoctor` command, as a user or CI runs it."""
+
+import json
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from conftest import ROOT
+
+TFDOCTOR = shutil.which("tfdoctor")
+pytestmark = pytest.mark.skipif(TFDOCTOR is None, reason="tfdoctor is not installed (pip install -e .)")
+FAST = ["--only", "future-leak,mask-direction,init-loss"]
+
+
+def run(*args, cwd=ROOT):
+    return subprocess.run([TFDOCTOR, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_correct_fixture_exits_0():
+    done = run("check", "fixtures/gpt_correct.py:build")
+    assert done.returncode == 0, done.stderr
+    assert "future-leak" in done.stdout and "healthy" in done.stdout
+
+
+def test_triu_fixture_exits_1_and_names_the_bug():
+    done = run("check", "fixtures/gpt_triu_mask.py:build")
+    assert done.returncode == 1
+    assert "torch.triu where torch.tril was meant" in done.stdout
+    assert "fix:" in done.stdout
+
+
+def test_json_format_is_one_object_with_the_schema():
+    done = run("check", "fixtures/gpt_off_by_one.py:build", "--format", "json", *FAST)
+    assert done.returncode == 1
+    report = json.loads(done.stdout)
+    assert set(report) == {"target", "checks", "summary"}
+    assert report["target"] == "fixtures/gpt_off_by_one.py:build"
+    assert [c["id"] for c in report["checks"]] == ["future-leak", "mask-direction", "init-loss"]
+    for entry in report["checks"]:
+        assert set(entry) == {"id", "status", "message", "hint", "details"}
+        assert entry["status"] in {"pass", "warn", "fail", "skip", "error"}
+    assert report["checks"][1]["details"]["pattern"] == "off-by-one"
+    assert report["summary"] == {"pass": 1, "warn": 0, "fail": 2, "skip": 0, "error": 0}
+
+
+def test_junit_parses_with_one_testcase_per_check(tmp_path):
+    out = tmp_path / "report.xml"
+    done = run("check", "fixtures/gpt_no_mask.py:build", "--format", "junit", "--output", str(out), *FAST)
+    assert done.returncode == 1 and done.stdout == ""
+    suite = ET.parse(out).getroot().find("testsuite")
+    cases = {case.get("name"): case for case in suite.findall("testcase")}
+    assert list(cases) == ["future-leak", "mask-direction", "init-loss"]
+    assert cases["future-leak"].find("failure") is not None
+    assert cases["init-loss"].find("failure") is None
+    assert suite.get("failures") == "2"
+
+
+def test_module_target_with_cwd_on_path():
+    done = run("check", "gpt_correct:build", "--only", "mask-direction", cwd=ROOT / "fixtures")
+    assert done.returncode == 0, done.stderr
+
+
+def test_skip_and_seed_flags():
+    done = run("check", "fixtures/gpt_triu_mask.py:build", "--only", "init-loss,overfit-batch", "--skip", "overfit-batch",
+               "--seed", "3", "--batch", "2", "--seq-len", "16", "--format", "json")
+    assert done.returncode == 0
+    assert [c["id"] for c in json.loads(done.stdout)["checks"]] == ["init-loss"]
+
+
+def test_strict_turns_warnings_into_failures(tmp_path):
+    target = tmp_path / "warm_init.py"
+    target.write_text(
+        "import sys\nsys.path.insert(0, %r)\n" % str(ROOT / "fixtures")
+        + "import torch.nn as nn\nfrom gpt_correct import build as base\n"
+        "def build():\n    m = base()\n    nn.init.normal_(m.head.weight, std=0.27)\n    return m\n"
+    )
+    relaxed = run("check", f"{target}:build", "--only", "init-loss", "--format", "json")
+    assert json.loads(relaxed.stdout)["checks"][0]["status"] == "warn"
+    assert relaxed.returncode == 0
+    assert run("check", f"{target}:build", "--only", "init-loss", "--strict").returncode == 1
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["check", "no_such_module:build"], "module not found: no_such_module"),
+    (["check", "fixtures/nope.py:build"], "file not found"),
+    (["check", "fixtures/gpt_correct.py:missing"], "has no attribute 'missing'"),
+    (["check", "fixtures/gpt_correct.py"], "is not MODULE:ATTR"),
+    (["check", "tests/targets/bad_targets.py:raises"], "factory tests/targets/bad_targets.py:raises raised ValueError: config file missing"),
+    (["check", "tests/targets/bad_targets.py:returns_string"], "returned str, not an nn.Module"),
+    (["check", "tests/targets/bad_targets.py:NOT_CALLABLE"], "is a int, not a model"),
+    (["check", "tests/targets/bad_targets.py:wrong_shape"], "expected but got [2, 10]"),
+    (["check", "fixtures/gpt_correct.py:build", "--seq-len", "0"], "--seq-len must be at least 2"),
+    (["check", "fixtures/gpt_correct.py:build", "--only", "nope"], "unknown check id 'nope'"),
+    (["check", "fixtures/gpt_correct.py:build", "--format", "xml"], "--format"),
+    (["check", "fixtures/gpt_correct.py:build", "--pad-id", "500"], "outside the vocabulary"),
+    (["check", "fixtures/gpt_correct.py:build", "--no-such-flag"], "No such option"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, expected):
+    done = run(*args)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert expected in lines[0]
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_checks_lists_the_catalogue_without_torch():
+    code = ("import sys; from tfdoctor.cli import main; sys.argv=['tfdoctor','checks'];\n"
+            "try: main()\nexcept SystemExit: pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert "future-leak" in done.stdout and "overfit-batch" in done.stdout
+    assert done.stdout.strip().endswith("NO-TORCH")
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys; from tfdoctor.cli import main; sys.argv=['tfdoctor','--help'];\n"
+            "try: main()\nexcept SystemExit: pass\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert "check" in done.stdout
+    assert done.stdout.strip().endswith("NO-TORCH")
+    assert run("--help").returncode == 0

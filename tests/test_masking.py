@@ -1,0 +1,139 @@
+import pytest
+import torch
+
+from conftest import build_fixture
+from real_models import CAUSAL_MODELS
+from tfdoctor import Subject, run_checks
+from tfdoctor.checks.masking import classify
+from tfdoctor.probes.dependency import dependency_map
+
+MASK_CHECKS = ["future-leak", "mask-direction"]
+
+# fixture -> (future-leak status, mask-direction pattern)
+FIXTURE_EXPECTATIONS = {
+    "gpt_correct": ("pass", "causal"),
+    "gpt_blocked_triu": ("pass", "causal"),
+    "gpt_sdpa": ("pass", "causal"),
+    "gpt_big_init": ("pass", "causal"),
+    "gpt_triu_mask": ("fail", "upper"),
+    "gpt_no_mask": ("fail", "none"),
+    "gpt_off_by_one": ("fail", "off-by-one"),
+    "gpt_ignores_tokens": ("pass", "other"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE_EXPECTATIONS))
+def test_mask_checks_on_fixtures(name):
+    leak_status, pattern = FIXTURE_EXPECTATIONS[name]
+    report = run_checks(build_fixture(name), only=MASK_CHECKS)
+    assert report["future-leak"].status.value == leak_status
+    assert report["mask-direction"].details["pattern"] == pattern
+    assert report["mask-direction"].status.value == ("pass" if pattern == "causal" else "fail")
+
+
+def test_future_leak_names_first_leaking_pair_and_map():
+    result = run_checks(build_fixture("gpt_triu_mask"), only="future-leak")["future-leak"]
+    assert result.details["first_leak"]["output_position"] == 0
+    assert result.details["first_leak"]["input_position"] == 1
+    assert result.details["leaking_pairs"] == 32 * 31 // 2  # triu leaks every future pair
+    drawn = result.details["dependency_map"]
+    assert drawn[0][-1] == 2 and drawn[-1][0] == 0  # top-right leaks, bottom-left sees nothing
+    assert "torch.tril" in result.hint
+
+
+def test_off_by_one_reports_look_ahead_of_one_token_per_layer():
+    result = run_checks(build_fixture("gpt_off_by_one"), only="mask-direction")["mask-direction"]
+    assert result.details["look_ahead"] == 2  # two layers, each one token ahead
+    assert "diagonal" in result.hint
+
+
+def test_dependency_map_costs_one_forward_per_chunk_not_per_position():
+    calls = []
+    model = build_fixture("gpt_correct").eval()
+
+    def forward(ids):
+        calls.append(ids.shape[0])
+        return model(ids)
+
+    base = torch.randint(0, 96, (48,))
+    dmap = dependency_map(forward, base, 96, None)
+    assert len(calls) == 1 and calls[0] == 49  # base + one row per position
+    assert dmap.future_pairs() == []
+    assert bool(dmap.depends.diagonal().all())
+
+
+def test_dependency_map_chunks_large_inputs(monkeypatch):
+    from tfdoctor.probes import dependency
+
+    monkeypatch.setattr(dependency, "CHUNK_LOGIT_BYTES", 4 * 48 * 96 * 9)  # 8 rows + base per forward
+    model = build_fixture("gpt_triu_mask").eval()
+    dmap = dependency_map(model, torch.randint(0, 96, (48,)), 96, None)
+    assert dmap.forwards == 6
+    assert len(dmap.future_pairs()) == 48 * 47 // 2
+
+
+def test_leak_tolerance_sees_softmax_denominator_leak():
+    """Probabilities zeroed after the softmax: the future only moves the denominator, a ~1e-4 effect."""
+
+    class ZeroAfterSoftmax(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(50, 16)
+            self.head = torch.nn.Linear(16, 50)
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            T = ids.shape[1]
+            probs = (x @ x.transpose(-1, -2) / 4).softmax(-1)
+            probs = probs * torch.tril(torch.ones(T, T))  # masked after the softmax
+            return self.head(probs @ x)
+
+    result = run_checks(ZeroAfterSoftmax(), only="future-leak")["future-leak"]
+    assert result.status.value == "fail"
+    assert result.details["first_leak"]["relative_change"] < 1e-1  # small, yet well over float noise
+
+
+@pytest.mark.parametrize(
+    "matrix, pattern",
+    [
+        (torch.tril(torch.ones(8, 8, dtype=torch.bool)), "causal"),
+        (torch.triu(torch.ones(8, 8, dtype=torch.bool)), "upper"),
+        (torch.ones(8, 8, dtype=torch.bool), "none"),
+        (torch.tril(torch.ones(8, 8, dtype=torch.bool), diagonal=1), "off-by-one"),
+        (torch.zeros(8, 8, dtype=torch.bool), "other"),
+        (torch.eye(8, dtype=torch.bool), "other"),
+        # sliding-window attention: a band of the past, still causal
+        (torch.tril(torch.ones(8, 8, dtype=torch.bool)) & torch.triu(torch.ones(8, 8, dtype=torch.bool), -2), "causal"),
+    ],
+)
+def test_classify_patterns(matrix, pattern):
+    assert classify(matrix)[0] == pattern
+
+
+@pytest.mark.parametrize("name", sorted(CAUSAL_MODELS))
+def test_real_causal_models_pass_mask_checks(name):
+    report = run_checks(CAUSAL_MODELS[name](), only=MASK_CHECKS)
+    assert [r.status.value for r in report.results] == ["pass", "pass"], [r.message for r in report.results]
+
+
+def test_mask_checks_skip_encoders_with_reason():
+    report = run_checks(Subject(build_fixture("gpt_no_mask"), kind="encoder"), only=MASK_CHECKS)
+    for result in report.results:
+        assert result.status.value == "skip"
+        assert "both ways" in result.message
+
+
+def test_probe_tokens_never_contain_pad_id():
+    seen = []
+
+    class Spy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = build_fixture("gpt_correct")
+
+        def forward(self, ids):
+            seen.append(ids.clone())
+            return self.inner(ids)
+
+    run_checks(Subject(Spy(), pad_id=5, vocab_size=96), only=MASK_CHECKS + ["init-loss"])
+    assert seen and all(not bool((ids == 5).any()) for ids in seen)

@@ -1,0 +1,77 @@
+"""`tfdoctor memory` through the installed command: exit codes 0, 1, 2, one-line usage errors, JSON."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+TFDOCTOR = shutil.which("tfdoctor")
+pytestmark = pytest.mark.skipif(TFDOCTOR is None, reason="the tfdoctor command is not installed (pip install -e .)")
+SEED = ["--batch", "8", "--seq", "5000", "--d-model", "512", "--heads", "8", "--vocab", "10000"]
+
+
+def tfdoctor(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([TFDOCTOR, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_seed_is_out_of_memory_exit_1():
+    done = tfdoctor("memory", *SEED, "--budget", "24GiB", "--format", "json")
+    assert done.returncode == 1, done.stderr
+    data = json.loads(done.stdout)
+    assert data["attention_scores_bytes"] == 6_400_000_000
+    assert data["logits_bytes"] == 1_600_000_000
+    assert data["fits"] is False and data["budget_bytes"] == 24 * 2**30
+
+
+def test_fused_attention_fits_exit_0():
+    done = tfdoctor("memory", *SEED, "--attention", "sdpa", "--budget", "80GB")
+    assert done.returncode == 0, done.stderr
+    assert "FITS" in done.stdout
+
+
+def test_rich_output_names_the_symptom():
+    done = tfdoctor("memory", *SEED, "--budget", "24GiB")
+    assert done.returncode == 1
+    assert "OUT OF MEMORY" in done.stdout and "137" in done.stdout
+
+
+def test_default_budget_is_this_machine():
+    done = tfdoctor("memory", "--batch", "1", "--seq", "64", "--d-model", "128", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["budget_source"] == "available memory of this machine"
+
+
+@pytest.mark.parametrize("args", [
+    ["--heads", "7"],
+    ["--budget", "lots"],
+    ["--budget", "0GB"],
+    ["--gpus", "0"],
+    ["--dtype", "fp8"],
+])
+def test_usage_errors_exit_2_with_one_line(args):
+    done = tfdoctor("memory", *SEED, *args)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tfdoctor: error:"), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_non_positive_batch_exit_2():
+    done = tfdoctor("memory", "--batch", "0", "--seq", "10")
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_model_shape_flags_rejected_with_a_target():
+    done = tfdoctor("memory", "fixtures/gpt_correct.py:build", "--batch", "2", "--seq", "16", "--d-model", "64")
+    assert done.returncode == 2 and "analytic" in done.stderr
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys\nsys.argv = ['tfdoctor', 'memory', '--help']\nfrom tfdoctor.cli import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\nassert 'torch' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "--budget" in done.stdout

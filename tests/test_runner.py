@@ -1,0 +1,123 @@
+import random
+
+import pytest
+import torch
+
+from conftest import build_fixture
+from tfdoctor import Subject, assert_healthy, run_checks
+from tfdoctor.errors import SubjectError, UsageError
+from tfdoctor.registry import all_checks, select
+
+ISSUE_2_IDS = ["future-leak", "mask-direction", "init-loss", "overfit-batch"]
+
+
+def test_catalogue_has_the_core_checks_with_docs():
+    specs = {spec.id: spec for spec in all_checks()}
+    for check_id in ISSUE_2_IDS:
+        assert check_id in specs
+        assert specs[check_id].title and specs[check_id].summary
+
+
+def test_select_only_and_skip():
+    assert [s.id for s in select("init-loss,future-leak")] == ["future-leak", "init-loss"]
+    assert "overfit-batch" not in [s.id for s in select(skip=["overfit-batch"])]
+    with pytest.raises(UsageError, match="unknown check id"):
+        select("no-such-check")
+
+
+def test_every_check_leaves_the_process_as_found():
+    model = build_fixture("gpt_correct")
+    model.train()
+    model.blocks[0].eval()  # a mixed state must come back exactly
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    flags = [m.training for m in model.modules()]
+    hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    threads = torch.get_num_threads()
+    torch.manual_seed(123)
+    random.seed(7)
+    expected_torch, expected_python = torch.rand(3), random.random()
+    torch.manual_seed(123)
+    random.seed(7)
+
+    run_checks(model)
+
+    assert torch.equal(torch.rand(3), expected_torch) and random.random() == expected_python
+    assert [m.training for m in model.modules()] == flags
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())
+    assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()) == hooks
+    assert torch.get_num_threads() == threads
+    assert torch.is_grad_enabled()
+    assert all(p.grad is None for p in model.parameters())
+
+
+class CrashesWithGrad(torch.nn.Module):
+    """Fine under no_grad, raises when gradients are on: only the training check can see it."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = build_fixture("gpt_correct")
+
+    def forward(self, ids):
+        if torch.is_grad_enabled():
+            raise RuntimeError("boom in training")
+        return self.inner(ids)
+
+
+def test_a_crashing_check_is_an_error_and_the_others_still_run():
+    report = run_checks(CrashesWithGrad(), only=ISSUE_2_IDS)
+    statuses = {r.id: r.status.value for r in report.results}
+    assert statuses == {"future-leak": "pass", "mask-direction": "pass", "init-loss": "pass",
+                        "overfit-batch": "error"}
+    error = report["overfit-batch"]
+    assert "boom in training" in error.message and "traceback" in error.details
+    assert report.exit_code() == 1
+
+
+def test_wrong_output_shape_is_a_subject_error():
+    class Pooled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 10)
+
+        def forward(self, ids):
+            return self.emb(ids).mean(1)  # [B, V], not [B, T, V]
+
+    with pytest.raises(SubjectError, match=r"\[B, T, V\] = \[2, 32, 10\] expected but got \[2, 10\]"):
+        run_checks(Pooled())
+
+
+def test_unknown_vocabulary_is_a_subject_error():
+    class NoEmbedding(torch.nn.Module):
+        def forward(self, ids):
+            return torch.zeros(*ids.shape, 5)
+
+    with pytest.raises(SubjectError, match="--vocab"):
+        run_checks(NoEmbedding())
+    assert run_checks(NoEmbedding(), only="future-leak", vocab_size=5)["future-leak"].status.value == "pass"
+
+
+def test_seq_len_defaults_to_32_and_is_capped_by_max_positions():
+    from tfdoctor.subject import resolve
+
+    model = build_fixture("gpt_correct")
+    assert resolve(Subject(model)).seq_len == 32
+    model.block_size = 16
+    assert resolve(Subject(model)).seq_len == 16
+    assert resolve(Subject(model, seq_len=8, batch_size=2)).batch_size == 2
+
+
+def test_subject_forward_adapter_and_tuple_outputs():
+    model = build_fixture("gpt_triu_mask")
+    subject = Subject(torch.nn.Sequential(), vocab_size=96, forward=lambda m, ids: (model(ids), None))
+    subject.model = model
+    assert run_checks(subject, only="mask-direction")["mask-direction"].details["pattern"] == "upper"
+
+
+def test_assert_healthy_lists_failures():
+    with pytest.raises(AssertionError) as caught:
+        assert_healthy(build_fixture("gpt_triu_mask"), only=["future-leak", "mask-direction", "init-loss"])
+    text = str(caught.value)
+    assert "future-leak" in text and "mask-direction" in text and "init-loss" not in text
+    assert "fix:" in text
+    report = assert_healthy(build_fixture("gpt_correct"), only=["future-leak", "init-loss"])
+    assert report.exit_code() == 0

@@ -1,0 +1,140 @@
+"""Causal-mask checks, judged on the measured dependency map rather than on how the mask is spelt."""
+
+from __future__ import annotations
+
+from tfdoctor.registry import check
+from tfdoctor.result import Result
+
+ENCODER_SKIP = "encoder models attend both ways by design (see bidirectional-encoder)"
+
+# mask-direction: a map counts as "sees everything" when at least this share of both the strictly
+# lower and the strictly upper triangle is present. A correct causal model fills its lower triangle
+# completely; a few missing pairs come from tokens that happen to barely move an output.
+FULL_SHARE = 0.9
+# Future dependencies confined to a band no wider than this share of T read as an off-by-one (the
+# band widens by one per layer when each layer sees one token ahead), not as a missing mask.
+OFF_BY_ONE_MAX_SHARE = 0.25
+
+CAUSAL_MASK_HINT = (
+    "mask before the softmax with the allowed mask torch.tril(torch.ones(T, T, dtype=torch.bool)) "
+    "(scores.masked_fill(~allowed, float('-inf'))), or equivalently the blocked mask "
+    "torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1) (scores.masked_fill(blocked, "
+    "float('-inf'))); with SDPA pass is_causal=True"
+)
+
+
+def _map_details(dmap) -> dict:
+    drawn, step = dmap.drawn()
+    return {
+        "seq_len": dmap.seq_len,
+        "forwards": dmap.forwards,
+        "tolerance": dmap.tolerance,
+        "output_scale": dmap.scale,
+        "dependency_map": drawn,
+        "map_cell_positions": step,
+    }
+
+
+@check("future-leak", title="No output position depends on a later input token",
+       kinds=("causal", "seq2seq"), skip_reasons={"encoder": ENCODER_SKIP})
+def future_leak(subject) -> Result:
+    """Catches any path from a later token to an earlier prediction: a missing, inverted or
+    off-by-one causal mask, or probabilities zeroed after the softmax.
+
+    Measures the dependency map D[i, j] (does output i change when input token j is swapped?) for
+    all i, j at once: one batch row per perturbed position, in eval mode under no_grad, with a
+    tolerance relative to the output's scale. Any D[i, j] with j > i fails; the details give the
+    first leaking pair and the map, drawn as a heat map in the report. For seq2seq models the map is
+    over the decoder's positions with the source held fixed.
+    """
+    from tfdoctor.probes.dependency import decoder_dependency_map
+
+    dmap = decoder_dependency_map(subject)
+    leaks = dmap.future_pairs()
+    details = _map_details(dmap)
+    details["leaking_pairs"] = len(leaks)
+    if not leaks:
+        return Result.passed(f"no position depends on a later token (T={dmap.seq_len}, "
+                             f"{dmap.forwards} batched forward(s))", details)
+    i, j = leaks[0]
+    details["first_leak"] = {"output_position": i, "input_position": j,
+                             "change": float(dmap.delta[i, j]), "relative_change": float(dmap.delta[i, j] / dmap.scale)}
+    T = dmap.seq_len
+    total_future = T * (T - 1) // 2
+    return Result.failed(
+        f"output position {i} changes when token {j} (a later one) changes: {len(leaks)} of "
+        f"{total_future} future pairs leak, so the model can read the tokens it is asked to predict",
+        CAUSAL_MASK_HINT, details)
+
+
+def classify(depends) -> tuple[str, int]:
+    """Name the pattern of a boolean T x T map (list of lists or tensor): causal, upper, none,
+    off-by-one or other; with the widest look-ahead seen (0 when nothing in the future is seen)."""
+    rows = depends.tolist() if hasattr(depends, "tolist") else depends
+    T = len(rows)
+    lower = [rows[i][j] for i in range(T) for j in range(i)]
+    upper = [rows[i][j] for i in range(T) for j in range(i + 1, T)]
+    diagonal = [rows[i][i] for i in range(T)]
+    ahead = max((j - i for i in range(T) for j in range(i + 1, T) if rows[i][j]), default=0)
+    lower_share = sum(lower) / max(1, len(lower))
+    upper_share = sum(upper) / max(1, len(upper))
+    diagonal_share = sum(diagonal) / T
+    if not any(upper):
+        # A partly filled lower triangle is still causal (sliding-window attention); a missing
+        # diagonal or an empty past is not a mask shape, it is a model that ignores tokens.
+        return ("causal" if diagonal_share >= FULL_SHARE and lower_share > 0 else "other"), 0
+    if not any(lower):
+        return "upper", ahead
+    if lower_share >= FULL_SHARE and upper_share >= FULL_SHARE:
+        return "none", ahead
+    if lower_share >= FULL_SHARE and ahead <= max(1, int(OFF_BY_ONE_MAX_SHARE * T)):
+        return "off-by-one", ahead
+    return "other", ahead
+
+
+@check("mask-direction", title="The attention mask is causal: each position sees itself and the past",
+       kinds=("causal", "seq2seq"), skip_reasons={"encoder": ENCODER_SKIP})
+def mask_direction(subject) -> Result:
+    """Names the shape of the mask the model behaves as if it had: "causal" (past and self),
+    "upper" (self and future but not the past: torch.triu used where torch.tril was meant), "none"
+    (no mask), "off-by-one" (also sees the next token or few) or "other".
+
+    Judged on the same measured dependency map as future-leak, never on the source, so the correct
+    idiom torch.triu(ones, diagonal=1) used as a blocked mask passes.
+    """
+    from tfdoctor.probes.dependency import decoder_dependency_map
+
+    dmap = decoder_dependency_map(subject)
+    pattern, ahead = classify(dmap.depends)
+    details = _map_details(dmap)
+    details.update(pattern=pattern, look_ahead=ahead)
+    T = dmap.seq_len
+    if pattern == "causal":
+        return Result.passed(f"causal: every position sees itself and the past, nothing later (T={T})", details)
+    if pattern == "upper":
+        return Result.failed(
+            "upper-triangular: each position sees itself and every later token but none of the earlier "
+            "ones; the allowed mask was built with torch.triu where torch.tril was meant",
+            "use torch.tril(torch.ones(T, T, dtype=torch.bool)) as the allowed mask (or keep triu but "
+            "with diagonal=1 and use it as the blocked mask: scores.masked_fill(blocked, float('-inf')))",
+            details)
+    if pattern == "none":
+        return Result.failed(
+            "no causal mask: every position depends on every token, later ones included",
+            "apply the causal mask in every self-attention layer before the softmax: "
+            "scores.masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float('-inf')), "
+            "or F.scaled_dot_product_attention(q, k, v, is_causal=True)", details)
+    if pattern == "off-by-one":
+        return Result.failed(
+            f"off-by-one mask: positions see up to {ahead} token(s) ahead (the next token is the answer "
+            "they are trained to predict; the window widens by one per layer)",
+            "the mask's diagonal is shifted: use torch.tril(ones) with diagonal=0 as the allowed mask, or "
+            "torch.triu(ones, diagonal=1) (not diagonal=2) as the blocked mask", details)
+    if ahead == 0:
+        blind = not bool(dmap.depends.any())
+        message = ("no output depends on any input token: the forward ignores its input ids" if blind else
+                   "outputs depend on the past only partly, or not on their own token")
+        return Result.failed(message, "check that the token embedding reaches the attention blocks "
+                             "and that each position attends to itself", details)
+    return Result.failed(f"irregular mask: positions see up to {ahead} token(s) ahead in an irregular "
+                         "pattern (see the map)", CAUSAL_MASK_HINT, details)

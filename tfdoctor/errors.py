@@ -1,0 +1,27 @@
+"""One exception per layer, each with a message and a hint. Only cli.py turns them into exit 2."""
+
+from __future__ import annotations
+
+
+class TfdoctorError(Exception):
+    """Base: `message` says what is wrong, `hint` what to do about it."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        return f"{self.message}; {self.hint}" if self.hint else self.message
+
+
+class UsageError(TfdoctorError):
+    """A flag or argument is out of range or contradicts another."""
+
+
+class LoadError(TfdoctorError):
+    """The TARGET could not be imported, found or called."""
+
+
+class SubjectError(TfdoctorError):
+    """The model loaded but cannot be probed: unknown vocabulary, wrong output shape, forward raised."""

@@ -1,0 +1,1 @@
+"""Reusable measurements that several checks share. These modules import torch."""

@@ -1,0 +1,127 @@
+"""The dependency map D[i, j]: does output position i change when input token j changes?
+
+One batch row per perturbed position (row j = the base sequence with token j swapped for another
+random token), plus the unperturbed base in every chunk, so the whole T x T map costs
+ceil((T + 1) / rows_per_chunk) forward passes instead of T.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from tfdoctor.context import current, memo
+from tfdoctor.probes.modes import evaluation
+from tfdoctor.subject import Subject, call, random_tokens
+
+# A change counts when it exceeds this fraction of the largest |logit| of the base output.
+# Float32 reordering noise is ~1e-7 relative; the quietest real leak we know of (probabilities
+# zeroed after the softmax, so the future still moves the denominator) is ~1e-4. 1e-5 sits a
+# decade from each.
+RELATIVE_TOLERANCE = 1e-5
+# Logits kept alive per forward: rows * T * V floats. Bounds the probe's memory on big vocabularies.
+CHUNK_LOGIT_BYTES = 128 * 2**20
+# The map drawn in the report is max-pooled down to at most this many cells a side.
+DRAWN_SIZE = 16
+
+# Cell values of the drawn map.
+NO_DEPENDENCY, PAST_DEPENDENCY, FUTURE_DEPENDENCY = 0, 1, 2
+
+
+@dataclass
+class DependencyMap:
+    """delta[i][j]: largest change of output position i's logits when token j is swapped."""
+
+    delta: torch.Tensor  # (T, T) float
+    scale: float  # largest |logit| of the base output
+    tolerance: float
+    forwards: int  # forward passes the map cost
+
+    @property
+    def seq_len(self) -> int:
+        return self.delta.shape[0]
+
+    @property
+    def depends(self) -> torch.Tensor:
+        """(T, T) bool: D[i, j]."""
+        return self.delta > self.tolerance
+
+    def future_pairs(self) -> list[tuple[int, int]]:
+        """(i, j) with j > i and D[i, j], sorted by i then j."""
+        upper = torch.triu(self.depends, diagonal=1)
+        return [tuple(pair) for pair in upper.nonzero().tolist()]
+
+    def drawn(self) -> tuple[list[list[int]], int]:
+        """The map max-pooled to at most DRAWN_SIZE a side, cells coded 0 none, 1 past/self,
+        2 future; and the number of positions per cell."""
+        T = self.seq_len
+        step = max(1, math.ceil(T / DRAWN_SIZE))
+        i = torch.arange(T)
+        codes = torch.where(i[None, :] > i[:, None], FUTURE_DEPENDENCY, PAST_DEPENDENCY)
+        coded = (self.depends.long() * codes).float()
+        if step > 1:
+            pad = step * math.ceil(T / step) - T
+            coded = torch.nn.functional.pad(coded, (0, pad, 0, pad))
+            coded = torch.nn.functional.max_pool2d(coded[None, None], step)[0, 0]
+        return coded.long().tolist(), step
+
+
+def dependency_map(forward, base: torch.Tensor, vocab_size: int, pad_id: int | None,
+                   generator: torch.Generator | None = None) -> DependencyMap:
+    """Measure D for `forward(ids [N, T]) -> logits [N, T, V]` around `base` [T]."""
+    T = base.shape[0]
+    # Replacement token for each position: different from the original and never the pad id.
+    replacement = torch.randint(0, vocab_size, (T,), generator=generator).to(base.device)
+    for _ in range(8):  # resample collisions; with V >= 3 this ends after a round or two
+        clash = (replacement == base) | ((replacement == pad_id) if pad_id is not None else False)
+        if not bool(clash.any()):
+            break
+        redraw = torch.randint(0, vocab_size, (T,), generator=generator).to(base.device)
+        replacement = torch.where(clash, redraw, replacement)
+    perturbed = base.repeat(T, 1)
+    perturbed[torch.arange(T), torch.arange(T)] = replacement
+
+    rows_per_chunk = max(1, min(T, CHUNK_LOGIT_BYTES // max(1, 4 * T * vocab_size) - 1))
+    delta = torch.zeros(T, T)  # delta[j, i] while filling: row j perturbed, output position i
+    scale, forwards = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, T, rows_per_chunk):
+            rows = perturbed[start:start + rows_per_chunk]
+            logits = forward(torch.cat([base[None], rows])).float()
+            forwards += 1
+            reference, changed = logits[0], logits[1:]
+            scale = max(scale, float(reference.abs().max()))
+            delta[start:start + rows.shape[0]] = (changed - reference).abs().amax(dim=-1).cpu()
+    delta = delta.T.contiguous()  # now delta[i, j]
+    delta = torch.nan_to_num(delta, nan=float("inf"))
+    return DependencyMap(delta=delta, scale=scale, tolerance=RELATIVE_TOLERANCE * max(scale, 1e-30),
+                         forwards=forwards)
+
+
+def decoder_dependency_map(subject: Subject) -> DependencyMap:
+    """D over the positions the subject predicts (the decoder's, for seq2seq), in eval mode.
+
+    Computed once per run and shared by the checks that read it.
+    """
+
+    def measure() -> DependencyMap:
+        generator = torch.Generator().manual_seed(current().seed)
+        base = random_tokens(subject, 1, subject.seq_len, generator)[0]
+        if subject.kind == "seq2seq":
+            source = random_tokens(subject, 1, subject.seq_len, generator)
+
+            def forward(tgt):
+                return call(subject, source.expand(tgt.shape[0], -1), tgt)
+        else:
+
+            def forward(ids):
+                return call(subject, ids)
+
+        with evaluation(subject.model):
+            return dependency_map(forward, base, subject.vocab_size, subject.pad_id, generator)
+
+    return memo(("dependency-map", id(subject.model), subject.kind, subject.seq_len), measure)
+
+

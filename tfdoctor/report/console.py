@@ -1,0 +1,127 @@
+"""The human report: a summary table, then one panel per problem with its evidence and its fix."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+from rich.theme import Theme
+
+from tfdoctor.result import Report, Result, Status
+
+THEME = Theme({
+    "status.pass": "bold green",
+    "status.warn": "bold yellow",
+    "status.fail": "bold red",
+    "status.skip": "dim",
+    "status.error": "bold magenta",
+    "check.id": "bold",
+    "hint": "cyan",
+    "evidence": "dim",
+    "map.none": "grey35",
+    "map.past": "green",
+    "map.future": "bold red",
+})
+
+LABELS = {Status.PASS: "PASS", Status.WARN: "WARN", Status.FAIL: "FAIL", Status.SKIP: "SKIP", Status.ERROR: "ERROR"}
+# Details shown as numbers under a problem; the bulky ones (maps, curves) get drawings instead.
+DRAWN_KEYS = {"dependency_map", "loss_curve", "sparkline", "traceback", "map_cell_positions"}
+MAX_EVIDENCE_ITEMS = 10
+
+
+def status_text(status: Status) -> Text:
+    return Text(LABELS[status], style=f"status.{status.value}")
+
+
+def heat_map(cells: list[list[int]], step: int) -> Text:
+    """Rows are output positions i, columns input tokens j: which outputs move with which tokens."""
+    # Distinct glyphs as well as colours, so the map reads in a log file or CI output too.
+    styles = {0: ("··", "map.none"), 1: ("░░", "map.past"), 2: ("██", "map.future")}
+    text = Text()
+    for r, row in enumerate(cells):
+        text.append(f"{r * step:>4} ", style="evidence")
+        for cell in row:
+            glyph, style = styles.get(cell, styles[2])
+            text.append(glyph, style=style)
+        text.append("\n")
+    per_cell = f", {step} positions per cell" if step > 1 else ""
+    text.append("     rows: output position i; columns: input token j" + per_cell + "\n", style="evidence")
+    text.append("     ")
+    text.append("░░", style="map.past")
+    text.append(" depends on itself or the past   ", style="evidence")
+    text.append("██", style="map.future")
+    text.append(" depends on a later token (leak)", style="evidence")
+    return text
+
+
+def _format_value(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_format_value(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        text = str(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+    return str(value)
+
+
+def evidence(result: Result, drawn_maps: list) -> list:
+    parts: list = []
+    details = result.details
+    if "dependency_map" in details:
+        if details["dependency_map"] in drawn_maps:  # the same measurement, already drawn above
+            parts.append(Text("dependency map: as drawn above", style="evidence"))
+        else:
+            drawn_maps.append(details["dependency_map"])
+            parts.append(heat_map(details["dependency_map"], details.get("map_cell_positions", 1)))
+    if details.get("sparkline"):
+        parts.append(Text.assemble(("loss curve ", "evidence"), details["sparkline"]))
+    numbers = [(k, v) for k, v in details.items() if k not in DRAWN_KEYS][:MAX_EVIDENCE_ITEMS]
+    if numbers:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="evidence")
+        grid.add_column()
+        for key, value in numbers:
+            grid.add_row(key, _format_value(value))
+        parts.append(grid)
+    if details.get("traceback"):
+        parts.append(Text(details["traceback"].rstrip(), style="evidence"))
+    return parts
+
+
+def problem_panel(result: Result, drawn_maps: list) -> Panel:
+    body: list = [Text(result.message)]
+    if result.hint:
+        body.append(Text.assemble(("fix: ", "hint"), (result.hint, "hint")))
+    body.extend(evidence(result, drawn_maps))
+    title = Text.assemble(status_text(result.status), " ", (result.id, "check.id"), f"  {result.title}")
+    return Panel(Group(*body), title=title, title_align="left", border_style=f"status.{result.status.value}")
+
+
+def summary_table(report: Report) -> Table:
+    table = Table(show_header=True, header_style="bold", expand=False, pad_edge=False)
+    table.add_column("status", no_wrap=True)
+    table.add_column("check", style="check.id", no_wrap=True)
+    table.add_column("what was seen")
+    table.add_column("time", justify="right", style="evidence", no_wrap=True)
+    for result in report.results:
+        table.add_row(status_text(result.status), result.id, result.message, f"{result.seconds:.2f}s")
+    return table
+
+
+def render(report: Report, out: TextIO, width: int | None = None) -> None:
+    console = Console(file=out, theme=THEME, width=width, highlight=False,
+                      force_terminal=None if width is None else False)
+    console.print(Text.assemble(("tfdoctor ", "bold"), report.target))
+    console.print(summary_table(report))
+    drawn_maps: list = []
+    for result in report.results:
+        if result.status in (Status.FAIL, Status.ERROR, Status.WARN):
+            console.print(problem_panel(result, drawn_maps))
+    counts = report.summary()
+    line = Text(", ".join(f"{n} {status}" for status, n in counts.items() if n))
+    verdict = ("healthy" if not report.problems() else f"{len(report.problems())} problem(s) found")
+    console.print(Text.assemble(line, " — ", (verdict, "status.pass" if not report.problems() else "status.fail")))

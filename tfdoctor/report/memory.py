@@ -1,0 +1,208 @@
+"""Render a memory verdict (tfdoctor.memory.analytic.Verdict) as Rich text or one JSON object.
+
+Reads the verdict only; imports neither torch nor anything that does.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TextIO
+
+from tfdoctor.memory.analytic import CATEGORIES, Verdict
+from tfdoctor.memory.sizes import format_bytes
+
+BAR_WIDTH = 24
+MODEL_NOTE = ("Models the peak of live tensor bytes in a steady-state training step: optimizer states already "
+              "allocated, forward, cross-entropy on float32 logits, backward, optimizer step, gradients freed by "
+              "zero_grad(set_to_none=True), the caller holding logits and loss until the step returns. The "
+              "allocator, the CUDA context and the framework add some on top.")
+ANALYTIC_NOTE = ("Analytic mode: a GPT-2-style pre-norm decoder (learned token and position embeddings, biases, "
+                 "LayerNorm, GELU MLP, untied LM head unless --tied, no dropout); --batch is per device.")
+TRACED_NOTE = ("Traced mode: one step of your model was run on fake tensors (no memory allocated) and the bytes of "
+               "live tensors counted after every op.")
+OOM_SYMPTOM = ("On Linux the symptom is a process killed with exit code 137 (SIGKILL from the OOM killer) and no "
+               "Python traceback; on a GPU, torch.OutOfMemoryError.")
+
+
+def to_dict(verdict: Verdict) -> dict[str, Any]:
+    """The JSON document: the issue's fixed keys first, then the evidence."""
+    est = verdict.estimate
+    data: dict[str, Any] = {
+        "mode": verdict.mode,
+        "attention_scores_bytes": _scores_bytes(verdict),
+        "logits_bytes": _logits_bytes(verdict),
+        "peak_bytes": verdict.peak_bytes,
+        "budget_bytes": verdict.budget_bytes,
+        "budget_source": verdict.budget_source,
+        "fits": verdict.fits,
+        "over_by_bytes": max(0, verdict.peak_bytes - verdict.budget_bytes),
+        "largest_seq_that_fits": verdict.largest_seq,
+        "largest_batch_that_fits": verdict.largest_batch,
+        "remedies": [r.to_dict() for r in verdict.remedies],
+        "models": MODEL_NOTE,
+    }
+    if verdict.traced is not None:
+        trace = verdict.traced
+        data.update({"peak_phase": trace["peak_phase"], "peak_op": trace["peak_op"],
+                     "peak_node": trace["peak_node"], "peak_module": trace["peak_module"],
+                     "breakdown": trace["peak_breakdown"], "trace": trace})
+    if est is not None:
+        data.update({"config": est.config.to_dict(), "parameter_count": est.parameter_count})
+        if verdict.traced is None:
+            data.update({"peak_phase": est.peak_phase, "peak_op": est.peak_op, "breakdown": dict(est.at_peak),
+                         "parameter_bytes": est.parameter_bytes, "gradient_bytes": est.gradient_bytes,
+                         "optimizer_bytes": est.optimizer_bytes, "kept_per_layer": dict(est.kept_per_layer),
+                         "layers": est.config.layers, "kept_model": dict(est.kept_model),
+                         "largest_tensors": list(est.largest)})
+        else:
+            data["analytic_peak_bytes"] = est.peak_bytes
+    return data
+
+
+def _scores_bytes(verdict: Verdict):
+    if verdict.traced is None:
+        return verdict.estimate.attention_scores_bytes
+    return verdict.traced.get("attention_scores_bytes")
+
+
+def _logits_bytes(verdict: Verdict):
+    if verdict.traced is None:
+        return verdict.estimate.logits_bytes
+    return verdict.traced.get("logits_bytes")
+
+
+def render_json(verdict: Verdict, out: TextIO) -> None:
+    json.dump(to_dict(verdict), out, indent=2, allow_nan=False)
+    out.write("\n")
+
+
+def render_rich(verdict: Verdict, out: TextIO, width: int | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+    from rich.theme import Theme
+
+    theme = Theme({"ok": "bold green", "bad": "bold red", "dim": "dim", "head": "bold", "bar": "cyan",
+                   "bar.over": "red"})
+    console = Console(file=out, width=width, theme=theme, highlight=False)
+    est, trace = verdict.estimate, verdict.traced
+    scale = max(verdict.peak_bytes, verdict.budget_bytes, 1)
+
+    def bar(nbytes: int, over: bool = False) -> Text:
+        cells = round(BAR_WIDTH * nbytes / scale)
+        budget_at = round(BAR_WIDTH * verdict.budget_bytes / scale)
+        text = Text("█" * min(cells, budget_at), style="bar.over" if over else "bar")
+        if cells > budget_at:
+            text.append("│", style="head")
+            text.append("█" * (cells - budget_at - 1), style="bar.over")
+        return text
+
+    if trace is None:
+        console.print(Text(f"tfdoctor memory (analytic): {est.config.describe()}", style="head"))
+        console.print(f"{est.parameter_count:,} parameters", style="dim")
+    else:
+        console.print(Text(f"tfdoctor memory (traced): {trace['target']} at batch {trace['batch']} x seq "
+                           f"{trace['seq']}, {trace['dtype']}, optimizer {trace['optimizer']}", style="head"))
+        console.print(f"{trace['parameter_count']:,} parameters, {trace['ops']:,} ops traced in "
+                      f"{trace['seconds']:.1f} s", style="dim")
+
+    table = Table(title=f"Alive at the peak: {_peak_where(verdict)}", title_justify="left", show_edge=False)
+    table.add_column("what")
+    table.add_column("bytes", justify="right", no_wrap=True, min_width=9)
+    table.add_column(f"against the budget ({format_bytes(verdict.budget_bytes)}, │ marks it)", no_wrap=True)
+    breakdown = (est.at_peak if trace is None else trace["peak_breakdown"])
+    order = CATEGORIES if trace is None else list(breakdown)
+    for name in order:
+        if breakdown.get(name):
+            table.add_row(name, format_bytes(breakdown[name]), bar(breakdown[name]))
+    table.add_row(Text("peak", style="head"), Text(format_bytes(verdict.peak_bytes), style="head"),
+                  bar(verdict.peak_bytes, over=not verdict.fits))
+    console.print(table)
+
+    if trace is None:
+        kept = Table(title=f"Kept for backward by each of the {est.config.layers} layers, and by the model",
+                     title_justify="left", show_edge=False)
+        kept.add_column("activation")
+        kept.add_column("per layer", justify="right")
+        kept.add_column("all layers", justify="right")
+        for name, nbytes in est.kept_per_layer.items():
+            kept.add_row(name, format_bytes(nbytes), format_bytes(nbytes * est.config.layers))
+        for name, nbytes in est.kept_model.items():
+            kept.add_row(name, "", format_bytes(nbytes))
+        if est.kept_per_layer or est.kept_model:
+            console.print(kept)
+        big = Table(title="Largest single tensors", title_justify="left", show_edge=False)
+        big.add_column("tensor")
+        big.add_column("shape")
+        big.add_column("bytes", justify="right")
+        for item in est.largest[:3]:
+            big.add_row(item["name"] + (f" ({item['note']})" if item["note"] else ""),
+                        str(item["shape"]), f"{item['bytes']:,}")
+        console.print(big)
+    else:
+        kept = Table(title="Kept for backward, by module", title_justify="left",
+                     show_edge=False)
+        kept.add_column("module")
+        kept.add_column("bytes", justify="right")
+        for row in trace["kept_by_module"][:8]:
+            kept.add_row(row["module"], format_bytes(row["bytes"]))
+        console.print(kept)
+        big = Table(title="Largest single allocations", title_justify="left", show_edge=False)
+        for column in ("op", "shape", "module", "phase", "times", "bytes"):
+            big.add_column(column, justify="right" if column in ("bytes", "times") else "left")
+        for item in trace["largest_tensors"][:5]:
+            big.add_row(item["op"], f"{item['shape']} {item['dtype']}", item["module"] or "-", item["phase"],
+                        str(item["count"]), f"{item['bytes']:,}")
+        console.print(big)
+
+    if verdict.fits:
+        console.print(Text(f"FITS: peak {format_bytes(verdict.peak_bytes)} within the budget of "
+                           f"{format_bytes(verdict.budget_bytes)} ({verdict.budget_source}), "
+                           f"{format_bytes(verdict.budget_bytes - verdict.peak_bytes)} to spare.", style="ok"))
+    else:
+        console.print(Text(f"OUT OF MEMORY: peak {format_bytes(verdict.peak_bytes)} exceeds the budget of "
+                           f"{format_bytes(verdict.budget_bytes)} ({verdict.budget_source}) by "
+                           f"{format_bytes(verdict.peak_bytes - verdict.budget_bytes)}.", style="bad"))
+        console.print(OOM_SYMPTOM)
+    console.print(f"Largest sequence length that fits: {_count(verdict.largest_seq)}; "
+                  f"largest batch that fits: {_count(verdict.largest_batch)}.")
+
+    if verdict.remedies:
+        rem = Table(title="Remedies: the peak under each one alone, and the best combination",
+                    title_justify="left", show_edge=False)
+        rem.add_column("remedy", no_wrap=True)
+        rem.add_column("change")
+        rem.add_column("peak", justify="right", no_wrap=True, min_width=9)
+        rem.add_column("x now", justify="right", no_wrap=True)
+        rem.add_column("fits", no_wrap=True)
+        for r in verdict.remedies:
+            ratio = r.peak_bytes / verdict.peak_bytes if verdict.peak_bytes else 1.0
+            rem.add_row(r.name, r.change + (" (changes what is trained)" if r.changes_training else ""),
+                        format_bytes(r.peak_bytes), f"{ratio:.2f}",
+                        Text("yes", style="ok") if r.fits else Text("no", style="bad"))
+        console.print(rem)
+    console.print(MODEL_NOTE, style="dim")
+    console.print(ANALYTIC_NOTE if trace is None else TRACED_NOTE, style="dim")
+
+
+def _peak_where(verdict: Verdict) -> str:
+    if verdict.traced is not None:
+        t = verdict.traced
+        parts = [t["peak_phase"], f"op {t['peak_op']}"]
+        if t["peak_node"]:
+            parts.append(f"in {t['peak_node']}")
+        if t["peak_module"]:
+            parts.append(f"of {t['peak_module']}")
+        return ", ".join(parts)
+    return f"{verdict.estimate.peak_phase}, {verdict.estimate.peak_op}"
+
+
+def _count(value: int) -> str:
+    return f"{value:,}" if value else "none (not even 1)"
+
+
+def render(verdict: Verdict, fmt: str, out: TextIO, width: int | None = None) -> None:
+    if fmt == "json":
+        render_json(verdict, out)
+    else:
+        render_rich(verdict, out, width)

@@ -1,0 +1,102 @@
+"""Outcomes as data: a check's Result, the run's Report and the one place that decides exit codes.
+
+No torch and no Rich here: reporters and the CLI read these objects, checks produce them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    SKIP = "skip"
+    ERROR = "error"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0  # no check failed (warnings allowed unless --strict)
+    CHECKS_FAILED = 1  # a check failed or errored (or warned under --strict)
+    USAGE_ERROR = 2  # bad flags, or the target could not be loaded or called
+
+
+@dataclass
+class Result:
+    """What one check saw. `id` and `title` are filled in by the runner from the check's spec."""
+
+    status: Status
+    message: str
+    hint: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+    id: str = ""
+    title: str = ""
+    seconds: float = 0.0
+
+    @classmethod
+    def passed(cls, message: str, details: dict | None = None, hint: str = "") -> "Result":
+        return cls(Status.PASS, message, hint, details or {})
+
+    @classmethod
+    def warned(cls, message: str, hint: str, details: dict | None = None) -> "Result":
+        return cls(Status.WARN, message, hint, details or {})
+
+    @classmethod
+    def failed(cls, message: str, hint: str, details: dict | None = None) -> "Result":
+        return cls(Status.FAIL, message, hint, details or {})
+
+    @classmethod
+    def skipped(cls, reason: str, details: dict | None = None) -> "Result":
+        return cls(Status.SKIP, reason, "", details or {})
+
+    @classmethod
+    def errored(cls, message: str, hint: str = "", details: dict | None = None) -> "Result":
+        return cls(Status.ERROR, message, hint, details or {})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "status": self.status.value,
+            "message": self.message,
+            "hint": self.hint,
+            "details": self.details,
+        }
+
+
+@dataclass
+class Report:
+    target: str
+    results: list[Result] = field(default_factory=list)
+
+    def summary(self) -> dict[str, int]:
+        counts = {status.value: 0 for status in Status}
+        for result in self.results:
+            counts[result.status.value] += 1
+        return counts
+
+    def problems(self, strict: bool = False) -> list[Result]:
+        """The results that make the run unhealthy: fail and error, plus warn under strict."""
+        bad = {Status.FAIL, Status.ERROR} | ({Status.WARN} if strict else set())
+        return [r for r in self.results if r.status in bad]
+
+    def exit_code(self, strict: bool = False) -> ExitCode:
+        return ExitCode.CHECKS_FAILED if self.problems(strict) else ExitCode.OK
+
+    def __getitem__(self, check_id: str) -> Result:
+        for result in self.results:
+            if result.id == check_id:
+                return result
+        raise KeyError(check_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "checks": [r.to_dict() for r in self.results],
+            "summary": self.summary(),
+        }
