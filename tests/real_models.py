@@ -26,3 +26,58 @@ def x_transformers_decoder():
 
 
 CAUSAL_MODELS = {"hf-gpt2": hf_gpt2, "hf-llama": hf_llama, "x-transformers-decoder": x_transformers_decoder}
+
+
+def hf_bert():
+    from transformers import BertConfig, BertForMaskedLM
+
+    return BertForMaskedLM(BertConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=128, max_position_embeddings=64, pad_token_id=0))
+
+
+def hf_t5():
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    return T5ForConditionalGeneration(T5Config(vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                                               num_heads=4, pad_token_id=0, decoder_start_token_id=0))
+
+
+def hf_bart():
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    return BartForConditionalGeneration(BartConfig(
+        vocab_size=512, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64))
+
+
+def x_transformers_encoder():
+    """x-transformers takes its padding mask as `mask=` (True = keep): its users pass it, so do we."""
+    from x_transformers import Encoder, TransformerWrapper
+
+    from tfdoctor import Subject
+
+    model = TransformerWrapper(num_tokens=512, max_seq_len=64, attn_layers=Encoder(dim=64, depth=2, heads=4))
+    return Subject(model, pad_id=0, kind="encoder", forward=lambda m, ids: m(ids, mask=ids != 0))
+
+
+def with_pad(factory, pad_id=0):
+    """A causal model as trained on left-padded batches: Hugging Face models get attention_mask."""
+
+    def build():
+        from tfdoctor import Subject
+
+        return Subject(factory(), pad_id=pad_id)
+
+    return build
+
+
+# Every correct real model, as users would hand it to tfdoctor; none may fail or error.
+ALL_MODELS = {
+    **CAUSAL_MODELS,
+    "hf-gpt2-padded": with_pad(hf_gpt2),
+    "hf-llama-padded": with_pad(hf_llama),
+    "hf-bert": hf_bert,
+    "hf-t5": hf_t5,
+    "hf-bart": hf_bart,
+    "x-transformers-encoder": x_transformers_encoder,
+}

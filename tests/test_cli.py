@@ -1,6 +1,7 @@
 """End to end through the installed `tfdoctor` command, as a user or CI runs it."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,9 @@ FAST = ["--only", "future-leak,mask-direction,init-loss"]
 
 
 def run(*args, cwd=ROOT):
-    return subprocess.run([TFDOCTOR, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    # A wide "terminal" so that phrases asserted on are not wrapped across table lines.
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([TFDOCTOR, *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_correct_fixture_exits_0():

@@ -78,6 +78,8 @@ def check(
     target: str = typer.Argument(..., help="package.module:attr or path/to/file.py:attr: a factory, "
                                            "nn.Module or tfdoctor.Subject"),
     train: Optional[str] = typer.Option(None, "--train", help="MODULE:FN of your training loop train(model, batches)"),
+    train_batches: Optional[int] = typer.Option(None, "--train-batches", help="--train: batches fed to your loop "
+                                                                           "(default 16)"),
     vocab: Optional[int] = typer.Option(None, "--vocab", help="vocabulary size (default: config or first nn.Embedding)"),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="probe sequence length (default 32, capped by the model)"),
     batch: Optional[int] = typer.Option(None, "--batch", help="probe batch size (default 4)"),
@@ -102,8 +104,13 @@ def check(
         _positive("--pad-id", pad_id, 0)
         _positive("--train-batch", train_batch)
         _positive("--train-seq", train_seq)
-        options = {k: v for k, v in dict(train_batch=train_batch, train_seq=train_seq, budget=budget).items()
-                   if v is not None}
+        _positive("--train-batches", train_batches)
+        if budget is not None:
+            from tfdoctor.memory.sizes import parse_size
+
+            parse_size(budget)  # a malformed size is a usage error now, not a check error later
+        options = {k: v for k, v in dict(train_batch=train_batch, train_seq=train_seq, budget=budget,
+                                         train_batches=train_batches).items() if v is not None}
         from tfdoctor.registry import select
 
         select(only, skip)  # unknown ids are a usage error before anything is loaded

@@ -26,7 +26,7 @@ class RunContext:
     progress: Progress = _no_progress
     memo: dict[Any, Any] = field(default_factory=dict)
     # Settings for checks that are not Subject fields, e.g. the memory check's
-    # {"train_batch": 8, "train_seq": 5000, "budget_bytes": ...}; absent keys mean "not given".
+    # {"train_batch": 8, "train_seq": 5000, "budget": "24GiB"}; absent keys mean "not given".
     options: dict[str, Any] = field(default_factory=dict)
 
 

@@ -19,17 +19,14 @@ KINDS = ("causal", "encoder", "seq2seq")
 # One module per family. A new family adds its module here; order is the report's order.
 CHECK_MODULES = (
     "tfdoctor.checks.masking",
+    "tfdoctor.checks.numerics",
+    "tfdoctor.checks.padding",
     "tfdoctor.checks.learning",
     "tfdoctor.checks.memory",
 )
 
 # Ids promised to later work; selecting one before it exists is a usage error, not a silent no-op.
-RESERVED_IDS = (
-    "padding-mask", "masked-row-nan", "softmax-mask-order", "half-precision-mask",
-    "cross-attention-mask", "bidirectional-encoder", "objective", "ignore-index",
-    "unscale-before-clip", "accumulation-scaling", "scheduler-placement", "zero-grad",
-    "clip-global-norm", "lr-schedule", "amp-loss-scaling", "grad-health",
-)
+RESERVED_IDS: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

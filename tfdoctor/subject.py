@@ -90,6 +90,47 @@ def is_encoder_decoder(model) -> bool:
     return bool(getattr(_config(model), "is_encoder_decoder", False))
 
 
+def is_hugging_face(model) -> bool:
+    """A transformers PreTrainedModel (recognised without importing transformers)."""
+    return any(cls.__name__ == "PreTrainedModel" for cls in type(model).__mro__)
+
+
+def inferred_kind(model) -> Optional[str]:
+    """The kind a model announces itself as, or None when it does not say.
+
+    Hugging Face: `config.is_encoder_decoder` (T5, BART) is seq2seq; a model that is not a decoder
+    and is not a *ForCausalLM / LM-head model (BERT-like masked LMs) is an encoder.
+    x-transformers: TransformerWrapper's attention layers carry `causal`.
+    """
+    if is_hugging_face(model):
+        config = _config(model)
+        if is_encoder_decoder(model):
+            return "seq2seq"
+        name = type(model).__name__
+        causal_name = name.endswith("ForCausalLM") or "LMHead" in name
+        if not causal_name and not getattr(config, "is_decoder", False):
+            return "encoder"
+        return "causal"
+    layers = getattr(model, "attn_layers", None)
+    if isinstance(getattr(layers, "causal", None), bool):
+        return "causal" if layers.causal else "encoder"
+    return None
+
+
+def config_pad_id(model) -> Optional[int]:
+    value = getattr(_config(model), "pad_token_id", None)
+    return value if isinstance(value, int) and value >= 0 else None
+
+
+def decoder_start_id(model) -> Optional[int]:
+    """The id a Hugging Face decoder starts from (T5 starts from its pad id: a start, not padding)."""
+    config = _config(model)
+    value = getattr(config, "decoder_start_token_id", None)
+    if value is None:
+        value = getattr(getattr(model, "generation_config", None), "decoder_start_token_id", None)
+    return value if isinstance(value, int) else config_pad_id(model)
+
+
 # ----------------------------------------------------------------------------------------------
 # Calling a model
 
@@ -118,12 +159,23 @@ def call(subject: Subject, *ids):
     model = subject.model
     if subject.forward is not None:
         return extract_logits(subject.forward(model, *ids))
+    if is_hugging_face(model):
+        return extract_logits(_call_hugging_face(subject, *ids))
+    return extract_logits(model(*ids))  # (input_ids) or (src_ids, tgt_ids)
+
+
+def _call_hugging_face(subject: Subject, *ids):
+    """As their users call them: with an attention_mask built from the pad id (a BERT called without
+    one attends to its pads by design). The decoder gets no padding mask: its start token may be
+    the pad id (T5), and its own causal mask hides trailing pads."""
+    model, pad = subject.model, subject.pad_id
     if subject.kind == "seq2seq":
         src, tgt = ids
-        if is_encoder_decoder(model):  # Hugging Face encoder-decoders
-            return extract_logits(model(input_ids=src, decoder_input_ids=tgt))
-        return extract_logits(model(src, tgt))
-    return extract_logits(model(*ids))
+        mask = None if pad is None else (src != pad).long()
+        return model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt)
+    (input_ids,) = ids
+    mask = None if pad is None else (input_ids != pad).long()
+    return model(input_ids=input_ids, attention_mask=mask)
 
 
 def random_tokens(subject: Subject, batch: int, length: int, generator=None):
@@ -154,6 +206,11 @@ def resolve(subject: Subject) -> Subject:
                            "return the model (or a tfdoctor.Subject) from the factory")
     if subject.kind not in KINDS:
         raise UsageError(f"unknown kind {subject.kind!r}", f"use one of {', '.join(KINDS)}")
+    # "causal" is the default: a model that announces another kind (a BERT, a T5) is taken at its word.
+    kind = subject.kind
+    if kind == "causal" and subject.forward is None:
+        kind = inferred_kind(subject.model) or kind
+    pad_id = subject.pad_id if subject.pad_id is not None else config_pad_id(subject.model)
 
     vocab = subject.vocab_size or vocab_size_of(subject.model)
     if not vocab:
@@ -169,10 +226,11 @@ def resolve(subject: Subject) -> Subject:
             raise UsageError(f"{name} must be positive, got {value}")
     if seq_len < 2:
         raise UsageError(f"seq_len must be at least 2 to tell past from future, got {seq_len}")
-    if subject.pad_id is not None and not 0 <= subject.pad_id < vocab:
-        raise UsageError(f"pad_id {subject.pad_id} is outside the vocabulary [0, {vocab})")
+    if pad_id is not None and not 0 <= pad_id < vocab:
+        raise UsageError(f"pad_id {pad_id} is outside the vocabulary [0, {vocab})")
 
-    resolved = dataclasses.replace(subject, vocab_size=vocab, seq_len=seq_len, batch_size=batch)
+    resolved = dataclasses.replace(subject, vocab_size=vocab, seq_len=seq_len, batch_size=batch, kind=kind,
+                                   pad_id=pad_id)
     _preflight(resolved)
     return resolved
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tfdoctor.checks.verdicts import judged_per_implementation
 from tfdoctor.registry import check
 from tfdoctor.result import Result
 
@@ -21,6 +22,17 @@ CAUSAL_MASK_HINT = (
     "torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1) (scores.masked_fill(blocked, "
     "float('-inf'))); with SDPA pass is_causal=True"
 )
+
+
+def _on_dependency_map(subject, judge):
+    """judge(map) as a judge(implementation): measures (or reuses) the map for that implementation."""
+
+    def judge_implementation(implementation):
+        from tfdoctor.probes.dependency import token_dependency_map
+
+        return judge(token_dependency_map(subject, implementation))
+
+    return judge_implementation
 
 
 def _map_details(dmap) -> dict:
@@ -47,9 +59,10 @@ def future_leak(subject) -> Result:
     first leaking pair and the map, drawn as a heat map in the report. For seq2seq models the map is
     over the decoder's positions with the source held fixed.
     """
-    from tfdoctor.probes.dependency import decoder_dependency_map
+    return judged_per_implementation(subject, _on_dependency_map(subject, _judge_future_leak))
 
-    dmap = decoder_dependency_map(subject)
+
+def _judge_future_leak(dmap) -> Result:
     leaks = dmap.future_pairs()
     details = _map_details(dmap)
     details["leaking_pairs"] = len(leaks)
@@ -57,13 +70,12 @@ def future_leak(subject) -> Result:
         return Result.passed(f"no position depends on a later token (T={dmap.seq_len}, "
                              f"{dmap.forwards} batched forward(s))", details)
     i, j = leaks[0]
-    details["first_leak"] = {"output_position": i, "input_position": j,
-                             "change": float(dmap.delta[i, j]), "relative_change": float(dmap.delta[i, j] / dmap.scale)}
+    details["first_leak"] = {"output_position": i, "input_position": j, "change": float(dmap.delta[i, j]),
+                             "relative_change": float(dmap.delta[i, j] / dmap.scale)}
     T = dmap.seq_len
-    total_future = T * (T - 1) // 2
     return Result.failed(
         f"output position {i} changes when token {j} (a later one) changes: {len(leaks)} of "
-        f"{total_future} future pairs leak, so the model can read the tokens it is asked to predict",
+        f"{T * (T - 1) // 2} future pairs leak, so the model can read the tokens it is asked to predict",
         CAUSAL_MASK_HINT, details)
 
 
@@ -102,9 +114,10 @@ def mask_direction(subject) -> Result:
     Judged on the same measured dependency map as future-leak, never on the source, so the correct
     idiom torch.triu(ones, diagonal=1) used as a blocked mask passes.
     """
-    from tfdoctor.probes.dependency import decoder_dependency_map
+    return judged_per_implementation(subject, _on_dependency_map(subject, _judge_mask_direction))
 
-    dmap = decoder_dependency_map(subject)
+
+def _judge_mask_direction(dmap) -> Result:
     pattern, ahead = classify(dmap.depends)
     details = _map_details(dmap)
     details.update(pattern=pattern, look_ahead=ahead)
@@ -138,3 +151,83 @@ def mask_direction(subject) -> Result:
                              "and that each position attends to itself", details)
     return Result.failed(f"irregular mask: positions see up to {ahead} token(s) ahead in an irregular "
                          "pattern (see the map)", CAUSAL_MASK_HINT, details)
+
+
+@check("bidirectional-encoder", title="An encoder lets every position see both directions",
+       kinds=("encoder",), skip_reasons={"causal": "causal models must not see later tokens (see future-leak)",
+                                         "seq2seq": "the decoder is causal by design; the encoder is "
+                                                    "examined through cross-attention-mask"})
+def bidirectional_encoder(subject) -> Result:
+    """Catches a causal (or other one-way) mask left in a model that is declared or recognised as an
+    encoder: BERT-style models must read the tokens on both sides of each position.
+
+    Measures the same dependency map as future-leak, over the encoder's positions, and names its
+    pattern; "none" (every position sees every token) is what an encoder should show.
+    """
+    return judged_per_implementation(subject, _on_dependency_map(subject, _judge_bidirectional))
+
+
+def _judge_bidirectional(dmap) -> Result:
+    pattern, _ = classify(dmap.depends)
+    details = _map_details(dmap)
+    details["pattern"] = pattern
+    if pattern == "none":
+        return Result.passed(f"every position depends on earlier and later tokens (T={dmap.seq_len})", details)
+    if pattern in ("causal", "off-by-one"):
+        return Result.failed(
+            "the encoder is one-way: " + ("no position sees the tokens after it" if pattern == "causal" else
+                                          f"positions see at most {classify(dmap.depends)[1]} token(s) ahead")
+            + ", so a bidirectional model is trained with half its context",
+            "drop the causal mask from the encoder's self-attention (keep only the key-padding mask), or "
+            "declare the model kind='causal' if it is a decoder", details)
+    if pattern == "upper":
+        return Result.failed("the encoder sees only itself and later tokens, never earlier ones",
+                             "drop the triangular mask from the encoder's self-attention", details)
+    return Result.warned("some positions do not depend on tokens on one side (see the map)",
+                         "check for local or windowed masks in the encoder's self-attention", details)
+
+
+@check("cross-attention-mask", title="Every decoder position can read the whole source",
+       kinds=("seq2seq",), skip_reasons={"causal": "no cross-attention in a decoder-only model",
+                                         "encoder": "no cross-attention in an encoder-only model"})
+def cross_attention_mask(subject) -> Result:
+    """Catches a causal mask pasted into cross-attention: decoder position i may then read only
+    source positions <= i, which quietly caps a translation model's quality.
+
+    Perturbs the encoder's output one source position per batch row (a forward hook on the
+    encoder; changing source tokens would not show it, as the encoder mixes every token into every
+    position) and records which decoder outputs move. Every decoder position must read every
+    source position.
+    """
+    import torch
+
+    from tfdoctor.context import current
+    from tfdoctor.probes.cross import cross_map
+    from tfdoctor.probes.modes import evaluation
+
+    def judge(implementation) -> Result:
+        with evaluation(subject.model):
+            cmap = cross_map(subject, torch.Generator().manual_seed(current().seed + 5))
+        if cmap is None:
+            return Result.skipped("cannot find the encoder module whose output the decoder reads "
+                                  "(name it `encoder`, or use a Hugging Face encoder-decoder)")
+        reads = cmap.reads
+        T, S = reads.shape
+        unread = (~reads).nonzero().tolist()
+        cells = [[int(reads[i, j]) for j in range(S)] for i in range(T)]
+        details = {"encoder_module": cmap.hooked, "tolerance": cmap.tolerance, "unread_pairs": len(unread),
+                   "reads_map": cells}
+        if not unread:
+            return Result.passed(f"each of {T} decoder positions reads all {S} source positions", details)
+        i, j = unread[0]
+        if all(j > i for i, j in unread):
+            return Result.failed(
+                f"cross-attention is causal: decoder position {i} cannot read source position {j} "
+                f"({len(unread)} of {T * S} pairs unread, all with source position > decoder position)",
+                "pass no causal mask to cross-attention: memory_mask=None (nn.Transformer), or only the "
+                "source key-padding mask (memory_key_padding_mask=(src == pad_id))", details)
+        return Result.failed(f"decoder position {i} cannot read source position {j} ({len(unread)} of "
+                             f"{T * S} pairs unread)",
+                             "cross-attention should mask only source padding; check memory_mask", details)
+
+    return judged_per_implementation(subject, judge)

@@ -30,6 +30,13 @@ DRAWN_SIZE = 16
 NO_DEPENDENCY, PAST_DEPENDENCY, FUTURE_DEPENDENCY = 0, 1, 2
 
 
+def finite_scale(tensor: torch.Tensor) -> float:
+    """Largest |value| among the finite entries (0 when none is): NaN outputs must not poison the
+    tolerance that other positions are judged by."""
+    finite = tensor[torch.isfinite(tensor)]
+    return float(finite.abs().max()) if finite.numel() else 0.0
+
+
 @dataclass
 class DependencyMap:
     """delta[i][j]: largest change of output position i's logits when token j is swapped."""
@@ -92,7 +99,7 @@ def dependency_map(forward, base: torch.Tensor, vocab_size: int, pad_id: int | N
             logits = forward(torch.cat([base[None], rows])).float()
             forwards += 1
             reference, changed = logits[0], logits[1:]
-            scale = max(scale, float(reference.abs().max()))
+            scale = max(scale, finite_scale(reference))
             delta[start:start + rows.shape[0]] = (changed - reference).abs().amax(dim=-1).cpu()
     delta = delta.T.contiguous()  # now delta[i, j]
     delta = torch.nan_to_num(delta, nan=float("inf"))
@@ -100,10 +107,9 @@ def dependency_map(forward, base: torch.Tensor, vocab_size: int, pad_id: int | N
                          forwards=forwards)
 
 
-def decoder_dependency_map(subject: Subject) -> DependencyMap:
-    """D over the positions the subject predicts (the decoder's, for seq2seq), in eval mode.
-
-    Computed once per run and shared by the checks that read it.
+def token_dependency_map(subject: Subject, implementation: str | None = None) -> DependencyMap:
+    """D over the positions the subject predicts (the decoder's, for seq2seq, with the source held
+    fixed), in eval mode. Computed once per run and attention implementation, shared by the checks.
     """
 
     def measure() -> DependencyMap:
@@ -122,6 +128,5 @@ def decoder_dependency_map(subject: Subject) -> DependencyMap:
         with evaluation(subject.model):
             return dependency_map(forward, base, subject.vocab_size, subject.pad_id, generator)
 
-    return memo(("dependency-map", id(subject.model), subject.kind, subject.seq_len), measure)
-
-
+    key = ("dependency-map", id(subject.model), subject.kind, subject.seq_len, implementation)
+    return memo(key, measure)

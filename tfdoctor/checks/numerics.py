@@ -1,0 +1,229 @@
+"""Numerics checks: are the attention weights a proper distribution, and does the mask survive
+reduced precision?"""
+
+from __future__ import annotations
+
+from tfdoctor.registry import check
+from tfdoctor.result import Result
+
+# Probe batch for both checks: one forward pass each (per dtype), so small.
+PROBE_ROWS = 2
+
+# softmax-mask-order: a row of weights counts as "off" when its sum is further than this from 1.
+# Float32 softmax rows sum to 1 within ~1e-6 at probe lengths; the bug leaves row i of a causal
+# mask with (i + 1) / T of the mass at initialisation, so even the last-but-one row is ~1/T (0.03 at
+# T = 32) short. 1e-3 sits well between. Half-precision weights round each entry, so the tolerance
+# is never tighter than ROUNDING_EPS_MULTIPLE machine epsilons of the weights' dtype (0.016 for
+# float16, 0.125 for bfloat16).
+ROW_SUM_TOLERANCE = 1e-3
+ROUNDING_EPS_MULTIPLE = 16
+# Sites named in the message; the details list them all.
+SITES_SHOWN = 3
+# half-precision-mask: out-of-range constants listed per dtype in the details (a constant used in
+# every layer repeats once per layer); the count covers them all.
+CONSTANTS_LISTED = 10
+
+MASK_ORDER_HINT = (
+    "mask the scores before the softmax and never the probabilities after it: "
+    "att = scores.masked_fill(~allowed, float('-inf')).softmax(dim=-1) (allowed = "
+    "torch.tril(torch.ones(T, T, dtype=torch.bool))), or F.scaled_dot_product_attention(q, k, v, "
+    "is_causal=True); if you must mask afterwards, renormalise: att = att / att.sum(-1, keepdim=True)"
+)
+
+HALF_MASK_HINT = (
+    "fill masked scores with a value that fits the dtype they are in: "
+    "scores.masked_fill(blocked, torch.finfo(scores.dtype).min) (or float('-inf') where no row is "
+    "fully masked) instead of a literal such as -1e9"
+)
+
+
+def _probe_ids(subject, seed_offset: int):
+    """Random ids for one forward: (ids,) or, for seq2seq, (src, tgt)."""
+    import torch
+
+    from tfdoctor.context import current
+    from tfdoctor.subject import random_tokens
+
+    generator = torch.Generator().manual_seed(current().seed + seed_offset)
+    count = 2 if subject.kind == "seq2seq" else 1
+    return tuple(random_tokens(subject, PROBE_ROWS, subject.seq_len, generator) for _ in range(count))
+
+
+def _listed(constants) -> dict:
+    return {"constants": [c.to_dict() for c in constants[:CONSTANTS_LISTED]], "constants_seen": len(constants)}
+
+
+def row_sum_tolerance(dtype_name: str) -> float:
+    import torch
+
+    dtype = getattr(torch, dtype_name.removeprefix("torch."), torch.float32)
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+    return max(ROW_SUM_TOLERANCE, ROUNDING_EPS_MULTIPLE * eps)
+
+
+@check("softmax-mask-order", title="Attention weights are masked before the softmax and sum to one")
+def softmax_mask_order(subject) -> Result:
+    """Catches a mask applied to the attention probabilities after the softmax (zeroed or multiplied
+    out) instead of to the scores before it: the rows stop summing to one, so every token's output
+    is shrunk by an arbitrary, position-dependent factor, and the future still moves the softmax's
+    normaliser.
+
+    Runs one forward in eval mode under no_grad on random tokens and watches every softmax (any
+    spelling: torch.softmax, F.softmax, Tensor.softmax) through masking, dropout, casts and
+    reshapes until it is multiplied with V (matmul, @, bmm, einsum) over the softmax's own axis.
+    Each row of weights that reaches V must sum to one within 1e-3. Rows that are all zero or
+    non-finite (fully masked rows in padded batches) are left to masked-row-nan. Models whose
+    attention runs inside fused F.scaled_dot_product_attention pass with a note: the kernel masks
+    before its softmax. A model where no softmax reaches a product is skipped.
+    """
+    import torch
+
+    from tfdoctor.probes.attention import capture_attention
+    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.subject import call
+
+    ids = _probe_ids(subject, seed_offset=11)
+    with torch.no_grad(), evaluation(subject.model):
+        capture = capture_attention(subject.model, lambda: call(subject, *ids))
+
+    fused = sum(capture.fused_calls.values())
+    fused_note = (f"; {fused} fused attention call(s) ({', '.join(sorted(capture.fused_calls))}) mask "
+                  "inside the call" if fused else "")
+    sites = []
+    for use in capture.uses:
+        tolerance = row_sum_tolerance(use.dtype)
+        sums = use.row_sums
+        sites.append({
+            "module": use.site, "product": use.product, "shape": use.shape, "dtype": use.dtype,
+            "rows": use.rows, "rows_off": use.off_rows(tolerance), "tolerance": tolerance,
+            "min_row_sum": float(sums.min()) if sums.numel() else None,
+            "max_row_sum": float(sums.max()) if sums.numel() else None,
+            "zero_rows": use.zero_rows, "nonfinite_rows": use.nonfinite_rows,
+        })
+    details = {"softmax_calls": capture.softmaxes, "weights_reaching_v": len(sites),
+               "fused_attention_calls": dict(capture.fused_calls), "sites": sites,
+               "probe_shape": [PROBE_ROWS, subject.seq_len]}
+
+    if not sites:
+        if fused:
+            return Result.passed(f"attention runs only inside fused or library calls ({fused} call(s) to "
+                                 f"{', '.join(sorted(capture.fused_calls))}), which mask before their "
+                                 "softmax: no weights to inspect", details)
+        return Result.skipped(f"no softmax output reached a product with V in one forward "
+                              f"({capture.softmaxes} softmax call(s) seen): attention is computed in a way "
+                              "this check cannot follow", details)
+
+    bad = [site for site in sites if site["rows_off"]]
+    rows = sum(site["rows"] for site in sites)
+    if not bad:
+        deviation = max((max(abs(site["min_row_sum"] - 1), abs(site["max_row_sum"] - 1))
+                         for site in sites if site["min_row_sum"] is not None), default=0.0)
+        return Result.passed(f"{len(sites)} attention softmax(es), {rows} rows of weights: every row "
+                             f"reaching V sums to 1 (largest deviation {deviation:.1e}){fused_note}", details)
+
+    worst = min(bad, key=lambda site: site["min_row_sum"])
+    rows_off = sum(site["rows_off"] for site in bad)
+    rows_bad = sum(site["rows"] for site in bad)
+    names = ", ".join(site["module"] for site in bad[:SITES_SHOWN]) + (
+        f" and {len(bad) - SITES_SHOWN} more" if len(bad) > SITES_SHOWN else "")
+    return Result.failed(
+        f"attention weights that multiply V do not sum to one in {len(bad)} of {len(sites)} softmax "
+        f"site(s) ({names}): {rows_off} of {rows_bad} rows are off by more than {worst['tolerance']:g}, "
+        f"row sums go down to {worst['min_row_sum']:.3f} in {worst['module']}; the probabilities are "
+        "masked after the softmax, so each position's output is shrunk by the mass the mask removed",
+        MASK_ORDER_HINT, details)
+
+
+@check("half-precision-mask", title="The attention mask survives float16 and bfloat16 autocast")
+def half_precision_mask(subject) -> Result:
+    """Catches mask constants that do not fit reduced precision: masked_fill(mask, -1e9) raises
+    "value cannot be converted to type at::Half without overflow" as soon as the model runs under
+    float16 autocast, and a constant that silently saturates to -inf (torch.where, arithmetic) turns
+    fully masked rows into NaN.
+
+    Runs the forward in eval mode under no_grad on random tokens, once in the model's own precision
+    and once under torch.autocast on the model's device for each of float16 and bfloat16 (CPU
+    autocast supports both and computes the attention scores in float16 as CUDA does), watching
+    every constant that goes into a float16 or bfloat16 tensor. An overflow error, or outputs that
+    turn NaN/Inf where the model's own precision gives finite ones, fail, naming the constant, the
+    module and the dtype. A constant that silently becomes +-inf while the outputs stay finite warns.
+    """
+    import torch
+
+    from tfdoctor.probes.attention import watching_constants
+    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.subject import call, device_of
+
+    device = device_of(subject.model).type
+    if not torch.amp.is_autocast_available(device):
+        return Result.skipped(f"autocast is not available on {device}")
+    dtypes = [torch.float16, torch.bfloat16]
+    unsupported = []
+    if device == "cuda" and not torch.cuda.is_bf16_supported():
+        dtypes.remove(torch.bfloat16)
+        unsupported.append("bfloat16")
+
+    ids = _probe_ids(subject, seed_offset=12)
+    runs = {}
+    with torch.no_grad(), evaluation(subject.model):
+        reference = call(subject, *ids)
+        own = str(reference.dtype).removeprefix("torch.")
+        reference = reference.float()
+        if not bool(torch.isfinite(reference).all()):
+            return Result.skipped(f"the outputs are already NaN/Inf in the model's own precision ({own}), "
+                                  "so reduced precision cannot be judged (see masked-row-nan)")
+        for dtype in dtypes:
+            name = str(dtype).removeprefix("torch.")
+            with watching_constants(subject.model, (dtype,)) as constants:
+                try:
+                    with torch.autocast(device, dtype=dtype):
+                        logits = call(subject, *ids).float()
+                except RuntimeError as exc:
+                    if "overflow" not in str(exc):
+                        raise
+                    runs[name] = {"outcome": "overflow error", "error": str(exc), **_listed(constants)}
+                    continue
+            finite = torch.isfinite(logits)
+            difference = (logits - reference).abs()
+            runs[name] = {
+                "outcome": "finite" if bool(finite.all()) else "non-finite",
+                "nonfinite_outputs": int((~finite).sum()), "outputs": finite.numel(),
+                "max_abs_difference": float(difference[finite].max()) if bool(finite.any()) else None,
+                **_listed(constants),
+            }
+    details = {"device": device, "own_dtype": own, "runs": runs, "unsupported_dtypes": unsupported,
+               "probe_shape": [PROBE_ROWS, subject.seq_len]}
+
+    failures = {name: run for name, run in runs.items() if run["outcome"] != "finite"}
+    if failures:
+        parts = []
+        for name, run in failures.items():
+            constant = run["constants"][0] if run["constants"] else None
+            raised = run["outcome"] == "overflow error"
+            if constant:
+                where = (f"the constant {constant['value']:g} in {constant['op']} (module {constant['module']}) "
+                         f"does not fit {name} (largest {torch.finfo(getattr(torch, name)).max:g})")
+            elif raised:
+                where = "the value that overflowed was not a constant passed to a torch call"
+            else:
+                where = "no out-of-range constant was seen, so activations overflow the dtype's range"
+            if raised:
+                parts.append(f"under {name} autocast the forward raises \"{run['error']}\": {where}")
+            else:
+                parts.append(f"under {name} autocast {run['nonfinite_outputs']} of {run['outputs']} outputs "
+                             f"are NaN/Inf (finite in {own}): {where}")
+        return Result.failed("; ".join(parts), HALF_MASK_HINT, details)
+
+    saturated = [(name, run) for name, run in runs.items() if run["constants"]]
+    if saturated:
+        name, run = saturated[0]
+        constant = run["constants"][0]
+        return Result.warned(
+            f"the constant {constant['value']:g} in {constant['op']} (module {constant['module']}) does not fit "
+            f"{name} and silently becomes {'-' if constant['value'] < 0 else '+'}inf under {name} autocast "
+            f"({run['constants_seen']} such use(s)); outputs stay finite here, but a fully masked row (a "
+            "padded batch) then turns NaN", HALF_MASK_HINT, details)
+
+    spread = ", ".join(f"{name} {run['max_abs_difference']:.2g}" for name, run in runs.items())
+    return Result.passed(f"finite outputs under {' and '.join(runs)} autocast on {device}; largest "
+                         f"difference from {own}: {spread}", details)

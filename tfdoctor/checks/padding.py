@@ -1,0 +1,131 @@
+"""Padding checks: pads must be invisible to real positions, and must not turn into NaN."""
+
+from __future__ import annotations
+
+from tfdoctor.checks.verdicts import judged_per_implementation
+from tfdoctor.registry import check
+from tfdoctor.result import Result
+
+# A real position counts as moved when its logits change by more than this share of the largest
+# |logit|; the same float-noise reasoning as future-leak (noise ~1e-7, real leaks >> 1e-5).
+RELATIVE_TOLERANCE = 1e-5
+MAX_LISTED_POSITIONS = 8
+
+KEY_PADDING_HINT = (
+    "mask the pad keys in every attention layer: keep = (ids != pad_id)[:, None, None, :] "
+    "(B, 1, 1, T), scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min); with "
+    "nn.MultiheadAttention/nn.Transformer pass key_padding_mask=(ids == pad_id); Hugging Face "
+    "models take attention_mask=(ids != pad_id)"
+)
+
+
+@check("padding-mask", title="Real positions ignore what sits at pad positions", needs=("pad_id",))
+def padding_mask(subject) -> Result:
+    """Catches padding that is attended to: outputs at real positions that change with the content
+    of pad positions, so the same sentence predicts differently with more or less padding.
+
+    Pads the probe batch (on the left for causal models, where right padding is hidden by the
+    causal mask itself; on the right for encoders and seq2seq sources), then pushes the pad
+    positions' embeddings far off through a forward hook while keeping the ids, so the model
+    builds its own mask exactly as in training, and compares the real positions' outputs.
+    """
+    from tfdoctor.context import current
+    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.probes.padding import pad_sensitivity
+
+    def judge(implementation) -> Result:
+        with evaluation(subject.model):
+            sensitivity = pad_sensitivity(subject, current().seed + 3)
+        if sensitivity is None:
+            return Result.skipped("cannot find the input embedding to perturb the pads through")
+        if sensitivity.embedding_calls == 0:
+            return Result.skipped("the input embedding was never called with the probe ids")
+        batch = sensitivity.batch
+        real = batch.real_outputs.cpu()
+        if not bool(sensitivity.finite[real].all()):
+            return Result.skipped("real positions are already NaN/Inf on a padded batch, so what they read "
+                                  "cannot be measured; see masked-row-nan")
+        tolerance = RELATIVE_TOLERANCE * max(sensitivity.scale, 1e-30)
+        moved = sensitivity.change > tolerance
+        leaked = (moved & real).nonzero().tolist()
+        details = {"pad_side": batch.side, "pads_per_row": batch.padded.sum(1).tolist(),
+                   "tolerance": tolerance, "largest_change": float(sensitivity.change[real].max()),
+                   "output_scale": sensitivity.scale}
+        if subject.kind != "seq2seq" and not bool((moved & batch.padded.cpu()).any()):
+            return Result.skipped("perturbing the pad embeddings moved nothing, not even the pads' own outputs",
+                                  details)
+        if not leaked:
+            where = "source " if subject.kind == "seq2seq" else ""
+            return Result.passed(f"no real position reacts to the {where}pad positions "
+                                 f"({batch.side} padding, {int(batch.padded.sum())} pads)", details)
+        details["moved_positions"] = [{"row": r, "position": p} for r, p in leaked[:MAX_LISTED_POSITIONS]]
+        details["moved_count"] = len(leaked)
+        total = int(batch.real_outputs.sum())
+        listed = ", ".join(f"row {r} pos {p}" for r, p in leaked[:4])
+        subject_side = "the decoder reads the source pads" if subject.kind == "seq2seq" else "real positions attend to pads"
+        return Result.failed(
+            f"{subject_side}: {len(leaked)} of {total} real outputs change when only the pad positions' "
+            f"content changes ({listed}{', ...' if len(leaked) > 4 else ''}); pad id {subject.pad_id} is not masked",
+            KEY_PADDING_HINT, details)
+
+    return judged_per_implementation(subject, judge)
+
+
+@check("masked-row-nan", title="Fully masked rows stay finite in outputs and gradients", needs=("pad_id",))
+def masked_row_nan(subject) -> Result:
+    """Catches -inf masks that turn a query with nothing to attend to into NaN: a fully padded row,
+    or the first queries of a left-padded row that see only pads. The loss ignores those positions,
+    so it looks fine, but NaN reaches the gradients and then every weight.
+
+    Runs a batch with one fully padded row and left- (causal) or right-padded (encoder, seq2seq
+    source) rows, takes a cross-entropy that ignores pads, and checks the outputs and the gradients
+    (computed with torch.autograd.grad, so the model's .grad stays untouched) for NaN and Inf.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    from tfdoctor.context import current
+    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.probes.padding import padded_batch
+    from tfdoctor.subject import call, random_tokens
+
+    params = [(name, p) for name, p in subject.model.named_parameters() if p.requires_grad]
+    if not params:
+        return Result.skipped("the model has no trainable parameters")
+
+    def judge(implementation) -> Result:
+        generator = torch.Generator().manual_seed(current().seed + 4)
+        batch = padded_batch(subject, generator, fully_padded_row=True)
+        graded = batch.real_outputs.clone()
+        if subject.kind == "seq2seq":
+            graded[0] = False  # the target of an all-padding source is not graded either
+        with evaluation(subject.model), torch.enable_grad():
+            logits = call(subject, *batch.inputs)
+            targets = random_tokens(subject, *graded.shape, generator=generator).masked_fill(~graded, -100)
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                   ignore_index=-100)
+            grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+        bad_outputs = (~torch.isfinite(logits.detach()).all(dim=-1)).cpu()
+        bad_params = [name for (name, _), g in zip(params, grads) if g is not None and not bool(torch.isfinite(g).all())]
+        details = {"pad_side": batch.side, "pads_per_row": batch.padded.sum(1).tolist(),
+                   "loss": float(loss.detach()), "nonfinite_outputs": int(bad_outputs.sum()),
+                   "nonfinite_grad_params": bad_params[:MAX_LISTED_POSITIONS],
+                   "nonfinite_grad_param_count": len(bad_params)}
+        if not int(bad_outputs.sum()) and not bad_params:
+            return Result.passed("outputs and gradients stay finite with a fully padded row "
+                                 f"and {batch.side}-padded rows", details)
+        rows = sorted({r for r, _ in bad_outputs.nonzero().tolist()})
+        details["nonfinite_rows"] = rows
+        seen = []
+        if int(bad_outputs.sum()):
+            seen.append(f"{int(bad_outputs.sum())} output positions are NaN/Inf (rows {rows[:6]}; row 0 is "
+                        "fully padded)")
+        if bad_params:
+            seen.append(f"{len(bad_params)} parameters get NaN/Inf gradients although the loss ignores the pads "
+                        f"(loss {float(loss.detach()):.3g})")
+        return Result.failed(
+            "; ".join(seen) + ": queries with every key masked give softmax(-inf, ..., -inf) = NaN",
+            "fill masked scores with torch.finfo(scores.dtype).min instead of float('-inf') (a fully masked "
+            "row then averages instead of dividing 0 by 0)", details)
+
+    return judged_per_implementation(subject, judge)

@@ -1,0 +1,119 @@
+"""Padded batches, and what the model does with the pad positions in them.
+
+Pads go where each kind of model meets them in training: on the left for causal models (on the
+right the causal mask itself hides them), on the right for encoders and for a seq2seq source.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from tfdoctor.probes.dependency import finite_scale
+from tfdoctor.subject import Subject, call, is_hugging_face, random_tokens
+
+# How far the pad positions' embeddings are pushed, in units of the embedding output's std: far
+# enough that any real use of them shows, well inside what float32 represents.
+PERTURBATION_STDS = 3.0
+
+
+@dataclass
+class PaddedBatch:
+    inputs: tuple  # for call(subject, *inputs)
+    padded: torch.Tensor  # [B, T] True at pad positions of the padded sequence (src for seq2seq)
+    real_outputs: torch.Tensor  # [B, T_out] True where the output belongs to a real position
+    side: str  # "left" or "right"
+
+
+def pad_counts(batch: int, length: int) -> list[int]:
+    """Pads per row, from one to most of the row, so short and long padding are both seen."""
+    return [max(1, min(length - 1, (r + 1) * length // (batch + 1))) for r in range(batch)]
+
+
+def padded_batch(subject: Subject, generator: torch.Generator, fully_padded_row: bool = False) -> PaddedBatch:
+    B, T, pad = subject.batch_size, subject.seq_len, subject.pad_id
+    side = "left" if subject.kind == "causal" else "right"
+    ids = random_tokens(subject, B, T, generator)
+    padded = torch.zeros(B, T, dtype=torch.bool, device=ids.device)
+    for row, count in enumerate(pad_counts(B, T)):
+        if side == "left":
+            padded[row, :count] = True
+        else:
+            padded[row, T - count:] = True
+    if fully_padded_row:
+        padded[0] = True
+    ids = ids.masked_fill(padded, pad)
+    if subject.kind == "seq2seq":
+        target = random_tokens(subject, B, T, generator)
+        return PaddedBatch((ids, target), padded, torch.ones(B, T, dtype=torch.bool, device=ids.device), side)
+    return PaddedBatch((ids,), padded, ~padded, side)
+
+
+def input_embedding(subject: Subject) -> torch.nn.Module | None:
+    """The embedding that reads the (source) token ids."""
+    model = subject.model
+    if is_hugging_face(model):
+        if subject.kind == "seq2seq" and hasattr(model, "get_encoder"):
+            encoder = model.get_encoder()
+            found = encoder.get_input_embeddings() if hasattr(encoder, "get_input_embeddings") else None
+            if found is not None:
+                return found
+        return model.get_input_embeddings()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding) and module.num_embeddings >= subject.vocab_size:
+            return module
+    return None
+
+
+@contextlib.contextmanager
+def perturbed_pads(embedding: torch.nn.Module, ids: torch.Tensor, padded: torch.Tensor,
+                   generator: torch.Generator) -> Iterator[list[int]]:
+    """While active, the embedding's output at pad positions of `ids` is pushed far off, ids intact
+    (so the model builds its mask exactly as in training). Only calls that embed `ids` itself are
+    touched: a decoder sharing the embedding keeps its own inputs. Yields a list that counts calls."""
+    calls: list[int] = []
+
+    def hook(module, args, output):
+        if not args or not isinstance(args[0], torch.Tensor) or args[0].shape != ids.shape:
+            return None
+        if not torch.equal(args[0], ids):
+            return None
+        calls.append(1)
+        noise = torch.randn(output.shape, generator=generator).to(output.device, output.dtype)
+        scale = PERTURBATION_STDS * float(output.detach().float().std().clamp_min(1e-3))
+        return output + noise * scale * padded.unsqueeze(-1).to(output.dtype)
+
+    handle = embedding.register_forward_hook(hook)
+    try:
+        yield calls
+    finally:
+        handle.remove()
+
+
+@dataclass
+class PadSensitivity:
+    change: torch.Tensor  # [B, T_out] largest logit change at each output position
+    finite: torch.Tensor  # [B, T_out] the unperturbed output is finite there
+    scale: float
+    embedding_calls: int
+    batch: PaddedBatch
+
+
+def pad_sensitivity(subject: Subject, seed: int) -> PadSensitivity | None:
+    """How much each output moves when only the pad positions' embeddings change. None when the
+    input embedding cannot be found."""
+    embedding = input_embedding(subject)
+    if embedding is None:
+        return None
+    generator = torch.Generator().manual_seed(seed)
+    batch = padded_batch(subject, generator)
+    with torch.no_grad():
+        base = call(subject, *batch.inputs).float()
+        with perturbed_pads(embedding, batch.inputs[0], batch.padded, generator) as calls:
+            moved = call(subject, *batch.inputs).float()
+    change = torch.nan_to_num((moved - base).abs().amax(dim=-1), nan=float("inf"))
+    finite = torch.isfinite(base).all(dim=-1)
+    return PadSensitivity(change.cpu(), finite.cpu(), finite_scale(base), len(calls), batch)
