@@ -125,3 +125,21 @@ def test_help_does_not_import_torch():
     assert "check" in done.stdout
     assert done.stdout.strip().endswith("NO-TORCH")
     assert run("--help").returncode == 0
+
+
+def test_progress_bar_survives_early_stops_and_overshoot():
+    import io
+
+    from rich.console import Console
+
+    from tfdoctor.cli import _rich_progress
+
+    bar, start = _rich_progress(Console(file=io.StringIO(), force_terminal=True))
+    with bar:
+        advance = start("overfit-batch", 10)
+        advance(4)
+        advance(6)  # completes: the task is removed
+        advance(0)
+        advance(3)  # after completion: ignored, not a KeyError
+    assert bar.tasks == []
+    assert _rich_progress(Console(file=io.StringIO(), force_terminal=False)) == (None, None)

@@ -25,10 +25,12 @@ def test_select_only_and_skip():
         select("no-such-check")
 
 
-def test_every_check_leaves_the_process_as_found():
-    model = build_fixture("gpt_correct")
+@pytest.mark.parametrize("name", ["gpt_correct", "gpt_pad_masked", "seq2seq_correct"])
+def test_every_check_leaves_the_process_as_found(name):
+    built = build_fixture(name)
+    model = built.model if isinstance(built, Subject) else built
     model.train()
-    model.blocks[0].eval()  # a mixed state must come back exactly
+    list(model.children())[1].eval()  # a mixed state must come back exactly
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     flags = [m.training for m in model.modules()]
     hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
@@ -39,7 +41,7 @@ def test_every_check_leaves_the_process_as_found():
     torch.manual_seed(123)
     random.seed(7)
 
-    run_checks(model)
+    run_checks(built)
 
     assert torch.equal(torch.rand(3), expected_torch) and random.random() == expected_python
     assert [m.training for m in model.modules()] == flags

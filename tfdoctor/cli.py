@@ -48,11 +48,11 @@ def _positive(name: str, value: Optional[int], minimum: int = 1) -> None:
         raise UsageError(f"{name} must be at least {minimum}, got {value}")
 
 
-def _rich_progress():
-    """A Rich progress bar on stderr when it is a terminal; None (silent) otherwise."""
+def _rich_progress(console=None):
+    """A Rich progress bar on stderr when it is a terminal: (bar, start); (None, None) otherwise."""
     from rich.console import Console
 
-    console = Console(stderr=True)
+    console = console or Console(stderr=True)
     if not console.is_terminal:
         return None, None
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -62,11 +62,16 @@ def _rich_progress():
 
     def start(description: str, total: int):
         task = bar.add_task(description, total=total)
+        done = False
 
         def advance(n: int = 1) -> None:
+            nonlocal done
+            if done or n <= 0:
+                return
             bar.advance(task, n)
-            if bar.tasks[task].completed >= total:
+            if bar.tasks[task].completed >= total:  # the bar goes once its work is done
                 bar.remove_task(task)
+                done = True
 
         return advance
 

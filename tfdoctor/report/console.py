@@ -108,8 +108,19 @@ def summary_table(report: Report) -> Table:
     table.add_column("what was seen")
     table.add_column("time", justify="right", style="evidence", no_wrap=True)
     for result in report.results:
-        table.add_row(status_text(result.status), result.id, result.message, f"{result.seconds:.2f}s")
+        if result.status is not Status.SKIP:
+            table.add_row(status_text(result.status), result.id, result.message, f"{result.seconds:.2f}s")
     return table
+
+
+def skipped_lines(report: Report) -> list[Text]:
+    """Skipped checks, grouped by reason: a dozen 'needs --train' rows would bury the findings."""
+    by_reason: dict[str, list[str]] = {}
+    for result in report.results:
+        if result.status is Status.SKIP:
+            by_reason.setdefault(result.message, []).append(result.id)
+    return [Text.assemble(status_text(Status.SKIP), " ", (", ".join(ids), "check.id"), f": {reason}")
+            for reason, ids in by_reason.items()]
 
 
 def render(report: Report, out: TextIO, width: int | None = None) -> None:
@@ -117,6 +128,8 @@ def render(report: Report, out: TextIO, width: int | None = None) -> None:
                       force_terminal=None if width is None else False)
     console.print(Text.assemble(("tfdoctor ", "bold"), report.target))
     console.print(summary_table(report))
+    for line in skipped_lines(report):
+        console.print(line)
     drawn_maps: list = []
     for result in report.results:
         if result.status in (Status.FAIL, Status.ERROR, Status.WARN):
