@@ -51,12 +51,26 @@ def running(ctx: RunContext) -> Iterator[RunContext]:
         _current.reset(token)
 
 
+class _Raised:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
 def memo(key: Any, compute: Callable[[], Any]) -> Any:
-    """Compute once per run: e.g. the dependency map that future-leak and mask-direction share."""
+    """Compute once per run: e.g. the dependency map that future-leak and mask-direction share.
+
+    An exception is remembered too and raised again to every later caller, so that a user's loop
+    that crashes runs once and each check that needs it reports the same error."""
     store = current().memo
     if key not in store:
-        store[key] = compute()
-    return store[key]
+        try:
+            store[key] = compute()
+        except Exception as error:
+            store[key] = _Raised(error)
+    value = store[key]
+    if isinstance(value, _Raised):
+        raise value.error
+    return value
 
 
 def progress(description: str, total: int) -> Callable[[int], None]:

@@ -23,6 +23,7 @@ CHECK_MODULES = (
     "tfdoctor.checks.padding",
     "tfdoctor.checks.learning",
     "tfdoctor.checks.memory",
+    "tfdoctor.checks.trainloop",
 )
 
 # Ids promised to later work; selecting one before it exists is a usage error, not a silent no-op.

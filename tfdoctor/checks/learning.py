@@ -95,7 +95,15 @@ def overfit_batch(subject) -> Result:
     Trains a copy of the model (the user's is untouched) on one small random batch with AdamW and
     dropout off, for up to 300 steps, stopping as soon as the loss is under 0.01 or 5% of ln(V).
     A healthy Transformer memorises it; one that cannot has a bug between its input and its loss.
+
+    With --train (causal and seq2seq models) your own loop trains the copy instead, fed the same batch
+    160 times, so the real loss, optimizer and schedule are tested too; it passes when the next-token
+    loss on that batch falls to 90% of its start or below.
     """
+    if subject.train is not None and subject.kind != "encoder":
+        from tfdoctor.checks.trainloop import overfit_with_loop
+
+        return overfit_with_loop(subject)
     import copy
     import dataclasses
 

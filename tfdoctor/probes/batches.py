@@ -1,0 +1,37 @@
+"""The random token batches fed to the user's training loop."""
+
+from __future__ import annotations
+
+import torch
+
+from tfdoctor.subject import Subject, random_tokens
+
+# Padded rows keep at least this share of real tokens, so every row has something to learn from.
+MIN_REAL_SHARE = 0.5
+
+
+def _pad_tail(subject: Subject, ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Pad every row but the first at its end, after a random length of real tokens."""
+    if subject.pad_id is None:
+        return ids
+    B, T = ids.shape
+    low = max(2, int(T * MIN_REAL_SHARE))
+    lengths = torch.randint(low, T, (B,), generator=generator)
+    lengths[0] = T  # one full row, as a real batch padded to its longest sequence has
+    positions = torch.arange(T)[None, :]
+    return ids.masked_fill((positions >= lengths[:, None]).to(ids.device), subject.pad_id)
+
+
+def train_batches(subject: Subject, count: int, generator: torch.Generator) -> list:
+    """`count` batches of LongTensor ids [B, T] (seq2seq: (src, tgt) pairs), padded at the end with
+    pad_id when the subject has one."""
+    B, T = subject.batch_size, subject.seq_len
+    batches = []
+    for _ in range(count):
+        ids = _pad_tail(subject, random_tokens(subject, B, T, generator), generator)
+        if subject.kind == "seq2seq":
+            src = _pad_tail(subject, random_tokens(subject, B, T, generator), generator)
+            batches.append((src, ids))
+        else:
+            batches.append(ids)
+    return batches
