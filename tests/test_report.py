@@ -70,3 +70,11 @@ def test_exit_codes():
     assert report.exit_code() == ExitCode.CHECKS_FAILED
     calm = Report("x", [Result(Status.PASS, "ok"), Result(Status.WARN, "hm", "fix")])
     assert calm.exit_code() == ExitCode.OK and calm.exit_code(strict=True) == ExitCode.CHECKS_FAILED
+
+
+def test_json_stays_strict_when_the_evidence_is_nan():
+    report = Report("x", [Result(Status.FAIL, "loss went NaN", "fix", {"loss": float("nan"), "curve": (1.0, float("inf"))})])
+    out = io.StringIO()
+    render(report, "json", out)
+    details = json.loads(out.getvalue())["checks"][0]["details"]
+    assert details == {"loss": "nan", "curve": [1.0, "inf"]}

@@ -6,6 +6,7 @@ No torch and no Rich here: reporters and the CLI read these objects, checks prod
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,20 @@ class Status(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+def json_safe(value: Any) -> Any:
+    """Details as strict JSON: NaN and infinities become the strings "nan", "inf", "-inf" (they are
+    evidence, e.g. a loss that went NaN), tuples become lists, anything unknown its str()."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else ("nan" if math.isnan(value) else ("inf" if value > 0 else "-inf"))
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return str(value)
 
 
 class ExitCode(enum.IntEnum):
@@ -65,7 +80,7 @@ class Result:
             "status": self.status.value,
             "message": self.message,
             "hint": self.hint,
-            "details": self.details,
+            "details": json_safe(self.details),
         }
 
 

@@ -142,7 +142,7 @@ def overfit_batch(subject) -> Result:
                "batch_shape": list(batch.targets.shape), "loss_curve": curve,
                "sparkline": sparkline(curve)}
     if final < target:
-        return Result.passed(f"loss {curve[0]:.2f} -> {final:.3f} in {steps} steps (target {target:.3f})", details)
+        return Result.passed(f"loss {curve[0]:.2f} -> {final:.4g} in {steps} steps (target < {target:.4g})", details)
     if not math.isfinite(final):
         return Result.failed(f"loss became {final} after {steps} steps on a single batch",
                              "look for -inf masks on fully masked rows and for overflowing activations",
