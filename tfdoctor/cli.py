@@ -7,6 +7,7 @@ Torch is imported only by the commands that need it, so `--help`, `checks` and t
 from __future__ import annotations
 
 import enum
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -326,4 +327,10 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("tfdoctor: aborted", err=True)
         sys.exit(130)
+    except Exception as error:  # never a traceback; TFDOCTOR_DEBUG=1 shows it
+        if os.environ.get("TFDOCTOR_DEBUG"):
+            raise
+        typer.echo(f"tfdoctor: internal error: {type(error).__name__}: {error} "
+                   "(rerun with TFDOCTOR_DEBUG=1 for the traceback)", err=True)
+        sys.exit(ExitCode.USAGE_ERROR)
     sys.exit(code if isinstance(code, int) else 0)
