@@ -8,34 +8,13 @@ future-leak probe next to one forward of the same model and next to the naive pr
 forward per perturbed position.
 """
 
-import statistics
-import subprocess
 import sys
-import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from timing import ROOT, best_of, wall
+
 sys.path.insert(0, str(ROOT / "fixtures"))
-
-
-def wall(args, repeats=3):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        subprocess.run(args, cwd=ROOT, capture_output=True, check=False)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def best_of(fn, repeats=20):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main():

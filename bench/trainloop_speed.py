@@ -9,38 +9,17 @@ loop (16 batches) next to the same loop run bare, i.e. the cost of tracing it.
 """
 
 import copy
-import statistics
-import subprocess
 import sys
-import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from timing import ROOT, best_of, wall
+
 sys.path.insert(0, str(ROOT / "fixtures"))
 sys.path.insert(0, str(ROOT))
 
 TARGET = "fixtures/gpt_correct.py:build"
 LOOP = "fixtures/loops/correct.py:train"
-
-
-def wall(args, repeats=3):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        subprocess.run(args, cwd=ROOT, capture_output=True, check=False)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def best_of(fn, repeats=5):
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main():
@@ -64,8 +43,8 @@ def main():
     torch.set_num_threads(1)
     subject = resolve(Subject(build(), pad_id=0, train=load_function(str(ROOT / LOOP))))
     batches = train_batches(subject, 16, torch.Generator().manual_seed(0))
-    bare = best_of(lambda: run_loop(subject, copy.deepcopy(subject.model), batches))
-    traced = best_of(lambda: record_loop(subject, batches))
+    bare = best_of(lambda: run_loop(subject, copy.deepcopy(subject.model), batches), repeats=5)
+    traced = best_of(lambda: record_loop(subject, batches), repeats=5)
     print(f"correct loop, 16 batches, bare       {bare * 1000:6.0f} ms")
     print(f"correct loop, 16 batches, recorded   {traced * 1000:6.0f} ms   = {traced / bare:4.2f} x bare")
 
