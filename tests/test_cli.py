@@ -143,3 +143,10 @@ def test_progress_bar_survives_early_stops_and_overshoot():
         advance(3)  # after completion: ignored, not a KeyError
     assert bar.tasks == []
     assert _rich_progress(Console(file=io.StringIO(), force_terminal=False)) == (None, None)
+
+
+def test_checks_with_an_id_prints_its_documentation():
+    done = run("checks", "mask-direction")
+    assert done.returncode == 0
+    assert "torch.triu(ones, diagonal=1) used as a blocked mask passes" in " ".join(done.stdout.split())
+    assert run("checks", "no-such-check").returncode == 2

@@ -173,20 +173,36 @@ def _emit(report, fmt: Format, output: Optional[Path]) -> None:
 
 
 @app.command("checks")
-def list_checks() -> None:
-    """List every check: id, title and what it catches."""
+def list_checks(
+    check_id: Optional[str] = typer.Argument(None, help="show this check's full documentation"),
+) -> None:
+    """List every check: id, title and what it catches (or one check's full documentation)."""
     from rich.console import Console
     from rich.table import Table
 
-    from tfdoctor.registry import all_checks
+    from tfdoctor.registry import all_checks, select
 
+    console = Console()
+    if check_id is not None:
+        try:
+            (spec,) = select(only=check_id)
+        except (TfdoctorError, ValueError) as error:
+            _fail_usage(error if isinstance(error, TfdoctorError) else UsageError("give one check id"))
+        console.print(f"[bold]{spec.id}[/bold]: {spec.title}", highlight=False)
+        console.print(f"applies to: {', '.join(spec.kinds)} models"
+                      + (f"; needs {', '.join(spec.needs)}" if spec.needs else ""), highlight=False)
+        for paragraph in spec.doc.split("\n\n"):  # reflowed to the terminal's width
+            console.print()
+            console.print(" ".join(paragraph.split()), highlight=False, markup=False)
+        return
     table = Table(show_lines=True)
     table.add_column("id", style="bold", no_wrap=True)
     table.add_column("title")
     table.add_column("what it catches")
     for spec in all_checks():
         table.add_row(spec.id, spec.title, spec.summary)
-    Console().print(table)
+    console.print(table)
+    console.print("`tfdoctor checks ID` prints one check's full documentation.", highlight=False, markup=False)
 
 
 # --- memory command (issue 4) ---

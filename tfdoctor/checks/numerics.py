@@ -137,7 +137,7 @@ def softmax_mask_order(subject) -> Result:
 @check("half-precision-mask", title="The attention mask survives float16 and bfloat16 autocast")
 def half_precision_mask(subject) -> Result:
     """Catches mask constants that do not fit reduced precision: masked_fill(mask, -1e9) raises
-    "value cannot be converted to type at::Half without overflow" as soon as the model runs under
+    "value cannot be converted to type c10::Half without overflow" as soon as the model runs under
     float16 autocast, and a constant that silently saturates to -inf (torch.where, arithmetic) turns
     fully masked rows into NaN.
 
