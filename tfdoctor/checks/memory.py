@@ -29,10 +29,7 @@ def memory(subject) -> Result:
     from tfdoctor.memory.sizes import format_bytes
     from tfdoctor.memory.traced import judge_traced
 
-    if options.get("budget_bytes") is not None:
-        budget, source = int(options["budget_bytes"]), "budget"
-    else:
-        budget, source = resolve_budget(options.get("budget"))
+    budget, source = resolve_budget(options.get("budget"))
     target = type(subject.model).__name__
     verdict = judge_traced(subject, target, batch, seq, budget, source, remedies=False)
     if not verdict.fits:  # trace the remedies only when one is needed
@@ -58,6 +55,10 @@ def memory(subject) -> Result:
         best = min(fitting, key=lambda r: r.peak_bytes)
         hint = (f"{best.name}: {best.change}, peak {format_bytes(best.peak_bytes)}; "
                 f"`tfdoctor memory TARGET --batch {batch} --seq {seq}` lists every remedy")
+    elif not verdict.largest_seq and not verdict.largest_batch:
+        hint = (f"neither batch 1 at seq {seq} nor batch {batch} at the shortest sequence fits: combine remedies "
+                "(see `tfdoctor memory`), and where the weights, gradients and optimizer states alone exceed "
+                "the budget, shard them (ZeRO/FSDP) or use a device with more memory")
     else:
         hint = (f"no single remedy fits; the largest sequence that fits is {verdict.largest_seq}, the largest batch "
                 f"{verdict.largest_batch}; combine remedies (see `tfdoctor memory`)")
