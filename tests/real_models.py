@@ -81,3 +81,32 @@ ALL_MODELS = {
     "hf-bart": hf_bart,
     "x-transformers-encoder": x_transformers_encoder,
 }
+
+
+def _hf(config_name: str, model_name: str, **config):
+    def build():
+        import transformers
+
+        return getattr(transformers, model_name)(getattr(transformers, config_name)(**config))
+
+    return build
+
+
+_SMALL = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+
+# More architectures the battery must stay quiet on: other position schemes (RoBERTa's pad-offset
+# positions, rotary, Gemma's scaled embeddings), grouped-query and sliding-window attention.
+MORE_MODELS = {
+    "hf-roberta": _hf("RobertaConfig", "RobertaForMaskedLM", max_position_embeddings=80, **_SMALL),
+    "hf-distilbert": _hf("DistilBertConfig", "DistilBertForMaskedLM", vocab_size=512, dim=64, n_layers=2,
+                         n_heads=4, hidden_dim=128, max_position_embeddings=64),
+    "hf-gpt-neox": _hf("GPTNeoXConfig", "GPTNeoXForCausalLM", max_position_embeddings=64, **_SMALL),
+    "hf-qwen2": _hf("Qwen2Config", "Qwen2ForCausalLM", num_key_value_heads=2, max_position_embeddings=64, **_SMALL),
+    "hf-gemma": _hf("GemmaConfig", "GemmaForCausalLM", num_key_value_heads=1, head_dim=16,
+                    max_position_embeddings=64, pad_token_id=0, **_SMALL),
+    "hf-mistral-sliding-window": _hf("MistralConfig", "MistralForCausalLM", num_key_value_heads=2,
+                                     max_position_embeddings=128, sliding_window=8, **_SMALL),
+    "hf-mbart": _hf("MBartConfig", "MBartForConditionalGeneration", vocab_size=512, d_model=64, encoder_layers=2,
+                    decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                    decoder_ffn_dim=128, max_position_embeddings=64),
+}

@@ -4,7 +4,7 @@ on every correct real model and fixture (no fail, no error)."""
 import pytest
 
 from conftest import build_fixture
-from real_models import ALL_MODELS, hf_bart, hf_bert, hf_gpt2, hf_t5
+from real_models import ALL_MODELS, MORE_MODELS, hf_bart, hf_bert, hf_gpt2, hf_t5
 from tfdoctor import Subject, run_checks
 from tfdoctor.subject import resolve
 
@@ -69,9 +69,9 @@ def test_implementation_is_restored():
     assert model.config._attn_implementation == before
 
 
-@pytest.mark.parametrize("name", sorted(ALL_MODELS))
+@pytest.mark.parametrize("name", sorted(ALL_MODELS) + sorted(MORE_MODELS))
 def test_battery_is_quiet_on_correct_real_models(name):
-    report = run_checks(ALL_MODELS[name]())
+    report = run_checks({**ALL_MODELS, **MORE_MODELS}[name]())
     loud = [(r.id, r.status.value, r.message) for r in report.results if r.status.value in ("fail", "error", "warn")]
     assert not loud
     ran = {r.id for r in report.results if r.status.value == "pass"}
