@@ -83,3 +83,23 @@ def test_battery_is_quiet_on_correct_fixtures(name):
     report = run_checks(build_fixture(name))
     loud = [(r.id, r.status.value, r.message) for r in report.results if r.status.value in ("fail", "error", "warn")]
     assert not loud
+
+
+def test_a_leak_under_one_attention_implementation_is_named():
+    """As with the released model that leaked the future under SDPA only, eager being correct."""
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    class LeaksUnderSdpa(GPT2LMHeadModel):
+        def forward(self, input_ids=None, **kwargs):
+            out = super().forward(input_ids=input_ids, **kwargs)
+            if self.config._attn_implementation == "sdpa":  # a kernel-specific bug: sees the next token
+                out.logits = out.logits + 0.1 * self.transformer.wte(input_ids.roll(-1, dims=1)) @ self.lm_head.weight.T
+            return out
+
+    model = LeaksUnderSdpa(hf_gpt2().config)
+    result = run_checks(model, only="future-leak")["future-leak"]
+    assert result.status.value == "fail"
+    assert result.message.startswith("with attn_implementation='sdpa':")
+    assert result.details["failing_implementations"] == ["sdpa"]
+    assert model.config._attn_implementation == "sdpa"  # restored after the eager run

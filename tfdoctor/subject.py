@@ -98,19 +98,22 @@ def is_hugging_face(model) -> bool:
 def inferred_kind(model) -> Optional[str]:
     """The kind a model announces itself as, or None when it does not say.
 
-    Hugging Face: `config.is_encoder_decoder` (T5, BART) is seq2seq; a model that is not a decoder
-    and is not a *ForCausalLM / LM-head model (BERT-like masked LMs) is an encoder.
+    Hugging Face: `config.is_encoder_decoder` (T5, BART) is seq2seq; a class descended from a
+    *ForCausalLM / *LMHeadModel (or a config marked is_decoder) is causal; one descended from a
+    *ForMaskedLM (BERT-like) is an encoder. The class's ancestry is read, not its own name, so a
+    user's subclass keeps its parent's kind.
     x-transformers: TransformerWrapper's attention layers carry `causal`.
     """
     if is_hugging_face(model):
-        config = _config(model)
         if is_encoder_decoder(model):
             return "seq2seq"
-        name = type(model).__name__
-        causal_name = name.endswith("ForCausalLM") or "LMHead" in name
-        if not causal_name and not getattr(config, "is_decoder", False):
+        lineage = [cls.__name__ for cls in type(model).__mro__]
+        if getattr(_config(model), "is_decoder", False) or any(
+                name.endswith("ForCausalLM") or "LMHead" in name for name in lineage):
+            return "causal"
+        if any(name.endswith("ForMaskedLM") for name in lineage):
             return "encoder"
-        return "causal"
+        return None
     layers = getattr(model, "attn_layers", None)
     if isinstance(getattr(layers, "causal", None), bool):
         return "causal" if layers.causal else "encoder"
