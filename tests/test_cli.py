@@ -100,6 +100,8 @@ def test_strict_turns_warnings_into_failures(tmp_path):
     (["check", "fixtures/gpt_correct.py:build", "--format", "xml"], "--format"),
     (["check", "fixtures/gpt_correct.py:build", "--pad-id", "500"], "outside the vocabulary"),
     (["check", "fixtures/gpt_correct.py:build", "--no-such-flag"], "No such option"),
+    (["check", "fixtures/gpt_correct.py:build", "--device", "bogus"], "cannot use device 'bogus'"),
+    (["check", "fixtures/gpt_correct.py:build", "--train", "fixtures/gpt_correct.py:nope"], "has no attribute 'nope'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, expected):
     done = run(*args)
