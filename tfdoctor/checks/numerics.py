@@ -3,6 +3,7 @@ reduced precision?"""
 
 from __future__ import annotations
 
+from tfdoctor.checks.verdicts import judged_per_implementation
 from tfdoctor.registry import check
 from tfdoctor.result import Result
 
@@ -76,6 +77,10 @@ def softmax_mask_order(subject) -> Result:
     attention runs inside fused F.scaled_dot_product_attention pass with a note: the kernel masks
     before its softmax. A model where no softmax reaches a product is skipped.
     """
+    return judged_per_implementation(subject, lambda implementation: _softmax_mask_order(subject))
+
+
+def _softmax_mask_order(subject) -> Result:
     import torch
 
     from tfdoctor.probes.attention import capture_attention
@@ -148,6 +153,10 @@ def half_precision_mask(subject) -> Result:
     turn NaN/Inf where the model's own precision gives finite ones, fail, naming the constant, the
     module and the dtype. A constant that silently becomes +-inf while the outputs stay finite warns.
     """
+    return judged_per_implementation(subject, lambda implementation: _half_precision_mask(subject))
+
+
+def _half_precision_mask(subject) -> Result:
     import torch
 
     from tfdoctor.probes.attention import watching_constants
