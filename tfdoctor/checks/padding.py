@@ -5,10 +5,8 @@ from __future__ import annotations
 from tfdoctor.checks.verdicts import judged_per_implementation
 from tfdoctor.registry import check
 from tfdoctor.result import Result
+from tfdoctor.tolerances import RELATIVE_TOLERANCE
 
-# A real position counts as moved when its logits change by more than this share of the largest
-# |logit|; the same float-noise reasoning as future-leak (noise ~1e-7, real leaks >> 1e-5).
-RELATIVE_TOLERANCE = 1e-5
 MAX_LISTED_POSITIONS = 8
 
 KEY_PADDING_HINT = (

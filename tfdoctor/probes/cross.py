@@ -8,8 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from tfdoctor.probes.dependency import RELATIVE_TOLERANCE, finite_scale
+from tfdoctor.probes.dependency import finite_scale
 from tfdoctor.subject import Subject, call, is_hugging_face, random_tokens
+from tfdoctor.tolerances import RELATIVE_TOLERANCE
 
 PERTURBATION_STDS = 3.0
 

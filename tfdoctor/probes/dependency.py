@@ -15,12 +15,8 @@ import torch
 from tfdoctor.context import current, memo
 from tfdoctor.probes.modes import evaluation
 from tfdoctor.subject import Subject, call, random_tokens
+from tfdoctor.tolerances import RELATIVE_TOLERANCE
 
-# A change counts when it exceeds this fraction of the largest |logit| of the base output.
-# Float32 reordering noise is ~1e-7 relative; the quietest real leak we know of (probabilities
-# zeroed after the softmax, so the future still moves the denominator) is ~1e-4. 1e-5 sits a
-# decade from each.
-RELATIVE_TOLERANCE = 1e-5
 # Logits kept alive per forward: rows * T * V floats. Bounds the probe's memory on big vocabularies.
 CHUNK_LOGIT_BYTES = 128 * 2**20
 # The map drawn in the report is max-pooled down to at most this many cells a side.
