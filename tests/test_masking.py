@@ -57,7 +57,8 @@ def test_dependency_map_costs_one_forward_per_chunk_not_per_position():
 
     base = torch.randint(0, 96, (48,))
     dmap = dependency_map(forward, base, 96, None)
-    assert len(calls) == 1 and calls[0] == 49  # base + one row per position
+    assert len(calls) == 1 and calls[0] == 50  # the base twice (a determinism check) + one row per position
+    assert dmap.noise == 0.0
     assert dmap.future_pairs() == []
     assert bool(dmap.depends.diagonal().all())
 
@@ -65,7 +66,7 @@ def test_dependency_map_costs_one_forward_per_chunk_not_per_position():
 def test_dependency_map_chunks_large_inputs(monkeypatch):
     from tfdoctor.probes import dependency
 
-    monkeypatch.setattr(dependency, "CHUNK_LOGIT_BYTES", 4 * 48 * 96 * 9)  # 8 rows + base per forward
+    monkeypatch.setattr(dependency, "CHUNK_LOGIT_BYTES", 4 * 48 * 96 * 10)  # 8 perturbed rows per forward
     model = build_fixture("gpt_triu_mask").eval()
     dmap = dependency_map(model, torch.randint(0, 96, (48,)), 96, None)
     assert dmap.forwards == 6
@@ -137,3 +138,19 @@ def test_probe_tokens_never_contain_pad_id():
 
     run_checks(Subject(Spy(), pad_id=5, vocab_size=96), only=MASK_CHECKS + ["init-loss"])
     assert seen and all(not bool((ids == 5).any()) for ids in seen)
+
+
+def test_a_model_random_in_eval_mode_warns_instead_of_crying_leak():
+    class AlwaysDropout(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = build_fixture("gpt_correct")
+
+        def forward(self, ids):
+            x = self.inner(ids)
+            return torch.nn.functional.dropout(x, 0.1)  # training=True by default: random in eval too
+
+    report = run_checks(AlwaysDropout(), only=MASK_CHECKS)
+    for result in report.results:
+        assert result.status.value == "warn"
+        assert "training=self.training" in result.hint

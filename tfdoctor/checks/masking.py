@@ -25,12 +25,21 @@ CAUSAL_MASK_HINT = (
 
 
 def _on_dependency_map(subject, judge):
-    """judge(map) as a judge(implementation): measures (or reuses) the map for that implementation."""
+    """judge(map) as a judge(implementation): measures (or reuses) the map for that implementation.
+    A model that is random in eval mode gets a warning instead: no change can be pinned on a token."""
 
     def judge_implementation(implementation):
         from tfdoctor.probes.dependency import token_dependency_map
 
-        return judge(token_dependency_map(subject, implementation))
+        dmap = token_dependency_map(subject, implementation)
+        if dmap.random_in_eval:
+            return Result.warned(
+                f"two identical inputs gave outputs {dmap.noise:.3g} apart in eval mode, so what each "
+                "output depends on cannot be measured: the model is random at inference",
+                "look for dropout that ignores eval mode (F.dropout(x, p) defaults to training=True; pass "
+                "training=self.training) or noise sampled in forward", {"noise": dmap.noise,
+                                                                        "tolerance": dmap.tolerance})
+        return judge(dmap)
 
     return judge_implementation
 

@@ -41,6 +41,11 @@ class DependencyMap:
     scale: float  # largest |logit| of the base output
     tolerance: float
     forwards: int  # forward passes the map cost
+    noise: float = 0.0  # largest difference between two identical input rows (0 for a deterministic model)
+
+    @property
+    def random_in_eval(self) -> bool:
+        return self.noise > self.tolerance
 
     @property
     def seq_len(self) -> int:
@@ -86,21 +91,26 @@ def dependency_map(forward, base: torch.Tensor, vocab_size: int, pad_id: int | N
     perturbed = base.repeat(T, 1)
     perturbed[torch.arange(T), torch.arange(T)] = replacement
 
-    rows_per_chunk = max(1, min(T, CHUNK_LOGIT_BYTES // max(1, 4 * T * vocab_size) - 1))
+    rows_per_chunk = max(1, min(T, CHUNK_LOGIT_BYTES // max(1, 4 * T * vocab_size) - 2))
     delta = torch.zeros(T, T)  # delta[j, i] while filling: row j perturbed, output position i
-    scale, forwards = 0.0, 0
+    scale, forwards, noise = 0.0, 0, 0.0
     with torch.no_grad():
         for start in range(0, T, rows_per_chunk):
             rows = perturbed[start:start + rows_per_chunk]
-            logits = forward(torch.cat([base[None], rows])).float()
+            # The first chunk carries the base twice: two identical rows must agree, or the model is
+            # random in eval mode and no change can be pinned on a token.
+            twins = 2 if start == 0 else 1
+            logits = forward(torch.cat([base[None]] * twins + [rows])).float()
             forwards += 1
-            reference, changed = logits[0], logits[1:]
+            reference, changed = logits[0], logits[twins:]
+            if twins == 2:
+                noise = float(torch.nan_to_num((logits[1] - reference).abs(), nan=float("inf")).max())
             scale = max(scale, finite_scale(reference))
             delta[start:start + rows.shape[0]] = (changed - reference).abs().amax(dim=-1).cpu()
     delta = delta.T.contiguous()  # now delta[i, j]
     delta = torch.nan_to_num(delta, nan=float("inf"))
     return DependencyMap(delta=delta, scale=scale, tolerance=RELATIVE_TOLERANCE * max(scale, 1e-30),
-                         forwards=forwards)
+                         forwards=forwards, noise=noise)
 
 
 def token_dependency_map(subject: Subject, implementation: str | None = None) -> DependencyMap:
