@@ -31,9 +31,8 @@ def memory(subject) -> Result:
 
     budget, source = resolve_budget(options.get("budget"))
     target = type(subject.model).__name__
-    verdict = judge_traced(subject, target, batch, seq, budget, source, remedies=False)
-    if not verdict.fits:  # trace the remedies only when one is needed
-        verdict = judge_traced(subject, target, batch, seq, budget, source, remedies=True)
+    # The remedies are traced only when one is needed, on top of the one trace of the step.
+    verdict = judge_traced(subject, target, batch, seq, budget, source, remedies_if_fits=False)
     trace = verdict.traced
     details = {
         "peak_bytes": verdict.peak_bytes, "budget_bytes": budget, "budget_source": source, "fits": verdict.fits,

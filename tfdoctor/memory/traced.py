@@ -441,8 +441,9 @@ def _sharded(trace: TraceResult, gpus: int, shard: str) -> int:
 
 def judge_traced(subject, target: str, batch: int, seq: int, budget: int, budget_source: str, *,
                  dtype: str = "fp32", optimizer: str = "adamw", gpus: int = 1, shard: str = "none",
-                 remedies: bool = True):
-    """Trace the step, judge it, and trace again the remedies that are cheap to trace."""
+                 remedies: bool = True, remedies_if_fits: bool = True):
+    """Trace the step, judge it, and trace again the remedies that are cheap to trace (with
+    remedies_if_fits=False, only when the step does not fit: the battery's check needs them then)."""
     from tfdoctor.memory.analytic import Remedy, Verdict
     from tfdoctor.subject import max_positions_of, vocab_size_of
 
@@ -472,7 +473,7 @@ def judge_traced(subject, target: str, batch: int, seq: int, budget: int, budget
     found: list = []
     notes: list[str] = []
     largest_batch = largest_seq = 0
-    if remedies:
+    if remedies and (remedies_if_fits or peak > budget):
         # Peak is close to linear in the batch and to quadratic in the sequence length: two more traces
         # place the largest batch, two more the largest length, and each proposal is traced once more.
         at_one = per_device(run(1, seq)) if batch > 1 else peak
