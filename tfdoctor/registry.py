@@ -26,9 +26,6 @@ CHECK_MODULES = (
     "tfdoctor.checks.trainloop",
 )
 
-# Ids promised to later work; selecting one before it exists is a usage error, not a silent no-op.
-RESERVED_IDS: tuple[str, ...] = ()
-
 
 @dataclass(frozen=True)
 class CheckSpec:
@@ -89,10 +86,6 @@ def select(only=None, skip=None) -> list[CheckSpec]:
     known = {spec.id for spec in specs}
     wanted, unwanted = _split(only), _split(skip)
     for check_id in wanted + unwanted:
-        if check_id in known:
-            continue
-        if check_id in RESERVED_IDS:
-            raise UsageError(f"check {check_id!r} is reserved but not implemented in this version",
-                             "run `tfdoctor checks` for the available ids")
-        raise UsageError(f"unknown check id {check_id!r}", "run `tfdoctor checks` for the available ids")
+        if check_id not in known:
+            raise UsageError(f"unknown check id {check_id!r}", "run `tfdoctor checks` for the available ids")
     return [s for s in specs if (not wanted or s.id in wanted) and s.id not in unwanted]
