@@ -125,15 +125,6 @@ def config_pad_id(model) -> Optional[int]:
     return value if isinstance(value, int) and value >= 0 else None
 
 
-def decoder_start_id(model) -> Optional[int]:
-    """The id a Hugging Face decoder starts from (T5 starts from its pad id: a start, not padding)."""
-    config = _config(model)
-    value = getattr(config, "decoder_start_token_id", None)
-    if value is None:
-        value = getattr(getattr(model, "generation_config", None), "decoder_start_token_id", None)
-    return value if isinstance(value, int) else config_pad_id(model)
-
-
 # ----------------------------------------------------------------------------------------------
 # Calling a model
 
