@@ -129,22 +129,26 @@ def test_help_does_not_import_torch():
     assert run("--help").returncode == 0
 
 
-def test_progress_bar_survives_early_stops_and_overshoot():
+def test_progress_bar_survives_early_stops_overshoot_and_later_tasks():
     import io
 
     from rich.console import Console
 
-    from tfdoctor.cli import _rich_progress
+    from tfdoctor.report.progress import terminal_progress
 
-    bar, start = _rich_progress(Console(file=io.StringIO(), force_terminal=True))
-    with bar:
-        advance = start("overfit-batch", 10)
-        advance(4)
-        advance(6)  # completes: the task is removed
-        advance(0)
-        advance(3)  # after completion: ignored, not a KeyError
-    assert bar.tasks == []
-    assert _rich_progress(Console(file=io.StringIO(), force_terminal=False)) == (None, None)
+    with terminal_progress(Console(file=io.StringIO(), force_terminal=True)) as start:
+        first = start("overfit-batch", 10)
+        first(4)
+        first(6)  # completes: the task is removed
+        first(0)
+        first(3)  # after completion: ignored, not a KeyError
+        second = start("training loop", 3)  # a task started after one was removed (issue 8 item 1)
+        second(1)
+        second(5)
+        third = start("overfit-batch (your loop)", 2)
+        third(1)
+    with terminal_progress(Console(file=io.StringIO(), force_terminal=False)) as start:
+        assert start is None
 
 
 def test_checks_with_an_id_prints_its_documentation():

@@ -49,36 +49,6 @@ def _positive(name: str, value: Optional[int], minimum: int = 1) -> None:
         raise UsageError(f"{name} must be at least {minimum}, got {value}")
 
 
-def _rich_progress(console=None):
-    """A Rich progress bar on stderr when it is a terminal: (bar, start); (None, None) otherwise."""
-    from rich.console import Console
-
-    console = console or Console(stderr=True)
-    if not console.is_terminal:
-        return None, None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), console=console, transient=True)
-
-    def start(description: str, total: int):
-        task = bar.add_task(description, total=total)
-        done = False
-
-        def advance(n: int = 1) -> None:
-            nonlocal done
-            if done or n <= 0:
-                return
-            bar.advance(task, n)
-            if bar.tasks[task].completed >= total:  # the bar goes once its work is done
-                bar.remove_task(task)
-                done = True
-
-        return advance
-
-    return bar, start
-
-
 @app.command()
 def check(
     target: str = typer.Argument(..., help="package.module:attr or path/to/file.py:attr: a factory, "
@@ -137,14 +107,20 @@ def _run_check(target, train, vocab, seq_len, batch, pad_id, kind, only, skip, f
     train_fn = load_function(train) if train else None
     if device:
         subject = _move(subject, device)
-    bar, start = _rich_progress() if fmt is Format.rich else (None, None)
     fields = dict(vocab_size=vocab, seq_len=seq_len, batch_size=batch, pad_id=pad_id,
                   kind=kind.value if kind else None, train=train_fn)
-    if bar is None:
-        return run_checks(subject, only, skip, seed=seed, target=target, options=options, **fields)
-    with bar:
+    with _progress(fmt is Format.rich) as start:
         return run_checks(subject, only, skip, seed=seed, target=target, progress=start, options=options,
                           **fields)
+
+
+def _progress(wanted: bool):
+    """The terminal bar when the report is for people; nothing in JSON/JUnit mode or off a terminal."""
+    import contextlib
+
+    from tfdoctor.report.progress import terminal_progress
+
+    return terminal_progress() if wanted else contextlib.nullcontext(None)
 
 
 def _move(subject, device: str):
