@@ -156,3 +156,34 @@ def test_checks_with_an_id_prints_its_documentation():
     assert done.returncode == 0
     assert "torch.triu(ones, diagonal=1) used as a blocked mask passes" in " ".join(done.stdout.split())
     assert run("checks", "no-such-check").returncode == 2
+
+
+def test_version_flag():
+    from tfdoctor import __version__
+
+    done = run("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"tfdoctor {__version__}"
+
+
+def test_no_numpy_warning_on_a_machine_without_numpy(tmp_path):
+    # Hide numpy the way a fresh `pip install -e .` leaves it: importing it fails.
+    (tmp_path / "numpy").mkdir()
+    (tmp_path / "numpy" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'numpy'\", name='numpy')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([TFDOCTOR, "check", "fixtures/gpt_correct.py:build", *FAST], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "NumPy" not in done.stderr
+
+
+def test_strict_summary_line_agrees_with_the_exit_code(tmp_path):
+    target = tmp_path / "warm_init.py"
+    target.write_text(
+        "import sys\nsys.path.insert(0, %r)\n" % str(ROOT / "fixtures")
+        + "import torch.nn as nn\nfrom gpt_correct import build as base\n"
+        "def build():\n    m = base()\n    nn.init.normal_(m.head.weight, std=0.27)\n    return m\n"
+    )
+    done = run("check", f"{target}:build", "--only", "init-loss", "--strict")
+    assert done.returncode == 1
+    assert done.stdout.strip().splitlines()[-1].startswith("1 warn — 1 problem(s) found")

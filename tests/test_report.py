@@ -60,9 +60,44 @@ def test_json_is_one_object():
 def test_junit_marks_fail_and_error_as_failures_and_skip_as_skipped():
     suite = ET.fromstring(rendered("junit")).find("testsuite")
     kinds = {case.get("name"): [child.tag for child in case] for case in suite.findall("testcase")}
-    assert kinds["future-leak"] == ["failure"] and kinds["crashy"] == ["failure"]
-    assert kinds["padding-mask"] == ["skipped"] and kinds["init-loss"] == ["system-out"]
+    assert kinds["future-leak"] == ["failure", "system-out"] and kinds["crashy"] == ["failure", "system-out"]
+    assert kinds["padding-mask"] == ["skipped", "system-out"] and kinds["init-loss"] == ["system-out"]
     assert suite.get("failures") == "3" and suite.get("skipped") == "1"
+
+
+def test_junit_keeps_the_evidence_out_of_the_failure_message():
+    suite = ET.fromstring(rendered("junit")).find("testsuite")
+    leak = next(case for case in suite.findall("testcase") if case.get("name") == "future-leak")
+    failure = leak.find("failure").text
+    assert failure.splitlines() == ["output position 0 changes when token 1 (a later one) changes",
+                                    "fix: use torch.tril(torch.ones(T, T, dtype=torch.bool)) as the allowed mask"]
+    out = leak.find("system-out").text.splitlines()
+    assert json.loads(out[1])["first_leak"] == {"output_position": 0, "input_position": 1}
+    assert len(rendered("junit").splitlines()) < 50  # one compact line of evidence per check
+
+
+def test_strict_summary_agrees_with_the_exit_code():
+    calm = Report("x", [Result(Status.PASS, "ok"), Result(Status.WARN, "hm", "fix")])
+    calm.results[1].id = "init-loss"
+    out = io.StringIO()
+    render(calm, "rich", out, width=100)
+    assert out.getvalue().strip().splitlines()[-1] == "1 pass, 1 warn — healthy"
+    calm.strict = True
+    out = io.StringIO()
+    render(calm, "rich", out, width=100)
+    assert out.getvalue().strip().splitlines()[-1] == ("1 pass, 1 warn — 1 problem(s) found "
+                                                       "(warnings fail under --strict)")
+    assert calm.exit_code() == ExitCode.CHECKS_FAILED
+    out = io.StringIO()
+    render(calm, "junit", out)
+    assert ET.fromstring(out.getvalue()).find("testsuite").get("failures") == "1"
+
+
+def test_a_failure_panel_states_what_was_expected_and_the_legend_names_every_glyph():
+    text = rendered("rich")
+    assert "FAIL future-leak ─" in text  # the title alone on the border: it cannot be cut mid-claim
+    assert "expected: title of future-leak" in text
+    assert "·· does not depend" in text and "░░ depends on itself or the past" in text
 
 
 def test_exit_codes():

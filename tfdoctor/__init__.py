@@ -7,9 +7,15 @@
 Importing this package does not import torch; running checks does.
 """
 
-from tfdoctor.result import ExitCode, Report, Result, Status
-from tfdoctor.runner import assert_healthy, run_checks
-from tfdoctor.subject import Subject
+import warnings
+
+# torch warns "Failed to initialize NumPy" at import when numpy is absent; tfdoctor never needs numpy,
+# so on a machine without it that line is noise above every report. Only that one warning is hidden.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+
+from tfdoctor.result import ExitCode, Report, Result, Status  # noqa: E402
+from tfdoctor.runner import assert_healthy, run_checks  # noqa: E402
+from tfdoctor.subject import Subject  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["Subject", "run_checks", "assert_healthy", "Report", "Result", "Status", "ExitCode",

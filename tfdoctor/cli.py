@@ -49,6 +49,22 @@ def _positive(name: str, value: Optional[int], minimum: int = 1) -> None:
         raise UsageError(f"{name} must be at least {minimum}, got {value}")
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from tfdoctor import __version__
+
+        typer.echo(f"tfdoctor {__version__}")
+        raise typer.Exit(ExitCode.OK)
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", help="print the version and exit", is_eager=True,
+                                 callback=_show_version),
+) -> None:
+    """A doctor for Transformer training code: finds the bugs that make training look better."""
+
+
 @app.command()
 def check(
     target: str = typer.Argument(..., help="package.module:attr or path/to/file.py:attr: a factory, "
@@ -94,8 +110,9 @@ def check(
                             options)
     except TfdoctorError as error:
         _fail_usage(error)
+    report.strict = strict
     _emit(report, fmt, output)
-    raise typer.Exit(report.exit_code(strict))
+    raise typer.Exit(report.exit_code())
 
 
 def _run_check(target, train, vocab, seq_len, batch, pad_id, kind, only, skip, fmt, seed, device,

@@ -88,6 +88,7 @@ class Result:
 class Report:
     target: str
     results: list[Result] = field(default_factory=list)
+    strict: bool = False  # warnings count as problems (--strict); every reporter and the exit code agree
 
     def summary(self) -> dict[str, int]:
         counts = {status.value: 0 for status in Status}
@@ -95,12 +96,14 @@ class Report:
             counts[result.status.value] += 1
         return counts
 
-    def problems(self, strict: bool = False) -> list[Result]:
-        """The results that make the run unhealthy: fail and error, plus warn under strict."""
+    def problems(self, strict: bool | None = None) -> list[Result]:
+        """The results that make the run unhealthy: fail and error, plus warn under strict (by default
+        the report's own `strict`)."""
+        strict = self.strict if strict is None else strict
         bad = {Status.FAIL, Status.ERROR} | ({Status.WARN} if strict else set())
         return [r for r in self.results if r.status in bad]
 
-    def exit_code(self, strict: bool = False) -> ExitCode:
+    def exit_code(self, strict: bool | None = None) -> ExitCode:
         return ExitCode.CHECKS_FAILED if self.problems(strict) else ExitCode.OK
 
     def __getitem__(self, check_id: str) -> Result:

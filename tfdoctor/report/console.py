@@ -50,6 +50,8 @@ def heat_map(cells: list[list[int]], step: int) -> Text:
     per_cell = f", {step} positions per cell" if step > 1 else ""
     text.append("     rows: output position i; columns: input token j" + per_cell + "\n", style="evidence")
     text.append("     ")
+    text.append("··", style="map.none")
+    text.append(" does not depend   ", style="evidence")
     text.append("░░", style="map.past")
     text.append(" depends on itself or the past   ", style="evidence")
     text.append("██", style="map.future")
@@ -93,11 +95,13 @@ def evidence(result: Result, drawn_maps: list) -> list:
 
 
 def problem_panel(result: Result, drawn_maps: list) -> Panel:
-    body: list = [Text(result.message)]
+    # The title states the healthy behaviour; above a failure it must read as what was expected, not
+    # as what was found (and a long title is cut by the panel's border), so it goes in the body.
+    body: list = [Text.assemble(("expected: ", "evidence"), (result.title, "evidence")), Text(result.message)]
     if result.hint:
         body.append(Text.assemble(("fix: ", "hint"), (result.hint, "hint")))
     body.extend(evidence(result, drawn_maps))
-    title = Text.assemble(status_text(result.status), " ", (result.id, "check.id"), f"  {result.title}")
+    title = Text.assemble(status_text(result.status), " ", (result.id, "check.id"))
     return Panel(Group(*body), title=title, title_align="left", border_style=f"status.{result.status.value}")
 
 
@@ -136,5 +140,8 @@ def render(report: Report, out: TextIO, width: int | None = None) -> None:
             console.print(problem_panel(result, drawn_maps))
     counts = report.summary()
     line = Text(", ".join(f"{n} {status}" for status, n in counts.items() if n))
-    verdict = ("healthy" if not report.problems() else f"{len(report.problems())} problem(s) found")
-    console.print(Text.assemble(line, " — ", (verdict, "status.pass" if not report.problems() else "status.fail")))
+    problems = report.problems()  # under --strict, warnings count: the line agrees with the exit code
+    verdict = "healthy" if not problems else f"{len(problems)} problem(s) found"
+    if problems and report.strict and not report.problems(strict=False):
+        verdict += " (warnings fail under --strict)"
+    console.print(Text.assemble(line, " — ", (verdict, "status.fail" if problems else "status.pass")))

@@ -1,4 +1,5 @@
-"""JUnit XML: one testcase per check; fail and error are failures, skip is skipped."""
+"""JUnit XML: one testcase per check; fail and error (and warn under --strict) are failures, skip is
+skipped."""
 
 from __future__ import annotations
 
@@ -6,15 +7,16 @@ import json
 import xml.etree.ElementTree as ET
 from typing import TextIO
 
-from tfdoctor.result import Report, Status
+from tfdoctor.result import Report, Status, json_safe
 
 
 def render(report: Report, out: TextIO, width: int | None = None) -> None:
     summary = report.summary()
+    failing = {Status.FAIL, Status.ERROR} | ({Status.WARN} if report.strict else set())
     suite = ET.Element("testsuite", {
         "name": f"tfdoctor {report.target}",
         "tests": str(len(report.results)),
-        "failures": str(summary["fail"] + summary["error"]),
+        "failures": str(sum(1 for r in report.results if r.status in failing)),
         "errors": "0",
         "skipped": str(summary["skip"]),
         "time": f"{sum(r.seconds for r in report.results):.3f}",
@@ -23,16 +25,19 @@ def render(report: Report, out: TextIO, width: int | None = None) -> None:
         case = ET.SubElement(suite, "testcase", {
             "classname": f"tfdoctor.{report.target}", "name": result.id, "time": f"{result.seconds:.3f}",
         })
-        body = "\n".join(filter(None, [result.message, f"fix: {result.hint}" if result.hint else "",
-                                       json.dumps(result.details, indent=1)[:4000]]))
-        if result.status in (Status.FAIL, Status.ERROR):
+        verdict = "\n".join(filter(None, [result.message, f"fix: {result.hint}" if result.hint else ""]))
+        if result.status in failing:
             tag = ET.SubElement(case, "failure", {"message": f"[{result.status.value}] {result.message}",
                                                   "type": result.status.value})
-            tag.text = body
+            tag.text = verdict
         elif result.status is Status.SKIP:
             ET.SubElement(case, "skipped", {"message": result.message})
-        else:
-            ET.SubElement(case, "system-out").text = f"[{result.status.value}] {result.message}"
+        # The evidence (maps, curves, tracebacks) is for whoever opens the test: one compact line of
+        # JSON in system-out, so that CI's failure summary stays the message and the fix.
+        out_text = f"[{result.status.value}] {result.message}"
+        if result.details:
+            out_text += "\n" + json.dumps(json_safe(result.details), separators=(",", ":"))
+        ET.SubElement(case, "system-out").text = out_text
     suites = ET.Element("testsuites")
     suites.append(suite)
     ET.indent(suites)
