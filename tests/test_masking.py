@@ -19,6 +19,13 @@ FIXTURE_EXPECTATIONS = {
     "gpt_no_mask": ("fail", "none"),
     "gpt_off_by_one": ("fail", "off-by-one"),
     "gpt_ignores_tokens": ("pass", "other"),
+    # Zero-initialised output projections / residual gates: judged on the wiring, not the init.
+    "gpt_zero_init": ("pass", "causal"),
+    "gpt_zero_init_no_mask": ("fail", "none"),
+    "gpt_zero_init_smear": ("pass", "causal"),
+    "gpt_zero_init_smear_no_mask": ("fail", "none"),
+    "gpt_rezero": ("pass", "causal"),
+    "gpt_rezero_no_mask": ("fail", "none"),
 }
 
 
@@ -154,3 +161,68 @@ def test_a_model_random_in_eval_mode_warns_instead_of_crying_leak():
     for result in report.results:
         assert result.status.value == "warn"
         assert "training=self.training" in result.hint
+
+
+ZERO_INIT_FIXTURES = ["gpt_zero_init", "gpt_zero_init_no_mask", "gpt_zero_init_smear", "gpt_zero_init_smear_no_mask",
+                      "gpt_rezero", "gpt_rezero_no_mask"]
+
+
+@pytest.mark.parametrize("name", ZERO_INIT_FIXTURES)
+def test_zero_init_models_are_judged_with_their_paths_opened(name):
+    report = run_checks(build_fixture(name), only=MASK_CHECKS)
+    for result in report.results:
+        probe = result.details["zero_init_probe"]
+        assert probe["judged"] == "opened"
+        assert probe["fresh_past_share"] < 0.1  # the fresh model mixes (almost) nothing
+        assert probe["opened_pairs"] > probe["fresh_pairs"]
+        assert "jittered, then restored" in result.message
+    assert report["mask-direction"].details["forwards"] == 2  # the fresh map and the opened one
+
+
+def test_zero_init_probe_names_what_it_jittered():
+    probe = run_checks(build_fixture("gpt_zero_init"), only="future-leak")["future-leak"].details["zero_init_probe"]
+    assert probe["examples"] == ["h.0.attn.c_proj.weight", "h.0.mlp.c_proj.weight", "h.1.attn.c_proj.weight",
+                                 "h.1.mlp.c_proj.weight", "lm_head.weight"]
+    # 2 layers x (attention 64x64 + MLP 256x64 output projections) + the 96x64 lm_head
+    assert probe["zero_entries"] == 2 * (64 * 64 + 256 * 64) + 96 * 64
+    assert probe["gates"] == []
+    rezero = run_checks(build_fixture("gpt_rezero"), only="future-leak")["future-leak"].details["zero_init_probe"]
+    assert rezero["gates"] == ["blocks.0.resweight", "blocks.1.resweight"]
+
+
+def test_the_fresh_smear_map_alone_looks_causal():
+    """The partial map a smear-only fresh model shows would pass: the opened map is what catches it."""
+    from tfdoctor.probes.modes import evaluation
+
+    model = build_fixture("gpt_zero_init_smear_no_mask")
+    with evaluation(model):
+        fresh = dependency_map(model, torch.randint(0, 96, (32,)), 96, None)
+    assert fresh.future_pairs() == [] and classify(fresh.depends)[0] == "causal"
+    assert fresh.past_share() < 0.1  # one token back only
+    result = run_checks(model, only="future-leak")["future-leak"]
+    assert result.status.value == "fail" and result.details["leaking_pairs"] == 32 * 31 // 2
+
+
+@pytest.mark.parametrize("name", ["gpt_zero_init", "gpt_rezero_no_mask"])
+def test_zero_init_probe_leaves_the_weights_bit_for_bit(name):
+    model = build_fixture(name)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    run_checks(model, only=MASK_CHECKS)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_frozen_zero_parameter_is_architecture_and_stays_closed():
+    """A mask kept as a frozen parameter is part of the wiring: jittering it would invent a leak."""
+    from tfdoctor.probes.perturb import held_at_init
+
+    model = build_fixture("gpt_zero_init")
+    model.frozen_mask = torch.nn.Parameter(torch.tril(torch.ones(4, 4)), requires_grad=False)
+    names = [name for name, _ in held_at_init(model)]
+    assert "frozen_mask" not in names and "lm_head.weight" in names
+
+
+def test_a_correctly_initialised_model_is_measured_once():
+    result = run_checks(build_fixture("gpt_correct"), only="future-leak")["future-leak"]
+    assert "zero_init_probe" not in result.details and result.details["forwards"] == 1

@@ -46,7 +46,7 @@ def _on_dependency_map(subject, judge):
 
 def _map_details(dmap) -> dict:
     drawn, step = dmap.drawn()
-    return {
+    details = {
         "seq_len": dmap.seq_len,
         "forwards": dmap.forwards,
         "tolerance": dmap.tolerance,
@@ -54,6 +54,18 @@ def _map_details(dmap) -> dict:
         "dependency_map": drawn,
         "map_cell_positions": step,
     }
+    if dmap.opened is not None:
+        details["zero_init_probe"] = dmap.opened
+    return details
+
+
+def _opened_note(dmap) -> str:
+    """Said in the message when the verdict rests on the map with zero-initialised paths opened."""
+    if dmap.opened is None or dmap.opened["judged"] != "opened":
+        return ""
+    return (f"; the fresh model's outputs depend on {dmap.opened['fresh_past_share']:.0%} of the earlier tokens "
+            "(zero-initialised output projections or gates), so this was measured with its "
+            f"{dmap.opened['jittered_tensors']} zero or constant weight tensor(s) jittered, then restored")
 
 
 @check("future-leak", title="No output position depends on a later input token",
@@ -67,6 +79,11 @@ def future_leak(subject) -> Result:
     tolerance relative to the output's scale. Any D[i, j] with j > i fails; the details give the
     first leaking pair and the map, drawn as a heat map in the report. For seq2seq models the map is
     over the decoder's positions with the source held fixed.
+
+    The map is of the architecture, not of the init: a model whose outputs barely mix positions at
+    initialisation (attention and MLP output projections or residual gates set to zero, as nanochat,
+    modded-nanoGPT and ReZero do) hides any leak until its first step, so it is measured again with
+    its trainable zero or constant tensors jittered (then written back) and the details say so.
     """
     return judged_per_implementation(subject, _on_dependency_map(subject, _judge_future_leak))
 
@@ -77,15 +94,15 @@ def _judge_future_leak(dmap) -> Result:
     details["leaking_pairs"] = len(leaks)
     if not leaks:
         return Result.passed(f"no position depends on a later token (T={dmap.seq_len}, "
-                             f"{dmap.forwards} batched forward(s))", details)
+                             f"{dmap.forwards} batched forward(s)){_opened_note(dmap)}", details)
     i, j = leaks[0]
     details["first_leak"] = {"output_position": i, "input_position": j, "change": float(dmap.delta[i, j]),
                              "relative_change": float(dmap.delta[i, j] / dmap.scale)}
     T = dmap.seq_len
     return Result.failed(
         f"output position {i} changes when token {j} (a later one) changes: {len(leaks)} of "
-        f"{T * (T - 1) // 2} future pairs leak, so the model can read the tokens it is asked to predict",
-        CAUSAL_MASK_HINT, details)
+        f"{T * (T - 1) // 2} future pairs leak, so the model can read the tokens it is asked to predict"
+        + _opened_note(dmap), CAUSAL_MASK_HINT, details)
 
 
 def classify(depends) -> tuple[str, int]:
@@ -131,35 +148,37 @@ def _judge_mask_direction(dmap) -> Result:
     details = _map_details(dmap)
     details.update(pattern=pattern, look_ahead=ahead)
     T = dmap.seq_len
+    note = _opened_note(dmap)
     if pattern == "causal":
-        return Result.passed(f"causal: every position sees itself and the past, nothing later (T={T})", details)
+        return Result.passed(f"causal: every position sees itself and the past, nothing later (T={T}){note}",
+                             details)
     if pattern == "upper":
         return Result.failed(
             "upper-triangular: each position sees itself and every later token but none of the earlier "
-            "ones; the allowed mask was built with torch.triu where torch.tril was meant",
+            "ones; the allowed mask was built with torch.triu where torch.tril was meant" + note,
             "use torch.tril(torch.ones(T, T, dtype=torch.bool)) as the allowed mask (or keep triu but "
             "with diagonal=1 and use it as the blocked mask: scores.masked_fill(blocked, float('-inf')))",
             details)
     if pattern == "none":
         return Result.failed(
-            "no causal mask: every position depends on every token, later ones included",
+            "no causal mask: every position depends on every token, later ones included" + note,
             "apply the causal mask in every self-attention layer before the softmax: "
             "scores.masked_fill(~torch.tril(torch.ones(T, T, dtype=torch.bool)), float('-inf')), "
             "or F.scaled_dot_product_attention(q, k, v, is_causal=True)", details)
     if pattern == "off-by-one":
         return Result.failed(
             f"off-by-one mask: positions see up to {ahead} token(s) ahead (the next token is the answer "
-            "they are trained to predict; the window widens by one per layer)",
+            "they are trained to predict; the window widens by one per layer)" + note,
             "the mask's diagonal is shifted: use torch.tril(ones) with diagonal=0 as the allowed mask, or "
             "torch.triu(ones, diagonal=1) (not diagonal=2) as the blocked mask", details)
     if ahead == 0:
         blind = not bool(dmap.depends.any())
         message = ("no output depends on any input token: the forward ignores its input ids" if blind else
                    "outputs depend on the past only partly, or not on their own token")
-        return Result.failed(message, "check that the token embedding reaches the attention blocks "
+        return Result.failed(message + note, "check that the token embedding reaches the attention blocks "
                              "and that each position attends to itself", details)
     return Result.failed(f"irregular mask: positions see up to {ahead} token(s) ahead in an irregular "
-                         "pattern (see the map)", CAUSAL_MASK_HINT, details)
+                         "pattern (see the map)" + note, CAUSAL_MASK_HINT, details)
 
 
 @check("bidirectional-encoder", title="An encoder lets every position see both directions",

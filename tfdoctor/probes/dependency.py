@@ -3,6 +3,10 @@
 One batch row per perturbed position (row j = the base sequence with token j swapped for another
 random token), plus the unperturbed base in every chunk, so the whole T x T map costs
 ceil((T + 1) / rows_per_chunk) forward passes instead of T.
+
+The map is of the architecture, not of the init: when a fresh model's outputs leave most of the
+past unmixed (zero-initialised output projections or residual gates), the map is measured again
+with those paths opened (probes/perturb.py) and the fuller of the two is the one judged.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import torch
 
 from tfdoctor.context import current, memo
 from tfdoctor.probes.modes import evaluation
+from tfdoctor.probes.perturb import Perturbation, opened_paths
 from tfdoctor.subject import Subject, call, random_tokens
 from tfdoctor.tolerances import RELATIVE_TOLERANCE
 
@@ -21,6 +26,12 @@ from tfdoctor.tolerances import RELATIVE_TOLERANCE
 CHUNK_LOGIT_BYTES = 128 * 2**20
 # The map drawn in the report is max-pooled down to at most this many cells a side.
 DRAWN_SIZE = 16
+
+# A model whose outputs depend on fewer than this share of the strictly-earlier (i > j) pairs is
+# measured again with its zero-initialised paths opened. A causal model or an encoder with its
+# paths open fills that triangle completely; below 0.9 something (an init, or the model) holds
+# positions apart. Same share as mask-direction's "sees everything".
+MIXED_PAST_SHARE = 0.9
 
 # Cell values of the drawn map.
 NO_DEPENDENCY, PAST_DEPENDENCY, FUTURE_DEPENDENCY = 0, 1, 2
@@ -42,6 +53,9 @@ class DependencyMap:
     tolerance: float
     forwards: int  # forward passes the map cost
     noise: float = 0.0  # largest difference between two identical input rows (0 for a deterministic model)
+    # Set when the fresh model mixed too little of the past and the map was measured again with its
+    # zero-initialised paths opened: what was jittered, and which of the two maps this one is.
+    opened: dict | None = None
 
     @property
     def random_in_eval(self) -> bool:
@@ -55,6 +69,13 @@ class DependencyMap:
     def depends(self) -> torch.Tensor:
         """(T, T) bool: D[i, j]."""
         return self.delta > self.tolerance
+
+    def past_share(self) -> float:
+        """Share of the strictly-earlier pairs (i > j) with D[i, j]; 1.0 when T = 1."""
+        T = self.seq_len
+        if T < 2:
+            return 1.0
+        return float(torch.tril(self.depends, diagonal=-1).sum()) / (T * (T - 1) // 2)
 
     def future_pairs(self) -> list[tuple[int, int]]:
         """(i, j) with j > i and D[i, j], sorted by i then j."""
@@ -113,6 +134,19 @@ def dependency_map(forward, base: torch.Tensor, vocab_size: int, pad_id: int | N
                          forwards=forwards, noise=noise)
 
 
+def _fuller(fresh: DependencyMap, reopened: DependencyMap, perturbation: Perturbation) -> DependencyMap:
+    """The map with opened paths when it shows more dependencies than the fresh one (each one seen
+    is a real path: training opens it); the fresh map otherwise. Both record what was tried."""
+    fresh_pairs, reopened_pairs = int(fresh.depends.sum()), int(reopened.depends.sum())
+    use_reopened = not reopened.random_in_eval and reopened_pairs > fresh_pairs
+    opened = {**perturbation.details(), "fresh_past_share": fresh.past_share(), "fresh_pairs": fresh_pairs,
+              "opened_pairs": reopened_pairs, "judged": "opened" if use_reopened else "fresh"}
+    chosen = reopened if use_reopened else fresh
+    chosen.opened = opened
+    chosen.forwards = fresh.forwards + reopened.forwards
+    return chosen
+
+
 def token_dependency_map(subject: Subject, implementation: str | None = None) -> DependencyMap:
     """D over the positions the subject predicts (the decoder's, for seq2seq, with the source held
     fixed), in eval mode. Computed once per run and attention implementation, shared by the checks.
@@ -132,7 +166,17 @@ def token_dependency_map(subject: Subject, implementation: str | None = None) ->
                 return call(subject, ids)
 
         with evaluation(subject.model):
-            return dependency_map(forward, base, subject.vocab_size, subject.pad_id, generator)
+            replacements = generator.get_state()
+            fresh = dependency_map(forward, base, subject.vocab_size, subject.pad_id, generator)
+            if fresh.random_in_eval or fresh.past_share() >= MIXED_PAST_SHARE:
+                return fresh
+            jitter = torch.Generator().manual_seed(current().seed + 7)
+            with opened_paths(subject.model, jitter) as perturbation:
+                if perturbation is None:
+                    return fresh
+                generator.set_state(replacements)  # the same swapped tokens, so the maps compare
+                reopened = dependency_map(forward, base, subject.vocab_size, subject.pad_id, generator)
+            return _fuller(fresh, reopened, perturbation)
 
     key = ("dependency-map", id(subject.model), subject.kind, subject.seq_len, implementation)
     return memo(key, measure)
