@@ -33,6 +33,15 @@ class Format(str, enum.Enum):
     junit = "junit"
 
 
+DEFAULT_TIMEOUT = 600.0  # seconds for the whole run: generous, but a CI job never waits forever
+DEFAULT_TIMEOUT_PER_CHECK = 300.0
+
+
+class PaddingSide(str, enum.Enum):
+    left = "left"
+    right = "right"
+
+
 class Kind(str, enum.Enum):
     causal = "causal"
     encoder = "encoder"
@@ -87,6 +96,11 @@ def check(
     train_batch: Optional[int] = typer.Option(None, "--train-batch", help="memory check: training batch size"),
     train_seq: Optional[int] = typer.Option(None, "--train-seq", help="memory check: training sequence length"),
     budget: Optional[str] = typer.Option(None, "--budget", help="memory check: budget, e.g. 24GiB (default: available memory)"),
+    padding_side: Optional[PaddingSide] = typer.Option(None, "--padding-side", help="where your batches' pads sit: "
+                                                                                   "left or right (default: unknown)"),
+    timeout: float = typer.Option(DEFAULT_TIMEOUT, "--timeout", help="seconds the whole run may take"),
+    timeout_per_check: float = typer.Option(DEFAULT_TIMEOUT_PER_CHECK, "--timeout-per-check",
+                                            help="seconds each check (and loading the target) may take"),
 ) -> None:
     """Run the battery of checks on a model factory and report what is wrong."""
     try:
@@ -97,38 +111,101 @@ def check(
         _positive("--train-batch", train_batch)
         _positive("--train-seq", train_seq)
         _positive("--train-batches", train_batches)
+        _seed_in_range(seed)
+        _budget_in_range("--timeout", timeout)
+        _budget_in_range("--timeout-per-check", timeout_per_check)
         if budget is not None:
             from tfdoctor.memory.sizes import parse_size
 
             parse_size(budget)  # a malformed size is a usage error now, not a check error later
         options = {k: v for k, v in dict(train_batch=train_batch, train_seq=train_seq, budget=budget,
-                                         train_batches=train_batches).items() if v is not None}
+                                         train_batches=train_batches,
+                                         timeout_per_check=timeout_per_check).items() if v is not None}
         from tfdoctor.registry import select
 
-        select(only, skip)  # unknown ids are a usage error before anything is loaded
-        report = _run_check(target, train, vocab, seq_len, batch, pad_id, kind, only, skip, fmt, seed, device,
-                            options)
+        if (only is not None and not only.replace(",", "").strip()) or not select(only, skip):  # unknown ids are a usage error before anything is loaded
+            raise UsageError("the selection is empty: --only/--skip leave no check to run",
+                             "run `tfdoctor checks` for the ids")
+        _writable(output)
     except TfdoctorError as error:
         _fail_usage(error)
-    report.strict = strict
-    _emit(report, fmt, output)
+    fields = dict(vocab_size=vocab, seq_len=seq_len, batch_size=batch, pad_id=pad_id,
+                  kind=kind.value if kind else None, padding_side=padding_side.value if padding_side else None)
+    request = dict(command="check", target=target, train=train, fields={k: v for k, v in fields.items() if v is not None},
+                   only=only, skip=skip, seed=seed, device=device, options=options)
+    outcome = _supervised(request, fmt is Format.rich, timeout, timeout_per_check)
+    report = _report_of(outcome, target, strict)
+    if report is not None:
+        _emit(report, fmt, output)
+    if outcome.ended != "done":
+        typer.echo(f"tfdoctor: error: {outcome.message}", err=True)
+        raise typer.Exit(ExitCode.USAGE_ERROR)
     raise typer.Exit(report.exit_code())
 
 
-def _run_check(target, train, vocab, seq_len, batch, pad_id, kind, only, skip, fmt, seed, device,
-                            options):
-    from tfdoctor.loader import load_function, load_subject
-    from tfdoctor.runner import run_checks
+def _supervised(request: dict, show_progress: bool, timeout: float, timeout_per_check: float):
+    """Run the request in a supervised worker; usage errors, internal errors and Ctrl-C end here."""
+    from tfdoctor.supervisor import supervise
 
-    subject = load_subject(target)
-    train_fn = load_function(train) if train else None
-    if device:
-        subject = _move(subject, device)
-    fields = dict(vocab_size=vocab, seq_len=seq_len, batch_size=batch, pad_id=pad_id,
-                  kind=kind.value if kind else None, train=train_fn)
-    with _progress(fmt is Format.rich) as start:
-        return run_checks(subject, only, skip, seed=seed, target=target, progress=start, options=options,
-                          **fields)
+    with _progress(show_progress) as start:
+        outcome = supervise(request, timeout=timeout, timeout_per_check=timeout_per_check, progress=start)
+    if outcome.ended == "usage-error":
+        _fail_usage(UsageError(outcome.message))
+    if outcome.ended == "internal-error":
+        if os.environ.get("TFDOCTOR_DEBUG"):
+            typer.echo(outcome.debug, err=True)
+        typer.echo(f"tfdoctor: internal error: {outcome.message} (rerun with TFDOCTOR_DEBUG=1 for the traceback)",
+                   err=True)
+        raise typer.Exit(ExitCode.USAGE_ERROR)
+    if outcome.ended == "interrupted":
+        typer.echo(f"tfdoctor: {outcome.message}", err=True)
+        raise typer.Exit(130)
+    return outcome
+
+
+def _report_of(outcome, target: str, strict: bool):
+    """The Report from what the worker delivered; None when a run cut short finished no check."""
+    from tfdoctor.result import Report, Result
+
+    if outcome.ended != "done" and not outcome.results:
+        return None
+    report = Report(target, list(outcome.results), strict=strict)
+    if outcome.ended != "done":
+        report.stopped = outcome.message
+        if outcome.phase not in ("", "loading"):  # the check that was cut short is reported as such
+            cut = Result.errored(outcome.message, "see the line on stderr; fix it or raise the budget")
+            cut.id, cut.title = outcome.phase, ""
+            report.results.append(cut)
+    return report
+
+
+def _seed_in_range(seed: int) -> None:
+    if not 0 <= seed < 2 ** 63:  # torch.manual_seed takes a 64-bit seed
+        raise UsageError(f"--seed must be between 0 and 2**63 - 1, got {seed}")
+
+
+def _budget_in_range(name: str, seconds: float) -> None:
+    if not 0 < seconds <= 7 * 24 * 3600:
+        raise UsageError(f"{name} must be a number of seconds above 0 (and at most a week), got {seconds:g}")
+
+
+def _writable(output: Optional[Path]) -> None:
+    """--output is checked before anything runs: a report nobody can write is a wasted battery."""
+    if output is None:
+        return
+    if output.is_dir():
+        raise UsageError(f"--output {output} is a folder", "give a file path")
+    folder = output.parent if str(output.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"--output {output}: the folder {folder} does not exist")
+    existed = output.exists()
+    try:  # root passes os.access everywhere; only opening it tells (/proc files refuse writers)
+        with open(output, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"--output {output} is not writable ({exc.strerror or exc})") from exc
+    if not existed:
+        output.unlink(missing_ok=True)
 
 
 def _progress(wanted: bool):
@@ -138,20 +215,6 @@ def _progress(wanted: bool):
     from tfdoctor.report.progress import terminal_progress
 
     return terminal_progress() if wanted else contextlib.nullcontext(None)
-
-
-def _move(subject, device: str):
-    import torch
-
-    from tfdoctor.runner import as_subject
-
-    try:
-        torch_device = torch.device(device)
-        subject = as_subject(subject)
-        subject.model.to(torch_device)
-    except (RuntimeError, AssertionError) as exc:
-        raise UsageError(f"cannot use device {device!r}: {exc}") from exc
-    return subject
 
 
 def _emit(report, fmt: Format, output: Optional[Path]) -> None:
@@ -298,6 +361,9 @@ def memory(
             from tfdoctor.memory.traced import judge_traced
             from tfdoctor.runner import as_subject
 
+            import torch
+
+            torch.manual_seed(0)  # as `check` does: the factory's weights are the same in every run
             subject = as_subject(load_subject(target), vocab_size=vocab)
             verdict = judge_traced(subject, target, batch, seq, budget_bytes, source, dtype=dtype.value,
                                    optimizer=optimizer.value, gpus=gpus, shard=shard.value)

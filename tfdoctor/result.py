@@ -74,6 +74,16 @@ class Result:
     def errored(cls, message: str, hint: str = "", details: dict | None = None) -> "Result":
         return cls(Status.ERROR, message, hint, details or {})
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Result":
+        """The inverse of to_record(): a Result shipped from a worker process as data."""
+        return cls(Status(data["status"]), data["message"], data.get("hint", ""), data.get("details", {}),
+                   data.get("id", ""), data.get("title", ""), data.get("seconds", 0.0))
+
+    def to_record(self) -> dict[str, Any]:
+        """Everything the parent process needs to render this Result (to_dict plus title and time)."""
+        return {**self.to_dict(), "title": self.title, "seconds": self.seconds}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -89,6 +99,7 @@ class Report:
     target: str
     results: list[Result] = field(default_factory=list)
     strict: bool = False  # warnings count as problems (--strict); every reporter and the exit code agree
+    stopped: str = ""  # why the run ended before its last check (a budget, the user's sys.exit), if it did
 
     def summary(self) -> dict[str, int]:
         counts = {status.value: 0 for status in Status}
@@ -113,8 +124,11 @@ class Report:
         raise KeyError(check_id)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "target": self.target,
             "checks": [r.to_dict() for r in self.results],
             "summary": self.summary(),
         }
+        if self.stopped:
+            data["stopped"] = self.stopped
+        return data

@@ -24,16 +24,21 @@ _NEEDS_HINTS = {
 def as_subject(subject_or_model, **fields) -> Subject:
     """A Subject from a Subject or a bare nn.Module, with the non-None `fields` overriding."""
     subject = subject_or_model if isinstance(subject_or_model, Subject) else Subject(subject_or_model)
+    while isinstance(subject.model, Subject):  # Subject(build(), pad_id=0) where build() gave a Subject
+        outer = {f.name: getattr(subject, f.name) for f in dataclasses.fields(subject) if f.name != "model"}
+        subject = dataclasses.replace(subject.model, **{k: v for k, v in outer.items() if v is not None})
     overrides = {k: v for k, v in fields.items() if v is not None}
     return dataclasses.replace(subject, **overrides) if overrides else subject
 
 
 def run_checks(subject_or_model, only=None, skip=None, *, seed: int = 0, target: str | None = None,
-               progress=None, options: dict | None = None, **fields) -> Report:
+               progress=None, options: dict | None = None, listener=None, **fields) -> Report:
     """Run the battery (or the `only`/`skip` selection) and return the Report.
 
     `fields` override Subject fields (vocab_size, seq_len, batch_size, pad_id, kind, forward, train).
     `options` are settings for individual checks (see RunContext.options).
+    `listener(event, payload)` hears "start" (the check id) and "result" (the Result) as they happen:
+    the worker process streams them to its supervisor, so a run cut short keeps what it finished.
     Raises UsageError or SubjectError when the subject cannot be examined at all.
     """
     import torch
@@ -49,7 +54,11 @@ def run_checks(subject_or_model, only=None, skip=None, *, seed: int = 0, target:
             torch.set_num_threads(1)
         flags = training_flags(subject.model)
         for spec in specs:
+            if listener is not None:
+                listener("start", spec.id)
             result = _run_one(spec, subject, seed)
+            if listener is not None:
+                listener("result", result)
             if training_flags(subject.model) != flags:  # a check must not leave the mode changed
                 for module, flag in zip(subject.model.modules(), flags):
                     module.training = flag

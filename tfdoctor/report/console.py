@@ -144,4 +144,7 @@ def render(report: Report, out: TextIO, width: int | None = None) -> None:
     verdict = "healthy" if not problems else f"{len(problems)} problem(s) found"
     if problems and report.strict and not report.problems(strict=False):
         verdict += " (warnings fail under --strict)"
+    if report.stopped:
+        verdict = "stopped before the last check: " + report.stopped
+        problems = [True]
     console.print(Text.assemble(line, " — ", (verdict, "status.fail" if problems else "status.pass")))

@@ -1,0 +1,124 @@
+"""The user's code runs in a supervised worker: hangs, exits and prints end in one clear line and
+exit 2 (or a clean report), never a hang and never a silent exit 0."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from conftest import ROOT
+
+TFDOCTOR = shutil.which("tfdoctor")
+pytestmark = pytest.mark.skipif(TFDOCTOR is None, reason="tfdoctor is not installed (pip install -e .)")
+HOSTILE = "tests/targets/hostile.py"
+QUICK = ["--only", "init-loss,future-leak"]
+
+
+def run(*args, timeout=120):
+    env = {**os.environ, "COLUMNS": "200"}
+    started = time.monotonic()
+    done = subprocess.run([TFDOCTOR, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    done.seconds = time.monotonic() - started
+    return done
+
+
+def one_line(done) -> str:
+    lines = [line for line in done.stderr.strip().splitlines() if line.startswith("tfdoctor:")]
+    assert len(lines) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("target, expected", [
+    ("sleeps", "loading the target (import, factory, training loop) ran past its 2 s budget "
+               "(--timeout-per-check); it was at tests/targets/hostile.py:"),
+    ("blocks_in_forward", "check future-leak ran past its 2 s budget (--timeout-per-check); it was at "
+                          "tests/targets/hostile.py:"),
+])
+def test_a_hang_ends_in_one_line_naming_the_users_frame(target, expected):
+    done = run("check", f"{HOSTILE}:{target}", "--timeout-per-check", "2", *QUICK)
+    assert done.returncode == 2
+    assert expected in one_line(done)
+    assert done.seconds < 30
+
+
+def test_the_run_budget_covers_the_whole_battery():
+    done = run("check", f"{HOSTILE}:blocks_in_forward", "--timeout", "3", *QUICK)
+    assert done.returncode == 2
+    assert "the run ran past its 3 s budget (--timeout), during check future-leak" in one_line(done)
+
+
+def test_a_loop_that_never_returns_keeps_the_finished_checks():
+    done = run("check", "fixtures/gpt_correct.py:build", "--train", f"{HOSTILE}:train_forever",
+               "--timeout-per-check", "2", "--only", "init-loss,future-leak,overfit-batch", "--format", "json")
+    assert done.returncode == 2
+    report = json.loads(done.stdout)
+    statuses = {c["id"]: c["status"] for c in report["checks"]}
+    assert statuses == {"future-leak": "pass", "init-loss": "pass", "overfit-batch": "error"}
+    assert "train_forever" in report["stopped"] and "train_forever" in one_line(done)
+
+
+def test_threads_left_running_do_not_keep_tfdoctor_alive():
+    done = run("check", f"{HOSTILE}:starts_a_thread", *QUICK, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["check", f"{HOSTILE}:exits_0"], "your code called sys.exit(0) at tests/targets/hostile.py:"),
+    (["check", "tests/targets/exits_at_import.py:build"],
+     "your code called sys.exit(3) at tests/targets/exits_at_import.py:5 in <module> during loading the target"),
+    (["check", f"{HOSTILE}:exits_hard"], "the process running your code exited with code 0 (os._exit"),
+    (["check", "fixtures/gpt_correct.py:build", "--train", f"{HOSTILE}:train_exits", "--only", "overfit-batch"],
+     "your code called sys.exit(0) at tests/targets/hostile.py:"),
+])
+def test_an_exit_in_user_code_is_never_a_silent_green(args, expected):
+    done = run(*args)
+    assert done.returncode == 2
+    assert expected in one_line(done)
+
+
+def test_the_users_prints_go_to_stderr_and_json_stays_parseable():
+    done = run("check", f"{HOSTILE}:chatty", *QUICK, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["summary"]["pass"] == 2
+    assert "number of parameters" in done.stderr and "raw write to fd 1" in done.stderr
+
+
+def test_junit_on_stdout_stays_parseable_with_a_chatty_loop():
+    done = run("check", "fixtures/gpt_correct.py:build", "--train", f"{HOSTILE}:chatty_train",
+               "--only", "zero-grad,init-loss", "--format", "junit")
+    assert done.returncode == 0, done.stderr
+    ET.fromstring(done.stdout)
+    assert "step 0 loss" in done.stderr
+
+
+def test_ctrl_c_exits_130_with_one_line():
+    proc = subprocess.Popen([TFDOCTOR, "check", f"{HOSTILE}:sleeps"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(3)  # well inside the factory's sleep
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert err.strip().splitlines()[-1] == ("tfdoctor: interrupted (Ctrl-C) during loading the target (import, "
+                                            "factory, training loop)")
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--only", ","], "the selection is empty"),
+    (["--only", "init-loss", "--skip", "init-loss"], "the selection is empty"),
+    (["--seed", str(2 ** 70)], "--seed must be between 0 and 2**63 - 1"),
+    (["--timeout", "0"], "--timeout must be a number of seconds above 0"),
+    (["--output", "/no/such/folder/report.json"], "the folder /no/such/folder does not exist"),
+    (["--output", "/proc/version"], "--output /proc/version is not writable"),
+])
+def test_usage_errors_before_anything_runs(args, expected):
+    started = time.monotonic()
+    done = run("check", f"{HOSTILE}:sleeps", *args)  # would hang if the target were loaded
+    assert done.returncode == 2
+    assert expected in one_line(done)
+    assert time.monotonic() - started < 20

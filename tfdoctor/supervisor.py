@@ -1,0 +1,220 @@
+"""The supervisor: starts a worker process (tfdoctor/worker.py) for the user's code and watches it,
+the way pytest-timeout or xdist watch theirs.
+
+It enforces the time budgets (one per check, one for the whole run), names the user's frame that
+was running when a budget ran out (from a faulthandler dump), and tells a worker that delivered its
+report from one that ended without it (sys.exit, os._exit, a crash, a signal). It never imports
+torch and never runs user code, so it always exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from tfdoctor.result import Result
+from tfdoctor.worker import REQUEST_ENV
+
+# After SIGUSR1, how long the worker gets to write its stack dump before it is killed.
+DUMP_GRACE_SECONDS = 2.0
+POLL_SECONDS = 0.1
+
+
+@dataclass
+class Outcome:
+    """What the worker did: its results so far, and how it ended."""
+
+    results: list[Result] = field(default_factory=list)
+    ended: str = "done"  # done | usage-error | timeout | exit | vanished | internal-error | interrupted
+    message: str = ""  # for everything but done: the one line to print
+    phase: str = ""  # what was running when it ended ("loading" or a check id)
+    debug: str = ""  # internal-error: the worker's traceback
+
+
+def _phase_name(phase: str) -> str:
+    if phase == "loading":
+        return "loading the target (import, factory, training loop)"
+    return f"check {phase}" if phase else "starting"
+
+
+def supervise(request: dict, *, timeout: float, timeout_per_check: float,
+              progress: Optional[Callable] = None) -> Outcome:
+    """Run `request` (see worker.run_check_request) in a worker and return its Outcome.
+
+    `progress` is a Progress (tfdoctor.context) that draws the worker's long tasks, or None."""
+    dump = tempfile.NamedTemporaryFile(prefix="tfdoctor-stack-", suffix=".txt", delete=False)
+    dump.close()
+    request = {**request, "stack_dump": dump.name, "progress": progress is not None}
+    read_end, write_end = os.pipe()
+    env = {**os.environ, REQUEST_ENV: json.dumps(request)}
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tfdoctor.worker", str(write_end)], pass_fds=(write_end,), env=env,
+            stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
+            start_new_session=True,  # its own process group: DataLoader workers and all go with it
+        )
+    finally:
+        os.close(write_end)
+    outcome = Outcome()
+    try:
+        return _watch(outcome, proc, read_end, dump.name, timeout, timeout_per_check, progress)
+    except KeyboardInterrupt:  # Ctrl-C reaches us alone (the worker has its own session): say where
+        outcome.ended = "interrupted"
+        outcome.message = f"interrupted (Ctrl-C) during {_phase_name(outcome.phase)}"
+        return outcome
+    finally:
+        _kill(proc)
+        os.close(read_end)
+        Path(dump.name).unlink(missing_ok=True)
+
+
+def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float, per_check: float,
+           progress) -> Outcome:
+    started = phase_started = time.monotonic()
+    main_thread: Optional[int] = None
+    tasks: dict[int, Callable] = {}
+    buffer = b""
+    finished = False
+    while True:
+        now = time.monotonic()
+        phase_left = _hard_limit(per_check) - (now - phase_started)
+        run_left = timeout - (now - started)
+        if phase_left <= 0 or run_left <= 0:
+            which = (f"{_phase_name(outcome.phase)} ran past its {per_check:g} s budget (--timeout-per-check)"
+                     if phase_left <= 0 else f"the run ran past its {timeout:g} s budget (--timeout), during "
+                                             f"{_phase_name(outcome.phase)}")
+            where = _stack_of(proc, dump_path, main_thread)
+            outcome.ended = "timeout"
+            outcome.message = which + (f"; it was at {where}" if where else "")
+            return outcome
+        ready, _, _ = select.select([read_end], [], [], min(POLL_SECONDS, phase_left, run_left))
+        if not ready:
+            continue
+        chunk = os.read(read_end, 1 << 16)
+        if not chunk:  # the worker closed the pipe: it has ended
+            break
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            event = json.loads(line)
+            kind = event["event"]
+            if kind == "hello":
+                main_thread = event.get("main_thread")
+            elif kind == "phase":
+                outcome.phase, phase_started = event["name"], time.monotonic()
+            elif kind == "result":
+                outcome.results.append(Result.from_dict(event["result"]))
+            elif kind == "progress" and progress is not None:
+                tasks[event["task"]] = progress(event["description"], event["total"])
+            elif kind == "advance" and event["task"] in tasks:
+                tasks[event["task"]](event["n"])
+            elif kind == "done":
+                finished = True
+            elif kind == "usage-error":
+                outcome.ended, outcome.message = "usage-error", event["message"]
+            elif kind == "exit":
+                where = f" at {event['where']}" if event.get("where") else ""
+                outcome.ended = "exit"
+                outcome.message = (f"your code called sys.exit({event['code']!r}){where} during "
+                                   f"{_phase_name(outcome.phase)}, so the battery did not finish")
+            elif kind == "internal-error":
+                outcome.ended, outcome.message = "internal-error", event["message"]
+                outcome.debug = event.get("traceback", "")
+    code = proc.wait()
+    if finished or outcome.ended != "done":
+        return outcome
+    outcome.ended = "vanished"
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
+        why = f"was killed by {name}" + (" (out of memory? the kernel's OOM killer sends it)" if name == "SIGKILL"
+                                         else "")
+    else:
+        why = f"exited with code {code} (os._exit, or a crash in native code)"
+    outcome.message = (f"the process running your code {why} during {_phase_name(outcome.phase)}, before the "
+                       "report was delivered")
+    return outcome
+
+
+def _hard_limit(budget: float) -> float:
+    """The worker is stopped a little after a check's budget, not at it: a check that watches its own
+    budget (overfit-batch) then gets to stop and report what it measured first."""
+    return budget * 1.1 + min(5.0, budget / 2)
+
+
+def _stack_of(proc, dump_path: str, main_thread: Optional[int]) -> str:
+    """Ask the worker for its stacks (SIGUSR1 -> faulthandler) and name the user's innermost frame."""
+    if proc.poll() is not None or not hasattr(signal, "SIGUSR1"):
+        return ""
+    try:
+        os.kill(proc.pid, signal.SIGUSR1)
+    except ProcessLookupError:
+        return ""
+    deadline = time.monotonic() + DUMP_GRACE_SECONDS
+    text = ""
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        text = Path(dump_path).read_text(encoding="utf-8", errors="replace")
+        if "File " in text and text.endswith("\n"):
+            time.sleep(0.05)  # let the other threads' stacks land too
+            text = Path(dump_path).read_text(encoding="utf-8", errors="replace")
+            break
+    return user_frame(text, main_thread)
+
+
+_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+)", re.M)
+_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)', re.M)
+
+
+def user_frame(dump: str, main_thread: Optional[int]) -> str:
+    """file:line in function of the innermost frame that is the user's (not tfdoctor's, torch's or
+    the standard library's), preferring the main thread, where the checks run."""
+    blocks = []
+    for match in _THREAD.finditer(dump):
+        end = dump.find("\n\n", match.end())
+        blocks.append((int(match.group(1), 16), dump[match.end(): end if end >= 0 else len(dump)]))
+    blocks.sort(key=lambda block: block[0] != main_thread)
+    for _, block in blocks:
+        for path, line, function in _FRAME.findall(block):
+            if not _is_library(path):
+                return f"{_short(path)}:{line} in {function}"
+    return ""
+
+
+def _is_library(path: str) -> bool:
+    import sysconfig
+
+    here = str(Path(__file__).resolve().parent)
+    stdlib = sysconfig.get_paths()["stdlib"]
+    return (path.startswith(here) or f"{os.sep}torch{os.sep}" in path or path.startswith(stdlib)
+            or path.startswith("<"))
+
+
+def _short(path: str) -> str:
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:
+        return path
+    return relative if not relative.startswith("..") else path
+
+
+def _kill(proc) -> None:
+    """The worker and everything it started (its own process group) go, whatever they are doing."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass

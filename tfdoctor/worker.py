@@ -1,0 +1,152 @@
+"""The worker process: loads the user's target and runs the battery, streaming what happens to its
+supervisor (tfdoctor/supervisor.py) over a pipe as JSON lines.
+
+The user's code runs here, never in the process that prints the report, so that:
+- whatever it prints goes to stderr (file descriptor 1 points at stderr), and stdout carries only
+  the report the supervisor renders;
+- a hang, a `sys.exit`, an `os._exit` or a crash is seen from outside and named, instead of ending
+  a CI job silently green or running until the job's own limit;
+- threads the user leaves running cannot keep tfdoctor alive (the worker ends with os._exit).
+
+Events (one JSON object per line, "event" says which): hello (main thread id), phase (what runs
+now: "loading" or a check id), result (a Result record), progress/advance (a long task), done,
+usage-error, exit (the user's code raised SystemExit), internal-error.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import threading
+import traceback
+from typing import Any, Callable
+
+from tfdoctor.errors import TfdoctorError, UsageError
+
+REQUEST_ENV = "TFDOCTOR_WORKER_REQUEST"
+
+
+class Channel:
+    """The write end of the pipe to the supervisor; each event is one flushed line."""
+
+    def __init__(self, fd: int) -> None:
+        self._file = os.fdopen(fd, "w", encoding="utf-8", buffering=1)
+        self._lock = threading.Lock()
+
+    def send(self, event: str, **payload: Any) -> None:
+        line = json.dumps({"event": event, **payload}, default=str)
+        with self._lock:
+            self._file.write(line + "\n")
+            self._file.flush()
+
+
+def progress_over(channel: Channel) -> Callable:
+    """A Progress (tfdoctor.context) whose tasks the supervisor draws."""
+    ids = itertools.count()
+
+    def start(description: str, total: int):
+        task = next(ids)
+        channel.send("progress", task=task, description=description, total=int(total))
+
+        def advance(n: int = 1) -> None:
+            if n > 0:
+                channel.send("advance", task=task, n=int(n))
+
+        return advance
+
+    return start
+
+
+def run_check_request(request: dict, listener=None, progress=None):
+    """`tfdoctor check` itself: load the target (and loop), then run the selected checks."""
+    import torch
+
+    from tfdoctor.loader import load_function, load_subject
+    from tfdoctor.runner import run_checks
+
+    # Seeded before the factory builds the model: the same command gives the same initial weights,
+    # the same evidence and the same verdict in every process.
+    torch.manual_seed(request.get("seed", 0))
+    subject = load_subject(request["target"])
+    train = request.get("train")
+    train_fn = load_function(train) if train else None
+    if request.get("device"):
+        subject = _move(subject, request["device"])
+    fields = dict(request.get("fields", {}), train=train_fn)
+    return run_checks(subject, request.get("only"), request.get("skip"), seed=request.get("seed", 0),
+                      target=request["target"], progress=progress, options=request.get("options", {}),
+                      listener=listener, **fields)
+
+
+def _move(subject, device: str):
+    import torch
+
+    from tfdoctor.runner import as_subject
+
+    try:
+        torch_device = torch.device(device)
+        subject = as_subject(subject)
+        subject.model.to(torch_device)
+    except (RuntimeError, AssertionError) as exc:
+        raise UsageError(f"cannot use device {device!r}: {exc}") from exc
+    return subject
+
+
+def _raised_at(error: BaseException) -> str:
+    """file:line of the innermost frame that raised `error` (where the user's sys.exit was)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f"{os.path.relpath(frame.filename)}:{frame.lineno} in {frame.name}"
+
+
+def main(argv: list[str]) -> None:
+    channel = Channel(int(argv[1]))
+    request = json.loads(os.environ.pop(REQUEST_ENV))
+    # The user's prints, Python's and C's alike, go to stderr: stdout is the report's alone.
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    sys.argv = [request.get("target", "tfdoctor")]  # the user's module sees no tfdoctor arguments
+    dump_path = request.get("stack_dump")
+    if dump_path and hasattr(__import__("signal"), "SIGUSR1"):
+        import faulthandler
+        import signal
+
+        # The supervisor sends SIGUSR1 when a budget runs out: every thread's stack goes to the file,
+        # so the one line it prints can name the user's frame that was running.
+        faulthandler.register(signal.SIGUSR1, file=open(dump_path, "w"), all_threads=True)
+    channel.send("hello", pid=os.getpid(), main_thread=threading.main_thread().ident)
+
+    def listener(event: str, payload) -> None:
+        if event == "start":
+            channel.send("phase", name=payload)
+        elif event == "result":
+            channel.send("result", result=payload.to_record())
+
+    code = 0
+    try:
+        channel.send("phase", name="loading")
+        progress = progress_over(channel) if request.get("progress") else None
+        run_check_request(request, listener=listener, progress=progress)
+        channel.send("done")
+    except TfdoctorError as error:
+        channel.send("usage-error", message=error.one_line())
+    except SystemExit as error:  # the user's code: a CI gate must not take its code for ours
+        channel.send("exit", code=error.code if isinstance(error.code, int) or error.code is None
+                     else str(error.code), where=_raised_at(error))
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException as error:  # noqa: BLE001 - everything else is reported, never a traceback
+        channel.send("internal-error", message=f"{type(error).__name__}: {error}",
+                     traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)))
+    finally:
+        sys.stderr.flush()
+    # os._exit: the user's non-daemon threads must not keep the worker (and CI) waiting.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
