@@ -2,14 +2,16 @@
 on every correct real model and fixture (no fail, no error)."""
 
 import pytest
+import torch
 
-from conftest import build_fixture
-from real_models import ALL_MODELS, MORE_MODELS, hf_bart, hf_bert, hf_gpt2, hf_t5
+from conftest import ROOT, build_fixture
+from real_models import (ALL_MODELS, CAUSAL_MODELS, MORE_MODELS, hf_bart, hf_bert, hf_gpt2, hf_t5,
+                         x_transformers_encoder)
 from tfdoctor import Subject, run_checks
 from tfdoctor.subject import resolve
 
 CORRECT_FIXTURES = ["gpt_correct", "gpt_blocked_triu", "gpt_sdpa", "gpt_pad_masked", "encoder_correct",
-                    "seq2seq_correct"]
+                    "seq2seq_correct", "word_lm_correct", "seq2seq_seq_first"]
 
 
 @pytest.mark.parametrize("factory, kind, pad_id", [
@@ -23,6 +25,81 @@ def test_hugging_face_kinds_and_pad_ids_are_recognised(factory, kind, pad_id):
 def test_explicit_forward_keeps_the_declared_kind():
     subject = resolve(Subject(hf_bert(), forward=lambda m, ids: m(input_ids=ids).logits))
     assert subject.kind == "causal"
+
+
+def test_a_declared_kind_wins_over_what_the_model_announces():
+    from xt_encoder_as_lm import build, build_model
+
+    assert resolve(Subject(build_model())).kind == "encoder"  # detected from the layers
+    assert resolve(build()).kind == "causal"  # Subject(kind="causal") wins over the layers
+    assert resolve(Subject(hf_bert(), kind="causal")).kind == "causal"  # and over a Hugging Face class
+
+
+def test_an_encoder_trained_as_a_causal_lm_fails_future_leak_when_declared_causal():
+    from xt_encoder_as_lm import build, build_model
+
+    assert run_checks(build(), only="future-leak")["future-leak"].status.value == "fail"
+    # A flag (run_checks field, as --kind passes it) wins over the Subject, which wins over detection.
+    flagged = run_checks(Subject(build_model(), kind="encoder"), only="future-leak", kind="causal")
+    assert flagged["future-leak"].status.value == "fail"
+    assert run_checks(build_model(), only="future-leak")["future-leak"].status.value == "skip"
+
+
+def test_kind_flag_on_the_command_line_wins():
+    """`--kind causal` on a bare module whose layers say encoder (the detected path skips: see above)."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "tfdoctor", "check", "fixtures/xt_encoder_as_lm.py:build_model",
+                           "--only", "future-leak", "--format", "json", "--kind", "causal"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout)["checks"][0]["status"] == "fail"
+
+
+def test_sequence_first_models_are_detected_and_fed_time_major():
+    assert resolve(Subject(build_fixture("word_lm_correct"))).batch_first is False
+    assert resolve(build_fixture("seq2seq_seq_first")).batch_first is False
+    assert resolve(Subject(build_fixture("gpt_correct"))).batch_first is True
+    report = run_checks(build_fixture("word_lm_correct"), only=["future-leak", "mask-direction"])
+    assert [r.status.value for r in report.results] == ["pass", "pass"]
+    assert report["mask-direction"].details["pattern"] == "causal"
+
+
+@pytest.mark.parametrize("factory", [*CAUSAL_MODELS.values(), hf_bert, hf_t5, x_transformers_encoder])
+def test_real_models_stay_batch_first(factory):
+    made = factory()
+    assert resolve(made if isinstance(made, Subject) else Subject(made)).batch_first is True
+
+
+def test_a_sequence_first_model_without_its_mask_fails_as_a_leak_not_as_randomness():
+    report = run_checks(build_fixture("word_lm_no_mask"), only=["future-leak", "mask-direction"])
+    assert [r.status.value for r in report.results] == ["fail", "fail"]
+    assert report["mask-direction"].details["pattern"] == "none"
+    assert report["future-leak"].details["leaking_pairs"] == 32 * 31 // 2
+
+
+def test_a_declared_layout_is_not_second_guessed():
+    """batch_first=True on a sequence-first model: fed [B, T], two identical rows are two time steps,
+    so the map cannot be measured (the misdiagnosis that detection avoids)."""
+    subject = Subject(build_fixture("word_lm_correct"), batch_first=True)
+    assert resolve(subject).batch_first is True
+    assert run_checks(subject, only="future-leak")["future-leak"].status.value == "warn"
+
+
+def test_a_model_random_in_eval_is_not_taken_for_sequence_first():
+    class NoisyGPT(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gpt = build_fixture("gpt_correct")
+
+        def forward(self, ids):
+            return torch.nn.functional.dropout(self.gpt(ids), 0.1)  # training=True even in eval
+
+    subject = resolve(Subject(NoisyGPT()))
+    assert subject.batch_first is True
+    assert run_checks(subject, only="future-leak")["future-leak"].status.value == "warn"
 
 
 @pytest.mark.parametrize("name, expected", [

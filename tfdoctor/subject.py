@@ -12,9 +12,11 @@ from typing import Any, Callable, Optional
 
 from tfdoctor.errors import SubjectError, UsageError
 from tfdoctor.registry import KINDS
+from tfdoctor.tolerances import RELATIVE_TOLERANCE
 
 DEFAULT_SEQ_LEN = 32
 DEFAULT_BATCH_SIZE = 4
+PADDING_SIDES = ("right", "left")
 
 # Where models keep their context length, in the order we trust them.
 _MAX_POSITION_ATTRS = ("n_positions", "max_position_embeddings", "n_ctx", "block_size",
@@ -29,11 +31,21 @@ class Subject:
     vocab_size: number of token ids; default from model.config.vocab_size or the first nn.Embedding.
     seq_len:    probe length T; default 32, capped by the model's maximum positions.
     batch_size: probe batch B; default 4.
-    pad_id:     padding token id, when the model is trained on padded batches.
-    kind:       "causal" (decoder LM), "encoder" (bidirectional) or "seq2seq" (encoder-decoder).
+    pad_id:     padding token id, when the model is trained on padded batches; default
+                model.config.pad_token_id, else the tokenizer's pad_token_id.
+    kind:       "causal" (decoder LM), "encoder" (bidirectional) or "seq2seq" (encoder-decoder);
+                None: what the model announces (Hugging Face ancestry, x-transformers layers),
+                else causal. A declared kind always wins over detection.
     forward:    causal/encoder: forward(model, input_ids) -> logits [B, T, V];
                 seq2seq: forward(model, src_ids, tgt_ids) -> logits [B, T_tgt, V].
     train:      train(model, batches): the user's own training loop (used by the loop audits).
+    padding_side: "right" or "left": where the pads sit in the batches the model is trained on
+                (and the side the training loop is fed); None: unknown, default the tokenizer's.
+    tokenizer:  a Hugging Face tokenizer (anything with padding_side / pad_token_id); only those
+                two attributes are read, as defaults for padding_side and pad_id.
+    batch_first: False for a sequence-first model (nn.TransformerEncoder / nn.MultiheadAttention
+                with batch_first=False) called with ids [T, B] and returning [T, B, V]; tfdoctor then
+                feeds it [T, B] and transposes the output back. None: detected by a probe.
     """
 
     model: Any
@@ -41,9 +53,12 @@ class Subject:
     seq_len: Optional[int] = None
     batch_size: Optional[int] = None
     pad_id: Optional[int] = None
-    kind: str = "causal"
+    kind: Optional[str] = None
     forward: Optional[Callable] = None
     train: Optional[Callable] = None
+    padding_side: Optional[str] = None
+    tokenizer: Any = None
+    batch_first: Optional[bool] = None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -125,6 +140,17 @@ def config_pad_id(model) -> Optional[int]:
     return value if isinstance(value, int) and value >= 0 else None
 
 
+def tokenizer_pad_id(tokenizer) -> Optional[int]:
+    """A Hugging Face tokenizer's pad_token_id (GPT-2's is None until the user sets pad_token)."""
+    value = getattr(tokenizer, "pad_token_id", None)
+    return value if isinstance(value, int) and value >= 0 else None
+
+
+def tokenizer_padding_side(tokenizer) -> Optional[str]:
+    value = getattr(tokenizer, "padding_side", None)
+    return value if value in PADDING_SIDES else None
+
+
 # ----------------------------------------------------------------------------------------------
 # Calling a model
 
@@ -149,7 +175,16 @@ def extract_logits(output) -> Any:
 
 
 def call(subject: Subject, *ids):
-    """Logits for token ids: (input_ids,) for causal/encoder, (src_ids, tgt_ids) for seq2seq."""
+    """Logits [B, T, V] for token ids [B, T]: (input_ids,) for causal/encoder, (src_ids, tgt_ids)
+    for seq2seq. A sequence-first model (batch_first=False) is fed every id tensor as [T, B] and its
+    [T, B, V] output comes back as [B, T, V], so that every probe reads one layout."""
+    if subject.batch_first is False:
+        time_major = (ids_.transpose(0, 1).contiguous() for ids_ in ids)  # as batchify(...).t() feeds it
+        return _logits(subject, *time_major).transpose(0, 1).contiguous()
+    return _logits(subject, *ids)
+
+
+def _logits(subject: Subject, *ids):
     model = subject.model
     if subject.forward is not None:
         return extract_logits(subject.forward(model, *ids))
@@ -192,19 +227,30 @@ def random_tokens(subject: Subject, batch: int, length: int, generator=None):
 def resolve(subject: Subject) -> Subject:
     """A copy of `subject` with every default filled in, after one small forward that proves the
     model can be called and returns logits of the right shape. Raises SubjectError or UsageError.
+
+    What the user declares wins over what is detected: a kind given on the Subject (or by --kind,
+    which overrides the Subject before this runs) is never replaced by the model's announced kind.
     """
     import torch.nn as nn
 
     if not isinstance(subject.model, nn.Module):
         raise SubjectError(f"expected an nn.Module, got {type(subject.model).__name__}",
                            "return the model (or a tfdoctor.Subject) from the factory")
-    if subject.kind not in KINDS:
+    if subject.kind is not None and subject.kind not in KINDS:
         raise UsageError(f"unknown kind {subject.kind!r}", f"use one of {', '.join(KINDS)}")
-    # "causal" is the default: a model that announces another kind (a BERT, a T5) is taken at its word.
+    if subject.padding_side is not None and subject.padding_side not in PADDING_SIDES:
+        raise UsageError(f"unknown padding side {subject.padding_side!r}", f"use one of {', '.join(PADDING_SIDES)}")
+    if subject.batch_first not in (None, True, False):
+        raise UsageError(f"batch_first must be True, False or None (detect), got {subject.batch_first!r}")
     kind = subject.kind
-    if kind == "causal" and subject.forward is None:
-        kind = inferred_kind(subject.model) or kind
-    pad_id = subject.pad_id if subject.pad_id is not None else config_pad_id(subject.model)
+    if kind is None:
+        # A Subject with its own forward decides how the model is called, so the model's class says
+        # nothing about what that forward computes: it stays a causal LM unless it declares otherwise.
+        kind = (inferred_kind(subject.model) if subject.forward is None else None) or "causal"
+    pad_id = subject.pad_id
+    for default in (tokenizer_pad_id(subject.tokenizer), config_pad_id(subject.model)):
+        pad_id = default if pad_id is None else pad_id
+    padding_side = subject.padding_side or tokenizer_padding_side(subject.tokenizer)
 
     vocab = subject.vocab_size or vocab_size_of(subject.model)
     if not vocab:
@@ -224,21 +270,38 @@ def resolve(subject: Subject) -> Subject:
         raise UsageError(f"pad_id {pad_id} is outside the vocabulary [0, {vocab})")
 
     resolved = dataclasses.replace(subject, vocab_size=vocab, seq_len=seq_len, batch_size=batch, kind=kind,
-                                   pad_id=pad_id)
-    _preflight(resolved)
+                                   pad_id=pad_id, padding_side=padding_side)
+    if subject.batch_first is not None:
+        _preflight(resolved)
+        return resolved
+    resolved = dataclasses.replace(resolved, batch_first=True)
+    ids, logits = _preflight(resolved)
+    if _behaves_sequence_first(resolved, ids, logits):
+        resolved = dataclasses.replace(resolved, batch_first=False)
+        _preflight(resolved)
     return resolved
 
 
-def _preflight(subject: Subject) -> None:
+def _twin_ids(subject: Subject) -> tuple:
+    """Inputs of two identical rows [2, T] (seq2seq: source and target), ids that never hold pad_id."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    count = 2 if subject.kind == "seq2seq" else 1
+    return tuple(random_tokens(subject, 1, subject.seq_len, generator).repeat(2, 1) for _ in range(count))
+
+
+def _preflight(subject: Subject) -> tuple:
+    """Call the model once on two identical rows and check the logits' shape. Returns (ids, logits)."""
     import torch
 
     from tfdoctor.probes.modes import evaluation
 
-    B, T = 2, subject.seq_len
+    ids = _twin_ids(subject)
+    B, T = ids[0].shape
     with torch.no_grad(), evaluation(subject.model):
-        ids = random_tokens(subject, B, T, torch.Generator().manual_seed(0))
         try:
-            logits = call(subject, ids, ids) if subject.kind == "seq2seq" else call(subject, ids)
+            logits = call(subject, *ids)
         except SubjectError:
             raise
         except Exception as exc:  # the user's forward: anything can come out of it
@@ -250,3 +313,43 @@ def _preflight(subject: Subject) -> None:
             f"output shape [B, T, V] = [{B}, {T}, {subject.vocab_size}] expected but got {list(shape)}",
             "return logits over the vocabulary for every position, or pass the right --vocab",
         )
+    return ids, logits
+
+
+def _agree(a, b) -> bool:
+    """Equal within the probes' relative tolerance (NaN where both are NaN counts as equal)."""
+    import torch
+
+    scale = max((float(t[torch.isfinite(t)].abs().max()) if bool(torch.isfinite(t).any()) else 0.0)
+                for t in (a.float(), b.float()))
+    diff = torch.nan_to_num((a.float() - b.float()).abs(), nan=0.0, posinf=float("inf"))
+    return float(diff.max()) <= RELATIVE_TOLERANCE * max(scale, 1e-30)
+
+
+def _behaves_sequence_first(subject: Subject, ids: tuple, logits) -> bool:
+    """Whether the model reads dim 0 of its input as time and dim 1 as batch, told by behaviour.
+
+    Fed two identical rows, a batch-first model gives two identical outputs. A sequence-first one
+    reads the two rows as time steps 0 and 1 of T sequences, so its positional encoding and causal
+    mask make them differ. A model that is random in eval mode also makes them differ, so the same
+    call is repeated: only a deterministic model whose identical rows differ is tried the other way,
+    fed the rows as two identical columns [T, 2], and it is sequence-first when those agree. Anything
+    else keeps the batch-first contract (the dependency map then reports what it sees).
+    """
+    import torch
+
+    from tfdoctor.probes.modes import evaluation
+
+    if _agree(logits[0], logits[1]):
+        return False
+    with torch.no_grad(), evaluation(subject.model):
+        if not _agree(logits, call(subject, *ids)):
+            return False  # random at inference, not a layout
+        try:
+            columns = call(subject, *(t.transpose(0, 1).contiguous() for t in ids))
+        except Exception:  # the model cannot even be called time-major: not sequence-first
+            return False
+    T = ids[0].shape[1]
+    if tuple(columns.shape) != (T, 2, subject.vocab_size):
+        return False
+    return _agree(columns[:, 0], columns[:, 1])
