@@ -11,7 +11,7 @@ from tfdoctor import Subject, run_checks
 from tfdoctor.subject import resolve
 
 CORRECT_FIXTURES = ["gpt_correct", "gpt_blocked_triu", "gpt_sdpa", "gpt_pad_masked", "encoder_correct",
-                    "seq2seq_correct", "word_lm_correct", "seq2seq_seq_first"]
+                    "seq2seq_correct", "gpt_right_padded", "word_lm_correct", "seq2seq_seq_first"]
 
 
 @pytest.mark.parametrize("factory, kind, pad_id", [

@@ -3,20 +3,27 @@ import torch
 
 from conftest import build_fixture
 from tfdoctor import Subject, run_checks
+from tfdoctor.errors import UsageError
+from tfdoctor.probes.batches import train_batches
 from tfdoctor.probes.padding import pad_counts
+from tfdoctor.subject import resolve
 
 PAD_CHECKS = ["padding-mask", "masked-row-nan"]
 
 # fixture -> (padding-mask, masked-row-nan)
 EXPECTED = {
     "gpt_pad_masked": ("pass", "pass"),
-    "gpt_pad_unmasked": ("fail", "pass"),
-    "gpt_pad_neg_inf": ("skip", "fail"),  # its real positions are NaN already: masked-row-nan says why
+    "gpt_pad_unmasked": ("warn", "pass"),  # side unknown: left-pad attention matters only when left-padded
+    "gpt_pad_neg_inf": ("pass", "fail"),  # right padding is clean; left and fully padded rows go NaN
+    "gpt_right_padded": ("pass", "pass"),  # no key mask, right padding: the causal mask hides the pads
+    "gpt_left_padded": ("fail", "pass"),
     "encoder_correct": ("pass", "pass"),
     "encoder_causal": ("pass", "pass"),
     "seq2seq_correct": ("pass", "pass"),
     "seq2seq_causal_cross": ("pass", "pass"),
+    "seq2seq_seq_first": ("pass", "pass"),
 }
+REAL_POSITIONS = 4 * 32 - sum(pad_counts(4, 32))
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -26,12 +33,111 @@ def test_padding_checks_on_fixtures(name):
 
 
 def test_padding_mask_names_the_moved_positions_and_the_key_mask():
-    result = run_checks(build_fixture("gpt_pad_unmasked"), only="padding-mask")["padding-mask"]
-    assert result.details["pad_side"] == "left"
-    assert result.details["moved_count"] == 4 * 32 - sum(pad_counts(4, 32))  # every real position
+    result = run_checks(build_fixture("gpt_left_padded"), only="padding-mask")["padding-mask"]
+    assert result.status.value == "fail"
+    assert (result.details["pad_side"], result.details["declared_side"]) == ("left", "left")
+    assert result.details["moved_count"] == REAL_POSITIONS  # every real position
     first = result.details["moved_positions"][0]
     assert first["position"] >= result.details["pads_per_row"][first["row"]]  # a real (non-pad) position
     assert "(B, 1, 1, T)" in result.hint and "pad id 0 is not masked" in result.message
+    assert "as declared" in result.message and list(result.details["sides"]) == ["left"]
+
+
+def test_unknown_side_left_pad_attention_warns_and_says_when_it_matters():
+    result = run_checks(build_fixture("gpt_pad_unmasked"), only="padding-mask")["padding-mask"]
+    assert result.status.value == "warn"
+    assert result.details["declared_side"] is None and result.details["pad_side"] == "left"
+    assert result.details["moved_count"] == REAL_POSITIONS
+    right = result.details["sides"]["right"]
+    assert "moved_count" not in right and right["largest_change"] <= right["tolerance"]
+    assert "batched generation" in result.message and "left-padded" in result.message
+    assert "--padding-side right" in result.hint and "(B, 1, 1, T)" in result.hint
+
+
+@pytest.mark.parametrize("side, expected", [("right", "pass"), ("left", "fail")])
+def test_declared_side_decides_on_a_model_without_key_mask(side, expected):
+    """The same causal-only model: correct when trained right-padded, a bug when left-padded."""
+    report = run_checks(build_fixture("gpt_pad_unmasked"), only="padding-mask", padding_side=side)
+    result = report["padding-mask"]
+    assert result.status.value == expected, result.message
+    assert result.details["declared_side"] == side and list(result.details["sides"]) == [side]
+
+
+def test_a_causal_model_that_reads_trailing_pads_fails_on_the_right():
+    """No causal mask at all: real positions read the pads after them, whatever the side."""
+    result = run_checks(Subject(build_fixture("gpt_no_mask"), pad_id=0), only="padding-mask")["padding-mask"]
+    assert result.status.value == "fail"
+    assert result.details["pad_side"] == "right" and "read the pads after them" in result.message
+
+
+def _tokenizer(padding_side: str):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, "hello": 2, "world": 3}
+    words = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    words.pre_tokenizer = Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=words,
+                                   pad_token="[PAD]", unk_token="[UNK]", padding_side=padding_side)
+
+
+@pytest.mark.parametrize("side, expected", [("right", "pass"), ("left", "fail")])
+def test_a_hugging_face_tokenizer_gives_the_side_and_the_pad_id(side, expected):
+    from gpt_right_padded import CausalAttention
+    from tinygpt import GPT
+
+    tokenizer = _tokenizer(side)
+    assert tokenizer(["hello", "hello world"], padding=True)["input_ids"][0] == ([2, 0] if side == "right" else [0, 2])
+    subject = Subject(GPT(CausalAttention), tokenizer=tokenizer)
+    assert (resolve(subject).pad_id, resolve(subject).padding_side) == (0, side)
+    assert run_checks(subject, only="padding-mask")["padding-mask"].status.value == expected
+
+
+def test_the_declared_side_wins_over_the_tokenizer():
+    from gpt_right_padded import CausalAttention
+    from tinygpt import GPT
+
+    subject = Subject(GPT(CausalAttention), tokenizer=_tokenizer("left"), padding_side="right")
+    assert resolve(subject).padding_side == "right"
+
+
+@pytest.mark.parametrize("side, expected", [("right", "pass"), ("left", "fail")])
+def test_padding_mask_on_a_sequence_first_model(side, expected):
+    """The embedding sees the ids as [T, B]: the pads are perturbed where they sit there."""
+    from word_lm import TransformerModel
+
+    result = run_checks(Subject(TransformerModel(), pad_id=0, padding_side=side), only="padding-mask")["padding-mask"]
+    assert result.status.value == expected, result.message
+    if expected == "fail":
+        assert result.details["moved_count"] == REAL_POSITIONS
+
+
+def test_masked_row_nan_pads_the_declared_side():
+    result = run_checks(build_fixture("gpt_right_padded"), only="masked-row-nan")["masked-row-nan"]
+    assert result.details["pad_side"] == "right"
+    fully_padded = run_checks(build_fixture("gpt_pad_neg_inf"), only="masked-row-nan", padding_side="right")
+    assert fully_padded["masked-row-nan"].status.value == "fail"  # the fully padded row is NaN on either side
+
+
+def test_an_unknown_padding_side_is_a_usage_error():
+    with pytest.raises(UsageError, match="padding side"):
+        run_checks(build_fixture("gpt_pad_masked"), only="padding-mask", padding_side="middle")
+
+
+@pytest.mark.parametrize("side", [None, "right", "left"])
+def test_the_loop_is_fed_the_declared_side(side):
+    subject = resolve(Subject(build_fixture("gpt_pad_unmasked").model, pad_id=0, padding_side=side))
+    (batch,) = train_batches(subject, 1, torch.Generator().manual_seed(0))
+    padded = batch == 0
+    assert not padded[0].any()  # one full row, as a batch padded to its longest row
+    lengths = (~padded).sum(1)
+    positions = torch.arange(batch.shape[1])
+    for row, length in enumerate(lengths.tolist()):
+        real = positions >= batch.shape[1] - length if side == "left" else positions < length
+        assert torch.equal(~padded[row], real)
+    assert lengths[1:].lt(batch.shape[1]).any()  # and some rows really padded
 
 
 def test_masked_row_nan_reports_outputs_and_gradients():

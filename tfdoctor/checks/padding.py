@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Optional
+
 from tfdoctor.checks.verdicts import judged_per_implementation
 from tfdoctor.registry import check
 from tfdoctor.result import Result
@@ -17,54 +20,114 @@ KEY_PADDING_HINT = (
 )
 
 
+SIDE_HINT = ("if you only ever pad on the right (the causal mask then hides the pads), say so: "
+             "--padding-side right or Subject(padding_side='right'); otherwise ")
+
+
+@dataclass
+class _SideVerdict:
+    """What padding one side showed: a reason it could not be measured, or the leaked positions."""
+
+    side: str
+    details: dict
+    skip: Optional[str] = None
+    leaked: list = field(default_factory=list)
+    real_count: int = 0
+
+
+def _measure_side(subject, side: str, seed: int) -> _SideVerdict:
+    from tfdoctor.probes.padding import pad_sensitivity
+
+    sensitivity = pad_sensitivity(subject, seed, side)
+    if sensitivity is None:
+        return _SideVerdict(side, {}, skip="cannot find the input embedding to perturb the pads through")
+    if sensitivity.embedding_calls == 0:
+        return _SideVerdict(side, {}, skip="the input embedding was never called with the probe ids")
+    batch = sensitivity.batch
+    real = batch.real_outputs.cpu()
+    details = {"pad_side": side, "pads_per_row": batch.padded.sum(1).tolist()}
+    if not bool(sensitivity.finite[real].all()):
+        return _SideVerdict(side, details, skip=f"real positions are already NaN/Inf on a {side}-padded batch, so "
+                                                "what they read cannot be measured; see masked-row-nan")
+    tolerance = RELATIVE_TOLERANCE * max(sensitivity.scale, 1e-30)
+    moved = sensitivity.change > tolerance
+    details.update(tolerance=tolerance, largest_change=float(sensitivity.change[real].max()),
+                   output_scale=sensitivity.scale)
+    if subject.kind != "seq2seq" and not bool((moved & batch.padded.cpu()).any()):
+        return _SideVerdict(side, details, skip="perturbing the pad embeddings moved nothing, not even the pads' "
+                                                "own outputs")
+    leaked = (moved & real).nonzero().tolist()
+    if leaked:
+        details["moved_positions"] = [{"row": r, "position": p} for r, p in leaked[:MAX_LISTED_POSITIONS]]
+        details["moved_count"] = len(leaked)
+    return _SideVerdict(side, details, leaked=leaked, real_count=int(real.sum()))
+
+
+def _leak_message(subject, verdict: _SideVerdict) -> str:
+    listed = ", ".join(f"row {r} pos {p}" for r, p in verdict.leaked[:4])
+    more = ", ..." if len(verdict.leaked) > 4 else ""
+    if subject.kind == "seq2seq":
+        seen = "the decoder reads the source pads"
+    elif subject.kind == "causal" and verdict.side == "right":
+        seen = "with right padding real positions read the pads after them (later positions)"
+    elif subject.kind == "causal":
+        seen = "with left padding real positions attend to the pads before them"
+    else:
+        seen = f"with {verdict.side} padding real positions attend to pads"
+    return (f"{seen}: {len(verdict.leaked)} of {verdict.real_count} real outputs change when only the pad "
+            f"positions' content changes ({listed}{more}); pad id {subject.pad_id} is not masked")
+
+
 @check("padding-mask", title="Real positions ignore what sits at pad positions", needs=("pad_id",))
 def padding_mask(subject) -> Result:
     """Catches padding that is attended to: outputs at real positions that change with the content
     of pad positions, so the same sentence predicts differently with more or less padding.
 
-    Pads the probe batch (on the left for causal models, where right padding is hidden by the
-    causal mask itself; on the right for encoders and seq2seq sources), then pushes the pad
-    positions' embeddings far off through a forward hook while keeping the ids, so the model
-    builds its own mask exactly as in training, and compares the real positions' outputs.
+    Pads the probe batch on the side the model is trained with (--padding-side, Subject(padding_side=)
+    or the tokenizer's), then pushes the pad positions' embeddings far off through a forward hook
+    while keeping the ids, so the model builds its own mask exactly as in training, and compares the
+    real positions' outputs. A causal model trained on right-padded batches needs no key-padding
+    mask (its causal mask hides the trailing pads) and passes without one. Where the side is unknown
+    a causal model is probed on both sides: attending to right pads fails (real positions see later
+    ones), attending to left pads warns, since it matters only for batched generation and
+    left-padded training. Encoders and seq2seq sources are padded on the right unless declared.
     """
     from tfdoctor.context import current
     from tfdoctor.probes.modes import evaluation
-    from tfdoctor.probes.padding import pad_sensitivity
+    from tfdoctor.probes.padding import probed_sides
+
+    declared = subject.padding_side
+    sides = probed_sides(subject)
 
     def judge(implementation) -> Result:
         with evaluation(subject.model):
-            sensitivity = pad_sensitivity(subject, current().seed + 3)
-        if sensitivity is None:
-            return Result.skipped("cannot find the input embedding to perturb the pads through")
-        if sensitivity.embedding_calls == 0:
-            return Result.skipped("the input embedding was never called with the probe ids")
-        batch = sensitivity.batch
-        real = batch.real_outputs.cpu()
-        if not bool(sensitivity.finite[real].all()):
-            return Result.skipped("real positions are already NaN/Inf on a padded batch, so what they read "
-                                  "cannot be measured; see masked-row-nan")
-        tolerance = RELATIVE_TOLERANCE * max(sensitivity.scale, 1e-30)
-        moved = sensitivity.change > tolerance
-        leaked = (moved & real).nonzero().tolist()
-        details = {"pad_side": batch.side, "pads_per_row": batch.padded.sum(1).tolist(),
-                   "tolerance": tolerance, "largest_change": float(sensitivity.change[real].max()),
-                   "output_scale": sensitivity.scale}
-        if subject.kind != "seq2seq" and not bool((moved & batch.padded.cpu()).any()):
-            return Result.skipped("perturbing the pad embeddings moved nothing, not even the pads' own outputs",
-                                  details)
-        if not leaked:
+            verdicts = [_measure_side(subject, side, current().seed + 3) for side in sides]
+        measured = [v for v in verdicts if v.skip is None]
+        if not measured:
+            return Result.skipped(verdicts[0].skip, verdicts[0].details)
+        details = {**measured[0].details, "declared_side": declared,
+                   "sides": {v.side: v.details if v.skip is None else {"skipped": v.skip} for v in verdicts}}
+        leaking = [v for v in measured if v.leaked]
+        if not leaking:
+            pads = " and ".join(f"{v.side} padding, {sum(v.details['pads_per_row'])} pads" for v in measured)
             where = "source " if subject.kind == "seq2seq" else ""
-            return Result.passed(f"no real position reacts to the {where}pad positions "
-                                 f"({batch.side} padding, {int(batch.padded.sum())} pads)", details)
-        details["moved_positions"] = [{"row": r, "position": p} for r, p in leaked[:MAX_LISTED_POSITIONS]]
-        details["moved_count"] = len(leaked)
-        total = int(batch.real_outputs.sum())
-        listed = ", ".join(f"row {r} pos {p}" for r, p in leaked[:4])
-        subject_side = "the decoder reads the source pads" if subject.kind == "seq2seq" else "real positions attend to pads"
-        return Result.failed(
-            f"{subject_side}: {len(leaked)} of {total} real outputs change when only the pad positions' "
-            f"content changes ({listed}{', ...' if len(leaked) > 4 else ''}); pad id {subject.pad_id} is not masked",
-            KEY_PADDING_HINT, details)
+            unmeasured = "".join(f"; {v.side} padding not measured: {v.skip}" for v in verdicts if v.skip)
+            return Result.passed(f"no real position reacts to the {where}pad positions ({pads}){unmeasured}",
+                                 details)
+        worst = leaking[0]
+        details.update(worst.details)
+        message = _leak_message(subject, worst)
+        if declared is None and subject.kind == "causal" and worst.side == "left":
+            # Unknown side: the right side was clean, so training on right-padded batches is sound.
+            right = next(v for v in verdicts if v.side == "right")
+            safe = ("right padding is safe (the causal mask hides trailing pads)" if right.skip is None
+                    else f"right padding was not measured ({right.skip})")
+            return Result.warned(
+                f"{message}; {safe}, so this matters only for batched generation or training on left-padded "
+                "batches", SIDE_HINT + KEY_PADDING_HINT, details)
+        if declared is not None:
+            message += f" ({declared} padding, as declared)"
+        return Result.failed(message, KEY_PADDING_HINT, details)
 
     return judged_per_implementation(subject, judge)
 
@@ -75,8 +138,8 @@ def masked_row_nan(subject) -> Result:
     or the first queries of a left-padded row that see only pads. The loss ignores those positions,
     so it looks fine, but NaN reaches the gradients and then every weight.
 
-    Runs a batch with one fully padded row and left- (causal) or right-padded (encoder, seq2seq
-    source) rows, takes a cross-entropy that ignores pads, and checks the outputs and the gradients
+    Runs a batch with one fully padded row and rows padded on the declared side (unknown: left for
+    causal models, right for encoders and seq2seq sources), takes a cross-entropy that ignores pads, and checks the outputs and the gradients
     (computed with torch.autograd.grad, so the model's .grad stays untouched) for NaN and Inf.
     """
     import torch

@@ -10,8 +10,9 @@ from tfdoctor.subject import Subject, random_tokens
 MIN_REAL_SHARE = 0.5
 
 
-def _pad_tail(subject: Subject, ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Pad every row but the first at its end, after a random length of real tokens."""
+def _pad(subject: Subject, ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Pad every row but the first after a random length of real tokens: at its end, or at its
+    start when the subject declares padding_side="left" (the loop is fed the side it trains on)."""
     if subject.pad_id is None:
         return ids
     B, T = ids.shape
@@ -19,18 +20,20 @@ def _pad_tail(subject: Subject, ids: torch.Tensor, generator: torch.Generator) -
     lengths = torch.randint(low, T, (B,), generator=generator)
     lengths[0] = T  # one full row, as a real batch padded to its longest sequence has
     positions = torch.arange(T)[None, :]
+    if subject.padding_side == "left":
+        positions = positions.flip(1)  # count real tokens from the end of the row
     return ids.masked_fill((positions >= lengths[:, None]).to(ids.device), subject.pad_id)
 
 
 def train_batches(subject: Subject, count: int, generator: torch.Generator) -> list:
-    """`count` batches of LongTensor ids [B, T] (seq2seq: (src, tgt) pairs), padded at the end with
-    pad_id when the subject has one."""
+    """`count` batches of LongTensor ids [B, T] (seq2seq: (src, tgt) pairs), padded with pad_id when
+    the subject has one: at the end of each row, or at its start for padding_side="left"."""
     B, T = subject.batch_size, subject.seq_len
     batches = []
     for _ in range(count):
-        ids = _pad_tail(subject, random_tokens(subject, B, T, generator), generator)
+        ids = _pad(subject, random_tokens(subject, B, T, generator), generator)
         if subject.kind == "seq2seq":
-            src = _pad_tail(subject, random_tokens(subject, B, T, generator), generator)
+            src = _pad(subject, random_tokens(subject, B, T, generator), generator)
             batches.append((src, ids))
         else:
             batches.append(ids)

@@ -1,14 +1,15 @@
 """Padded batches, and what the model does with the pad positions in them.
 
-Pads go where each kind of model meets them in training: on the left for causal models (on the
-right the causal mask itself hides them), on the right for encoders and for a seq2seq source.
+Pads go on the side the model is trained with (Subject.padding_side). Where that side is unknown:
+a causal model is probed on both sides (on the right the causal mask itself hides the pads, on the
+left it does not), an encoder or a seq2seq source on the right.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 
@@ -33,16 +34,40 @@ def pad_counts(batch: int, length: int) -> list[int]:
     return [max(1, min(length - 1, (r + 1) * length // (batch + 1))) for r in range(batch)]
 
 
-def padded_batch(subject: Subject, generator: torch.Generator, fully_padded_row: bool = False) -> PaddedBatch:
-    B, T, pad = subject.batch_size, subject.seq_len, subject.pad_id
-    side = "left" if subject.kind == "causal" else "right"
-    ids = random_tokens(subject, B, T, generator)
-    padded = torch.zeros(B, T, dtype=torch.bool, device=ids.device)
-    for row, count in enumerate(pad_counts(B, T)):
+def probed_sides(subject: Subject) -> list[str]:
+    """The sides padding-mask probes: the declared one; unknown: right then left for a causal
+    model (both are common: right in from-scratch training, left in batched generation), right for
+    an encoder or a seq2seq source (without a key mask they read pads on either side)."""
+    if subject.padding_side is not None:
+        return [subject.padding_side]
+    return ["right", "left"] if subject.kind == "causal" else ["right"]
+
+
+def nan_probe_side(subject: Subject) -> str:
+    """The side masked-row-nan pads: the declared one; unknown: left for a causal model (its first
+    queries then see only pads, the harder case), right otherwise."""
+    if subject.padding_side is not None:
+        return subject.padding_side
+    return "left" if subject.kind == "causal" else "right"
+
+
+def pad_mask(batch: int, length: int, side: str, device=None) -> torch.Tensor:
+    """[B, T] True at pad positions: pad_counts(B, T) pads per row, on `side`."""
+    padded = torch.zeros(batch, length, dtype=torch.bool, device=device)
+    for row, count in enumerate(pad_counts(batch, length)):
         if side == "left":
             padded[row, :count] = True
         else:
-            padded[row, T - count:] = True
+            padded[row, length - count:] = True
+    return padded
+
+
+def padded_batch(subject: Subject, generator: torch.Generator, side: Optional[str] = None,
+                 fully_padded_row: bool = False) -> PaddedBatch:
+    B, T, pad = subject.batch_size, subject.seq_len, subject.pad_id
+    side = side or nan_probe_side(subject)
+    ids = random_tokens(subject, B, T, generator)
+    padded = pad_mask(B, T, side, ids.device)
     if fully_padded_row:
         padded[0] = True
     ids = ids.masked_fill(padded, pad)
@@ -75,16 +100,20 @@ def perturbed_pads(embedding: torch.nn.Module, ids: torch.Tensor, padded: torch.
     (so the model builds its mask exactly as in training). Only calls that embed `ids` itself are
     touched: a decoder sharing the embedding keeps its own inputs. Yields a list that counts calls."""
     calls: list[int] = []
+    # A sequence-first model embeds the ids as [T, B]: the pads then sit at padded.T.
+    layouts = [(ids, padded), (ids.transpose(0, 1), padded.transpose(0, 1))]
 
     def hook(module, args, output):
-        if not args or not isinstance(args[0], torch.Tensor) or args[0].shape != ids.shape:
+        if not args or not isinstance(args[0], torch.Tensor):
             return None
-        if not torch.equal(args[0], ids):
+        where = next((mask for layout, mask in layouts
+                      if args[0].shape == layout.shape and torch.equal(args[0], layout)), None)
+        if where is None:
             return None
         calls.append(1)
         noise = torch.randn(output.shape, generator=generator).to(output.device, output.dtype)
         scale = PERTURBATION_STDS * float(output.detach().float().std().clamp_min(1e-3))
-        return output + noise * scale * padded.unsqueeze(-1).to(output.dtype)
+        return output + noise * scale * where.unsqueeze(-1).to(output.dtype)
 
     handle = embedding.register_forward_hook(hook)
     try:
@@ -102,14 +131,14 @@ class PadSensitivity:
     batch: PaddedBatch
 
 
-def pad_sensitivity(subject: Subject, seed: int) -> PadSensitivity | None:
-    """How much each output moves when only the pad positions' embeddings change. None when the
-    input embedding cannot be found."""
+def pad_sensitivity(subject: Subject, seed: int, side: str) -> PadSensitivity | None:
+    """How much each output moves when only the pad positions' embeddings change, with the batch
+    padded on `side`. None when the input embedding cannot be found."""
     embedding = input_embedding(subject)
     if embedding is None:
         return None
     generator = torch.Generator().manual_seed(seed)
-    batch = padded_batch(subject, generator)
+    batch = padded_batch(subject, generator, side)
     with torch.no_grad():
         base = call(subject, *batch.inputs).float()
         with perturbed_pads(embedding, batch.inputs[0], batch.padded, generator) as calls:
