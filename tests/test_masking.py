@@ -226,3 +226,62 @@ def test_a_frozen_zero_parameter_is_architecture_and_stays_closed():
 def test_a_correctly_initialised_model_is_measured_once():
     result = run_checks(build_fixture("gpt_correct"), only="future-leak")["future-leak"]
     assert "zero_init_probe" not in result.details and result.details["forwards"] == 1
+
+
+# A transformers release whose SDPA path sees the next token (eager correct), as one released model did.
+RELEASE_LEAK_CHECKS = ["future-leak", "mask-direction"]
+
+
+def test_a_release_leaking_under_sdpa_fails_a_model_left_on_the_default():
+    model = build_fixture("hf_release_leak")
+    assert model.config._attn_implementation == "sdpa"  # the library's own choice
+    for result in run_checks(model, only=RELEASE_LEAK_CHECKS).results:
+        assert result.status.value == "fail", result.message
+        assert result.message.startswith("with attn_implementation='sdpa':")
+        assert result.details["failing_implementations"] == ["sdpa"]
+        assert "configured_implementation" not in result.details
+
+
+def test_a_model_configured_eager_is_judged_by_eager_and_warned_off_sdpa():
+    import transformers
+
+    model = build_fixture("hf_release_leak_eager")
+    report = run_checks(model, only=RELEASE_LEAK_CHECKS)
+    for result in report.results:
+        assert result.status.value == "warn", result.message
+        assert result.message.startswith("with attn_implementation='sdpa' (not the configured 'eager', which passes):")
+        assert f"do not switch to sdpa on this release (transformers {transformers.__version__})" in result.hint
+        assert result.details["configured_implementation"] == "eager"
+        assert result.details["failing_implementations"] == ["sdpa"]
+        assert result.details["status_under_other"] == "fail"
+    assert report["future-leak"].details["first_leak"]["input_position"] == 1  # the evidence is sdpa's map
+    assert report["mask-direction"].details["pattern"] == "off-by-one"
+    assert model.config._attn_implementation == "eager"  # restored after the sdpa run
+    assert report.exit_code(strict=False) == 0 and report.exit_code(strict=True) == 1  # a CI gate stays open
+
+
+def test_switching_to_eager_after_loading_counts_as_configured():
+    model = build_fixture("hf_release_leak")
+    model.set_attn_implementation("eager")
+    assert run_checks(model, only="future-leak")["future-leak"].status.value == "warn"
+
+
+def test_a_leak_under_the_configured_implementation_still_fails():
+    model = build_fixture("hf_release_leak_eager")
+    model.leaking = "eager"  # the release's eager path is the broken one, and the model runs it
+    result = run_checks(model, only="future-leak")["future-leak"]
+    assert result.status.value == "fail"
+    assert result.message.startswith("with attn_implementation='eager':")
+    assert result.details["configured_implementation"] == "eager"
+    assert result.details["failing_implementations"] == ["eager"]
+
+
+def test_a_correct_model_configured_eager_passes_under_both():
+    from real_models import hf_gpt2
+
+    model = hf_gpt2()
+    model.set_attn_implementation("eager")
+    for result in run_checks(model, only=RELEASE_LEAK_CHECKS).results:
+        assert result.status.value == "pass", result.message
+        assert result.message.endswith("same with attn_implementation eager and sdpa")
+        assert result.details["configured_implementation"] == "eager"

@@ -1,7 +1,9 @@
 """Run a measurement under each attention implementation a Hugging Face model supports.
 
 A model can leak under one kernel and not another (one released model leaked the future under SDPA
-only, with eager attention correct), so the masking checks measure each and name the culprit.
+only, with eager attention correct), so the masking checks measure each and name the culprit. A
+model configured with a non-default implementation is judged by the one it runs; the others are
+reported as what would happen if it were switched.
 """
 
 from __future__ import annotations
@@ -29,6 +31,31 @@ def attention_implementations(model: torch.nn.Module) -> list[Optional[str]]:
     supported = [impl for impl in CANDIDATES
                  if impl == "eager" or getattr(model, f"_supports_{impl}", False)]
     return supported or [current_implementation(model)]
+
+
+def configured_implementation(model: torch.nn.Module) -> Optional[str]:
+    """The implementation the user chose, where that can be told: one the library would not have
+    picked by itself. transformers resolves an unset choice to sdpa when the model supports it
+    (eager otherwise) and keeps only the resolved name, so sdpa on an sdpa-capable model may be the
+    default and counts as no choice (every implementation is then judged)."""
+    candidates = attention_implementations(model)
+    if len(candidates) < 2:
+        return None
+    current = current_implementation(model)
+    default = "sdpa" if "sdpa" in candidates else "eager"
+    return current if current in candidates and current != default else None
+
+
+def library_release(model: torch.nn.Module) -> str:
+    """The package the model's class comes from, with its version: e.g. "transformers 5.2.0"."""
+    import sys
+
+    for cls in type(model).__mro__:  # a user's subclass lives in their module, its base in the library
+        package = cls.__module__.split(".")[0]
+        version = getattr(sys.modules.get(package), "__version__", None)
+        if version:
+            return f"{package} {version}"
+    return type(model).__module__.split(".")[0]
 
 
 @contextlib.contextmanager
