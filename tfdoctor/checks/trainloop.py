@@ -34,11 +34,27 @@ ACCUM_TOLERANCE = 0.05
 SCHED_MAX_PER_STEP = 1.5
 
 # lr-schedule: the peak learning rates Transformers train at with Adam-family optimizers run from
-# about 1e-5 (fine-tuning large models) to about 3e-3 (small models pre-training); a peak 10x outside
-# that range fails. The Noam schedule left on Adam's default lr=1e-3 peaks near 7e-7.
+# about 1e-5 (fine-tuning large models) to about 3e-3 (small models pre-training). Only what cannot
+# be right fails: every param group peaking below 1e-6, a thousand times under the range's bottom
+# (the Noam schedule left on Adam's default lr=1e-3 peaks near 7e-7).
 LR_FAIL_LOW = 1e-6
-LR_FAIL_HIGH = 3e-2
-# A schedule whose first step runs at more than half its peak has no warm-up to speak of.
+# "Far above" a family's usual peak, on a group that holds weight matrices, warns (and fails only if
+# the loop's loss or gradients blew up within the recorded steps). Adam family: 10x the top of its
+# range. Muon's orthogonalised update is used at 0.02-0.1 (Keller Jordan's Muon, modded-nanogpt), SGD
+# at up to ~1: both are judged 10x above that. Groups of embedding tables or vectors only (norm gains,
+# biases, scalars) are not judged high: modded-nanogpt trains its embeddings at 0.6 and its scalars
+# at 0.04 with Adam, by design, behind a norm.
+LR_WARN_HIGH = {"adam": 3e-2, "muon": 1.0, "sgd": 10.0}
+# A blow-up: the graded tokens' mean loss at the last recorded step this many times the first's
+# (on random tokens a working loop keeps it near ln V), or non-finite gradients.
+BLOWUP_LOSS_FACTOR = 1.5
+# A recorded (not projected) schedule still rising at its last step has not shown its peak. At its
+# recorded pace it must reach the bottom of the usual range within a long warm-up (nanoGPT and
+# Llama warm up over 2000 steps, Noam over 4000; 20000 is ten times the common one), else it warns.
+LR_USUAL_LOW = 1e-5
+WARMUP_HORIZON_STEPS = 20_000
+# A schedule whose first step runs at more than half its peak has no warm-up to speak of. Judged
+# for pure Adam-family loops only: Muon and SGD loops train without one by design.
 WARMUP_START_SHARE = 0.5
 
 # grad-health: a pre-clip norm that rose at every step over at least this many steps, to at least
@@ -54,10 +70,6 @@ GROWTH_FACTOR = 2.0
 # may not move it enough: the message says so.
 OVERFIT_LOOP_BATCHES = 160
 OVERFIT_LOOP_MAX_SHARE = 0.9
-
-_NO_STEP = ("the loop never called optimizer.step() on the {n} batches it was given; "
-            "pass --train-batches N to feed it more")
-
 
 def _trace(subject):
     """The one recorded run of the user's loop, shared by every check of the run.
@@ -83,35 +95,72 @@ def _trace(subject):
 
 
 def _stepped(trace) -> str | None:
+    """Why the loop's steps cannot be judged, or None when it took at least one."""
     if trace.batches_fed == 0:
         return "the loop never iterated over the batches it was given"
-    if trace.steps == 0 and not trace.of("scaler_step"):
-        return _NO_STEP.format(n=trace.batches_fed)
-    return None
+    if trace.steps or trace.of("scaler_step"):
+        return None
+    backwards = len(trace.of("backward"))
+    if not backwards:
+        return (f"the loop ran on {trace.batches_fed} batches without calling backward(): it trains nothing "
+                "that tfdoctor can see (a loss computed with torch.autograd.grad is not followed)")
+    more = (f"; if it accumulates over more than {backwards} micro-batches, pass --train-batches N"
+            if backwards >= trace.batches_fed else "")
+    return (f"the loop called backward() {backwards} times on the {trace.batches_fed} batches it was given but "
+            "never changed the weights: no optimizer.step() and no in-place update of the parameters" + more)
 
 
 def _micro_batches(trace) -> tuple[int, dict[int, int]]:
-    """Backward calls per optimizer-step window, and the most common count (the accumulation k)."""
+    """Backward calls per optimizer-step window, and the accumulation k: the most common count,
+    read past the first window (`if step % k == 0` steps after the very first micro-batch)."""
     per_window = Counter(e.window for e in trace.of("backward") if e.window < trace.steps)
     if not per_window:
         return 0, {}
-    return Counter(per_window.values()).most_common(1)[0][0], dict(per_window)
+    later = [n for w, n in per_window.items() if w > 0] or list(per_window.values())
+    return Counter(later).most_common(1)[0][0], dict(per_window)
 
 
-def _token_weights(loss: dict):
-    """The weight each scored token had in the gradient the loop's backward produced.
+def _step_norms(trace) -> list[tuple[int, float, bool]]:
+    """(window, gradient norm, all finite) per optimizer step of the loop; optimizers stepped together
+    hold disjoint parameters, so their norms add in quadrature."""
+    steps: dict[int, list] = {}
+    for event in trace.of("opt_step"):
+        held = steps.setdefault(event.window, [0.0, True])
+        held[0] += event.data["grad_norm"] ** 2
+        held[1] = held[1] and event.data["finite"]
+    return [(w, math.sqrt(sq), ok) for w, (sq, ok) in sorted(steps.items())]
 
-    The gradient hook on the loss output gives d(backward root)/d(loss): a scalar for mean and sum
-    reductions (spread over the non-ignored targets), one value per token for reduction='none'."""
-    import torch
 
-    grad, targets = loss["grad"], loss["targets"]
-    valid = (targets != loss["ignore_index"]).float()
-    if grad.numel() == targets.numel() and loss["reduction"] == "none":
-        return grad * valid
-    if loss["reduction"] == "sum":
-        return grad.sum() * valid
-    return grad.sum() * valid / max(1.0, float(valid.sum())) if valid.sum() > 0 else torch.zeros_like(valid)
+def _backward_window(trace) -> dict[int, tuple[int, float]]:
+    """For each backward event's index: its window and the GradScaler scale it ran under (1.0 if none)."""
+    return {i: (e.window, e.data["scale"] or 1.0) for i, e in enumerate(trace.events) if e.kind == "backward"}
+
+
+def _window_weights(trace) -> dict[int, float]:
+    """The summed token weight each optimizer-step window's backward calls gave the scored tokens,
+    read from the gradient at the scores (1.0 is the mean over the window's tokens)."""
+    backwards = _backward_window(trace)
+    totals: dict[int, float] = {}
+    for entry in trace.scores:
+        if entry.get("backward") not in backwards:
+            continue
+        window, scale = backwards[entry["backward"]]
+        totals[window] = totals.get(window, 0.0) + float(entry["weights"].sum()) / scale
+    return totals
+
+
+def _window_losses(trace) -> list[float]:
+    """The weighted mean loss of the graded tokens at each window, from the scores' gradients."""
+    backwards = _backward_window(trace)
+    sums: dict[int, list[float]] = {}
+    for entry in trace.scores:
+        if entry.get("backward") not in backwards:
+            continue
+        window = backwards[entry["backward"]][0]
+        held = sums.setdefault(window, [0.0, 0.0])
+        held[0] += float((entry["weights"] * entry["nll"]).sum())
+        held[1] += float(entry["weights"].sum())
+    return [total / weight for _, (total, weight) in sorted(sums.items()) if weight > 0]
 
 
 def _scaled_clips(trace) -> list[tuple]:
@@ -151,45 +200,101 @@ def _order(trace, window: int) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
-def _alignment(trace, subject) -> tuple[dict[int, int], int]:
-    """Over the scored rows that could be traced back to a model position: for each offset k, how
-    many targets equal the input token at position t + k; and how many rows were judged."""
+# Keyword arguments that hold something other than the tokens the model reads.
+_NOT_INPUT_IDS = ("label", "target", "mask", "position", "token_type")
+_LAYOUTS = {1: "batch-first [B, T]", 0: "sequence-first [T, B]"}
+
+
+def _input_ids(forward: dict, shape: list[int], kind: str):
+    """The token ids [d0, d1] of a forward that the scored rows (shape `shape`) were computed from, as
+    (ids, rows-to-grid function, offset correction), or None.
+
+    Preferred: decoder_input_ids for an encoder-decoder, input_ids, then positional ids (an
+    encoder-decoder's last, the target side; otherwise the first). A Hugging Face encoder-decoder given
+    only `labels=` builds its decoder input by shifting them right, so its targets are labels[t]."""
+    import math as _math
+
+    inputs = dict(forward["inputs"])
+    named = [k for k in ("decoder_input_ids",) if kind == "seq2seq"] + ["input_ids"]
+    positional = sorted((k for k in inputs if k.isdigit()), key=int, reverse=kind == "seq2seq")
+    others = [k for k in inputs if not k.isdigit() and k not in named and not any(w in k for w in _NOT_INPUT_IDS)]
+    order = [(k, 0) for k in named + positional + others if k in inputs]
+    if kind == "seq2seq" and "decoder_input_ids" not in inputs and "labels" in inputs:
+        order.insert(0, ("labels", 1))
+    n = _math.prod(shape)
+    for key, correction in order:
+        ids = inputs[key]
+        d0, d1 = ids.shape
+        if len(shape) == 2 and tuple(shape) == (d0, d1) or len(shape) == 1 and n == d0 * d1:
+            return ids.cpu(), (lambda rows, d0=d0, d1=d1: rows.reshape(d0, d1)), correction
+        if len(shape) == 2 and tuple(shape) == (d1, d0):  # the model transposed its input
+            return ids.cpu(), (lambda rows, d0=d0, d1=d1: rows.reshape(d1, d0).T), correction
+    return None
+
+
+def _grids(trace, subject) -> list[dict]:
+    """Each scored tensor that reached a backward, laid out on the [d0, d1] grid of the input ids it
+    came from: targets, weights, hard (one graded token), ids, and the offset correction."""
+    forwards = {e.data["index"]: e.data for e in trace.of("forward")}
+    backwards = _backward_window(trace)
+    grids = []
+    for entry in trace.scores:
+        forward = forwards.get(entry["forward"])
+        if entry.get("backward") not in backwards or forward is None:
+            continue
+        found = _input_ids(forward, entry["rows_shape"], subject.kind)
+        if found is None:
+            continue
+        ids, grid, correction = found
+        grids.append({"ids": ids, "targets": grid(entry["targets"]), "weights": grid(entry["weights"]),
+                      "hard": grid(entry["hard"]), "correction": correction})
+    return grids
+
+
+def _alignment(trace, subject) -> dict:
+    """Over the graded tokens that could be traced back to an input position: for each layout (which
+    axis of the ids is time) and offset k, the share of targets equal to the input token k positions
+    on. The layout and offset that explain the most are the loop's."""
     import torch
 
-    matches = {k: 0 for k in OFFSETS}
-    judged = {k: 0 for k in OFFSETS}
-    forwards = {e.data["index"]: e.data for e in trace.of("forward")}
+    matches = {(axis, k): 0 for axis in (1, 0) for k in OFFSETS}
+    judged = dict.fromkeys(matches, 0)
     rows = 0
-    for event in trace.training_losses():
-        loss = event.data
-        forward = forwards.get(loss["forward"])
-        if "positions" not in loss or forward is None:
-            continue
-        B, T = loss["logits_shape"][:2]
-        shaped = [(key, ids) for key, ids in forward["inputs"] if tuple(ids.shape) == (B, T)]
-        preferred = ("decoder_input_ids", "input_ids") if subject.kind == "seq2seq" else ("input_ids",)
-        named = [ids for key, ids in shaped if key in preferred]
-        if named:
-            ids = named[0]
-        elif shaped:
-            ids = shaped[-1][1] if subject.kind == "seq2seq" else shaped[0][1]
-        else:
-            continue
-        ids = ids.cpu()
-        positions, targets = loss["positions"], loss["targets"]
-        keep = (positions >= 0) & (targets >= 0) & (targets != loss["ignore_index"])
+    grids = _grids(trace, subject)
+    for grid in grids:
+        keep = grid["hard"] & (grid["targets"] >= 0)
         if subject.pad_id is not None:
-            keep &= targets != subject.pad_id
-        positions, targets = positions[keep], targets[keep]
+            keep &= grid["targets"] != subject.pad_id
         rows += int(keep.sum())
-        b, t = positions // T, positions % T
-        for k in OFFSETS:
-            inside = (t + k >= 0) & (t + k < T)
-            judged[k] += int(inside.sum())
-            source = ids[b[inside], (t + k)[inside]]
-            matches[k] += int((source == targets[inside]).sum())
-    shares = {k: matches[k] / judged[k] for k in OFFSETS if judged[k]}
-    return shares, rows
+        for axis in (1, 0):
+            ids, targets, kept = grid["ids"], grid["targets"], keep
+            if axis == 0:
+                ids, targets, kept = ids.T, targets.T, kept.T
+            S, T = ids.shape
+            s, t = torch.nonzero(kept, as_tuple=True)
+            for k in OFFSETS:
+                shifted = t + k - grid["correction"]
+                inside = (shifted >= 0) & (shifted < T)
+                judged[(axis, k)] += int(inside.sum())
+                matches[(axis, k)] += int((ids[s[inside], shifted[inside]] == targets[s[inside], t[inside]]).sum())
+    shares = {key: matches[key] / judged[key] for key in matches if judged[key]}
+    if not shares:
+        return {"rows": rows, "grids": grids, "shares": {}, "axis": 1, "best": None}
+    axis, best = max(shares, key=lambda key: (shares[key], key[0]))  # a tie keeps batch-first
+    return {"rows": rows, "grids": grids, "axis": axis, "best": best,
+            "shares": {k: shares[(axis, k)] for k in OFFSETS if (axis, k) in shares}}
+
+
+def _no_scores(trace, subject) -> str:
+    """Why no graded token could be read."""
+    if not trace.scores:
+        return (f"no scores over the vocabulary (V={subject.vocab_size}) received a gradient from the loop's "
+                "backward: neither the model's output nor the input of a softmax / cross-entropy over V "
+                "classes; cannot tell which token each position was graded on")
+    if not any(bool(entry["readable"].any()) for entry in trace.scores):
+        return ("the gradient at the scores over the vocabulary is not that of a softmax loss (cross-entropy, "
+                "label smoothing, KL divergence), so no graded token can be read from it")
+    return "the scored rows could not be traced back to the model's input ids"
 
 
 @check("objective", title="Targets are the next input token (no identity, no double shift)",
@@ -201,44 +306,77 @@ def objective(subject) -> Result:
     collapses to near zero in the first epoch and means nothing) or labels shifted twice (a library
     model given `labels=` shifts them itself, so pre-shifted labels ask for the token after next).
 
-    Runs the loop and, for every logits row the loss scored, finds the model position it came from
-    and compares the target with the input tokens around it. The target for position t must be input
-    token t+1; the offset found is reported. Ignored targets (-100, padding) are left out. The loss
-    is traced wherever it is computed, also inside a Hugging Face model's own forward.
+    Runs the loop and reads, from the gradient that reaches the model's scores over the vocabulary,
+    which token each position was graded on (the class the loss pulls up), whatever the loss:
+    cross-entropy, label smoothing, KL divergence to a smoothed target, a library's own loss, or one
+    computed inside the model's forward. It compares that token with the input tokens around the
+    position, batch-first [B, T] or sequence-first [T, B]. The target for position t must be input
+    token t+1; the offset found is reported. Ignored targets (-100, padding) are left out.
     """
     trace = _trace(subject)
-    shares, rows = _alignment(trace, subject)
-    if not rows:
-        return Result.skipped("no F.cross_entropy / nll_loss call that reached backward scored the "
-                              "model's logits; cannot tell which token each position was graded on")
-    best = max(shares, key=shares.get)
+    found = _alignment(trace, subject)
+    rows, shares = found["rows"], found["shares"]
+    if not rows or not shares:
+        return Result.skipped(_no_scores(trace, subject))
+    best = found["best"]
+    layout = _LAYOUTS[found["axis"]]
     details = {"offset": best if shares[best] >= ALIGN_MIN_SHARE else None, "graded_positions": rows,
-               "share_by_offset": {f"{k:+d}": round(v, 4) for k, v in shares.items()}}
+               "share_by_offset": {f"{k:+d}": round(v, 4) for k, v in shares.items()}, "layout": layout}
     seen = f"the target matched input token t{best:+d} at {shares[best]:.0%} of {rows} graded positions"
     if shares[best] < ALIGN_MIN_SHARE:
         return Result.warned(
             f"the loss targets do not line up with the model's inputs at any offset from {OFFSETS[0]:+d} "
-            f"to {OFFSETS[-1]:+d} (best: t{best:+d} at {shares[best]:.0%} of {rows} positions)",
+            f"to {OFFSETS[-1]:+d}, batch-first or sequence-first (best: t{best:+d} at {shares[best]:.0%} of "
+            f"{rows} positions)",
             "for language modelling the targets are the inputs shifted by one: "
-            "logits = model(ids[:, :-1]); loss = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())",
-            details)
+            "logits = model(ids[:, :-1]); loss = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()); "
+            "flatten logits and targets in the same order", details)
+    where = "" if found["axis"] == 1 else f" ({layout})"
     if best == 1:
         return Result.passed(f"targets are the next input token (offset +1) at {shares[best]:.0%} of "
-                             f"{rows} graded positions", details)
+                             f"{rows} graded positions{where}", details)
     if best == 0:
         return Result.failed(
-            f"each position is graded on the token it was given ({seen}): the model only learns to copy "
-            "its input, and a loss near zero means nothing",
+            f"each position is graded on the token it was given ({seen}{where}): the model only learns to "
+            "copy its input, and a loss near zero means nothing",
             "shift by one: logits = model(ids[:, :-1]); targets = ids[:, 1:]", details)
     if best >= 2:
         return Result.failed(
-            f"targets are shifted {best} positions ({seen}): position t is graded on token t{best:+d}, "
+            f"targets are shifted {best} positions ({seen}{where}): position t is graded on token t{best:+d}, "
             "so the labels were shifted twice (a model given labels= shifts them itself)",
             "shift once: give a Hugging Face model labels=input_ids unshifted (it shifts them), or "
             "shift yourself and compute the loss on the returned logits", details)
     return Result.failed(
-        f"each position is graded on the token before it ({seen}): targets run the wrong way",
+        f"each position is graded on the token before it ({seen}{where}): targets run the wrong way",
         "targets are the inputs shifted left by one: targets = ids[:, 1:], inputs = ids[:, :-1]", details)
+
+
+def _end_of_text_pads(found: dict, pad_id: int) -> dict | None:
+    """Whether every graded pad target is the first pad of its sequence, once per sequence: the
+    GPT-2 convention (pad id == eos id; the collate keeps each row's first pad as its end-of-text
+    target and masks the rest). Counts, or None when the graded pads cannot all be placed."""
+    import torch
+
+    best = found["best"]
+    if best is None or found["shares"].get(best, 0.0) < ALIGN_MIN_SHARE:
+        return None
+    placed = at_end = sequences = 0
+    for grid in found["grids"]:
+        ids, targets, graded = grid["ids"], grid["targets"], grid["weights"] > 0
+        if found["axis"] == 0:
+            ids, targets, graded = ids.T, targets.T, graded.T
+        pads = graded & (targets == pad_id)
+        S, T = ids.shape
+        is_pad = ids == pad_id
+        # first pad after the real tokens: the first pad that follows a real token
+        # A row with no pad in the model's input (fed ids[:, :-1]) may have its first pad just past it.
+        first = torch.where(is_pad.any(-1), is_pad.float().argmax(-1), torch.full((S,), T))
+        for s, t in zip(*torch.nonzero(pads, as_tuple=True)):
+            placed += 1
+            if int(t) + best - grid["correction"] == int(first[s]) and int(first[s]) > 0:
+                at_end += 1
+        sequences += int((pads.sum(-1) > 1).sum())
+    return {"graded_pads": placed, "first_pad_of_row": at_end, "rows_with_more_than_one": sequences}
 
 
 @check("ignore-index", title="Padding targets are left out of the loss", needs=("train", "pad_id"))
@@ -247,42 +385,80 @@ def ignore_index(subject) -> Result:
     nor replaced by the ignore value (-100), so part of every update teaches the model to predict
     padding.
 
-    Runs the loop on batches padded at the end with pad_id and measures, from the gradient each
-    target really received, the share of the trained loss that comes from pad targets.
+    Runs the loop on batches padded with pad_id and measures, from the gradient each scored position
+    really received (whatever the loss), the share of the trained weight that goes to pad targets.
+    Exactly one graded pad per row, right after its real tokens, is the GPT-2 convention (pad id ==
+    eos id, the first pad kept as the end-of-text target): it passes with a note.
     """
     trace = _trace(subject)
-    losses = [e.data for e in trace.training_losses() if "targets" in e.data]
-    if not losses:
-        return Result.skipped("no F.cross_entropy / nll_loss call reached backward; cannot see the targets")
+    entries = [e for e in trace.scores if e.get("backward") is not None and bool(e["readable"].any())]
+    if not entries:
+        return Result.skipped(_no_scores(trace, subject))
     pad_weight = total_weight = pad_loss = total_loss = 0.0
-    pad_targets = graded = 0
-    ignore_values = sorted({loss["ignore_index"] for loss in losses})
-    for loss in losses:
-        weights = _token_weights(loss).abs()
-        pad = loss["targets"] == subject.pad_id
-        contribution = weights * loss["per_token"].abs()
+    graded = graded_pads = 0
+    for entry in entries:
+        weights = entry["weights"]
+        pad = (entry["targets"] == subject.pad_id) & (weights > 0)
+        contribution = weights * entry["nll"].abs()
         pad_weight += float(weights[pad].sum())
         total_weight += float(weights.sum())
         pad_loss += float(contribution[pad].sum())
         total_loss += float(contribution.sum())
-        pad_targets += int(pad.sum())
         graded += int((weights > 0).sum())
+        graded_pads += int(pad.sum())
     token_share = pad_weight / total_weight if total_weight else 0.0
     loss_share = pad_loss / total_loss if total_loss else 0.0
-    details = {"pad_id": subject.pad_id, "ignore_index": ignore_values, "pad_targets": pad_targets,
-               "graded_targets": graded, "pad_weight_share": token_share, "pad_loss_share": loss_share}
-    if pad_targets == 0:
-        return Result.passed("no target equal to pad_id reached the loss (padding was replaced by the "
-                             "ignore value before it)", details)
+    found = _alignment(trace, subject)
+    # Pad targets offered to the loss, graded or not: read off the inputs once the alignment is known
+    # (a target replaced by -100 no longer says it was a pad), else counted in cross-entropy's targets.
+    losses = [e.data for e in trace.training_losses() if "targets" in e.data]
+    aligned = found["best"] is not None and found["shares"].get(found["best"], 0.0) >= ALIGN_MIN_SHARE
+    offered = (_pad_targets(found, subject.pad_id) if aligned
+               else sum(int((loss["targets"] == subject.pad_id).sum()) for loss in losses))
+    offered = max(offered, graded_pads)  # the last position's target lies past the input ids
+    ignore_values = sorted({e.data["ignore_index"] for e in trace.training_losses()})
+    details = {"pad_id": subject.pad_id, "ignore_index": ignore_values, "pad_targets": offered,
+               "graded_targets": graded, "graded_pad_targets": graded_pads, "pad_weight_share": token_share,
+               "pad_loss_share": loss_share}
+    said = f" (ignore_index {', '.join(map(str, ignore_values))})" if ignore_values else ""
     if token_share <= PAD_WEIGHT_TOLERANCE:
-        return Result.passed(f"all {pad_targets} pad targets are ignored (ignore_index "
-                             f"{', '.join(map(str, ignore_values))})", details)
+        if offered:
+            return Result.passed(f"all {offered} pad targets are ignored{said}", details)
+        return Result.passed(f"no pad target reached the loss ({graded} graded targets, none of them "
+                             f"pad_id={subject.pad_id})", details)
+    eos = _end_of_text_pads(found, subject.pad_id)
+    if eos is not None:
+        details["end_of_text"] = eos
+    if eos is not None and eos["graded_pads"] == graded_pads == eos["first_pad_of_row"] \
+            and not eos["rows_with_more_than_one"]:
+        rest = f"; the other {offered - graded_pads} pad targets are ignored" if offered > graded_pads else ""
+        return Result.passed(
+            f"one pad per padded row is graded, the first one after the real tokens ({graded_pads} rows): "
+            f"pad_id={subject.pad_id} doubles as end-of-text, the GPT-2 convention (pad == eos){rest}",
+            details, hint=f"a note: if {subject.pad_id} is not your end-of-text token, ignore that pad too")
+    ignored = ", ".join(map(str, ignore_values)) if ignore_values else "not set (the loss is not F.cross_entropy)"
     return Result.failed(
-        f"the loss grades padding: pad targets (pad_id={subject.pad_id}) carry {token_share:.0%} of the "
-        f"target weight and {loss_share:.0%} of the loss (ignore_index is "
-        f"{', '.join(map(str, ignore_values))})",
+        f"the loss grades padding: {graded_pads} pad targets (pad_id={subject.pad_id}) carry {token_share:.0%} "
+        f"of the target weight and {loss_share:.0%} of the loss (ignore_index is {ignored})",
         f"pass ignore_index={subject.pad_id} to F.cross_entropy / nn.CrossEntropyLoss, or replace pad "
-        f"targets with -100: targets = targets.masked_fill(targets == {subject.pad_id}, -100)", details)
+        f"targets with -100: targets = targets.masked_fill(targets == {subject.pad_id}, -100) (a hand-written "
+        "loss: multiply each token's loss by (targets != pad_id) and divide by its sum)", details)
+
+
+def _pad_targets(found: dict, pad_id: int) -> int:
+    """About how many scored positions had a pad as their target (graded or not), from the aligned
+    inputs (the target of the last position lies past the input and is not counted)."""
+    best = found["best"]
+    if best is None:
+        return 0
+    count = 0
+    for grid in found["grids"]:
+        ids = grid["ids"] if found["axis"] == 1 else grid["ids"].T
+        T = ids.shape[1]
+        shift = best - grid["correction"]
+        if 0 <= shift < T:
+            count += int((ids[:, shift:] == pad_id).sum())
+    return count
 
 
 @check("unscale-before-clip", title="GradScaler gradients are unscaled before clipping", needs=("train",))
@@ -332,9 +508,11 @@ def accumulation_scaling(subject) -> Result:
     learning rate you set (with Adam, which divides the scale out, it makes a clip threshold bite k
     times as often and shifts the balance against weight decay and eps).
 
-    With k backward calls per optimizer step (k > 1), the tensor sent to backward must be the loss
-    divided by k (times the GradScaler's scale when one is enabled). Measured from the gradient each
-    loss call received, so it holds for mean, sum or per-token losses alike.
+    With k backward calls per optimizer step (k > 1), the tokens of a step must weigh 1 in total (the
+    mean), times the GradScaler's scale when one is enabled. Each token's weight is read from the
+    gradient that reached the model's scores, so it holds for any loss (cross-entropy, label smoothing
+    through KLDivLoss, a hand-written or library loss; mean, sum or per-token). A first window of
+    another size (`if step % k == 0` steps after the very first micro-batch) is named with its factor.
     """
     trace = _trace(subject)
     reason = _stepped(trace)
@@ -343,28 +521,42 @@ def accumulation_scaling(subject) -> Result:
     k, per_window = _micro_batches(trace)
     if k <= 1:
         return Result.skipped("one backward per optimizer step: the loop does not accumulate gradients")
-    events = dict(enumerate(trace.events))
-    totals: dict[int, float] = {}
-    for event in trace.training_losses():
-        backward = events.get(event.data["backward"]) if event.data["backward"] is not None else None
-        if backward is None or backward.kind != "backward" or per_window.get(backward.window) != k:
-            continue
-        scale = backward.data["scale"] or 1.0
-        totals[backward.window] = totals.get(backward.window, 0.0) + float(_token_weights(event.data).sum()) / scale
-    if not totals:
-        return Result.skipped("no F.cross_entropy / nll_loss call reached backward; cannot measure the "
-                              "loss each micro-batch sent")
-    factor = sum(totals.values()) / len(totals)
-    window = min(totals)
+    weights = _window_weights(trace)
+    even = {w: weights[w] for w, n in per_window.items() if n == k and w in weights}
+    if not even:
+        return Result.skipped(_no_scores(trace, subject))
+    factor = sum(even.values()) / len(even)
+    sizes = [per_window.get(w, 0) for w in range(trace.steps)]
+    # Windows of another size than k, except a shorter last one (the data ran out before the k-th).
+    uneven = [{"window": w, "micro_batches": n, "gradient_factor": weights.get(w)}
+              for w, n in per_window.items() if n != k and not (w == trace.steps - 1 and n < k)]
+    window = min(even)
+    backwards = _backward_window(trace)
     sent = [e.data["value"] for e in trace.of("backward") if e.window == window]
     losses = [e.data["value"] for e in trace.training_losses()
-              if e.data["backward"] is not None and events[e.data["backward"]].window == window]
-    details = {"micro_batches_per_step": k, "gradient_factor": factor, "steps_judged": len(totals),
-               "backward_values": sent, "loss_values": losses,
+              if e.data["backward"] in backwards and backwards[e.data["backward"]][0] == window]
+    details = {"micro_batches_per_step": k, "gradient_factor": factor, "steps_judged": len(even),
+               "window_sizes": sizes, "uneven_windows": uneven, "backward_values": sent, "loss_values": losses,
                "scale": next((e.data["scale"] for e in trace.of("backward") if e.data["scale"]), None)}
+    first = uneven[0] if uneven and uneven[0]["window"] == 0 else None
+    if first is not None and first["micro_batches"] < k:
+        at = (f"the first optimizer step came after {first['micro_batches']} micro-batch"
+              f"{'es' if first['micro_batches'] > 1 else ''} instead of {k} (`if step % {k} == 0` is true at step 0)")
+    elif uneven:
+        at = (f"optimizer steps came after unequal numbers of micro-batches ({', '.join(map(str, sizes[:8]))}"
+              f"{', ...' if len(sizes) > 8 else ''}) instead of {k} each")
+    else:
+        at = ""
+    if at and uneven[0]["gradient_factor"] is not None:
+        at += f", with {uneven[0]['gradient_factor']:.2f}x the mean gradient"
     if abs(factor - 1.0) <= ACCUM_TOLERANCE:
-        return Result.passed(f"{k} micro-batches per step, each loss divided by {k}: the step's gradient "
-                             f"is the mean ({factor:.2f}x)", details)
+        summary = (f"{k} micro-batches per step, each loss divided by {k}: the step's gradient is the mean "
+                   f"({factor:.2f}x)")
+        if not at:
+            return Result.passed(summary, details)
+        return Result.warned(f"{at}; the other steps are right ({summary})",
+                             f"step after every k-th micro-batch: if (step + 1) % {k} == 0: optimizer.step()",
+                             details)
     if factor > 1:
         problem = (f"the {k} micro-batches per optimizer step each send {factor / k:.2f}x their loss to "
                    f"backward: the accumulated gradient is {factor:.2f}x the mean, so the effective "
@@ -373,8 +565,11 @@ def accumulation_scaling(subject) -> Result:
         problem = (f"the {k} micro-batches per optimizer step send {factor / k:.3f}x their loss to backward: "
                    f"the accumulated gradient is {factor:.2f}x the mean (divided more than once), so "
                    f"the effective learning rate is {factor:.2f}x what you set")
-    return Result.failed(problem, f"divide before backward: (loss / {k}).backward(), or with a scaler "
-                                  f"scaler.scale(loss / {k}).backward()", details)
+    hint = f"divide before backward: (loss / {k}).backward(), or with a scaler scaler.scale(loss / {k}).backward()"
+    if at:
+        problem += f"; also, {at}"
+        hint += f"; and step after every k-th micro-batch: if (step + 1) % {k} == 0"
+    return Result.failed(problem, hint, details)
 
 
 @check("scheduler-placement", title="The LR scheduler steps once per optimizer step", needs=("train",))
@@ -414,7 +609,8 @@ def zero_grad(subject) -> Result:
     batches and the steps grow without bound.
 
     Checks, at the first backward after each optimizer step, whether the gradients left by that step
-    were cleared (set to None or zero), however the loop clears them.
+    were cleared (set to None or zero), however the loop clears them. Judged on the parameters the
+    optimizers update (a loop with no optimizer object: all of them, its own update step counting).
     """
     trace = _trace(subject)
     reason = _stepped(trace)
@@ -427,7 +623,7 @@ def zero_grad(subject) -> Result:
     if not firsts:
         return Result.skipped("no backward after the first optimizer step; pass --train-batches N to feed more")
     stale = [w for w, clear in firsts.items() if not clear]
-    norms = [e.data["grad_norm"] for e in trace.of("opt_step")]
+    norms = [norm for _, norm, _ in _step_norms(trace)]
     details = {"steps_checked": len(firsts), "steps_not_cleared": len(stale),
                "zero_grad_calls": len(trace.of("zero_grad")), "grad_norm_at_step": norms}
     if not stale:
@@ -488,29 +684,105 @@ def clip_global_norm(subject) -> Result:
                          f"{calls[0]['model_params_with_grad']} parameter tensors with gradients", hint, details)
 
 
-def _schedule(trace) -> tuple[list[float], str]:
-    """The learning rate at each optimizer step: projected from the scheduler when there is one,
-    else the rates the loop really used."""
-    from tfdoctor.probes.trace import project_schedule
+def _family(optimizer: str, group: dict) -> str:
+    """The update rule a param group follows: adam (anything with betas), muon, sgd, manual, other.
+    Muon optimizers that carry an auxiliary Adam mark their groups use_muon True/False."""
+    name = optimizer.lower()
+    if optimizer == "manual update":
+        return "manual"
+    if group.get("use_muon") is True or ("muon" in name and "betas" not in group and group.get("use_muon") is None):
+        return "muon"
+    if "betas" in group or "adam" in name:
+        return "adam"
+    if "sgd" in name or "momentum" in group:
+        return "sgd"
+    return "other"
 
+
+def _group_schedules(trace) -> list[dict]:
+    """Every param group of every optimizer the loop stepped (a loop that updates the weights itself
+    counts as one group): its learning rate at each step, projected from its scheduler when it has
+    one, else as recorded (a manual `group["lr"] = f(step)` is read from what it set)."""
+    from tfdoctor.probes.trace import project_groups
+
+    recorded: dict = {}
+    for event in trace.of("opt_step"):
+        recorded.setdefault(event.data["optimizer"], []).append(event.data["lrs"])
+    projected = {}
     for schedule in sorted(trace.schedules, key=lambda s: -s["steps"]):
-        rates = project_schedule(schedule["snapshot"])
-        if rates:
-            return rates, f"{schedule['name']} projected over {len(rates)} steps"
-    rates = [max(e.data["lrs"]) for e in trace.of("opt_step")]
-    return rates, ("recorded at the loop's optimizer steps" if trace.schedules or len(set(rates)) > 1
-                   else "constant (no LR scheduler)")
+        if schedule.get("optimizer") in projected:
+            continue
+        groups = project_groups(schedule["snapshot"])
+        if groups:
+            projected[schedule.get("optimizer")] = (groups, f"{schedule['name']} projected over "
+                                                            f"{len(groups[0])} steps")
+    optimizers = {o["id"]: o for o in trace.optimizers}
+    found = []
+    for key, steps in recorded.items():
+        optimizer = optimizers.get(key, {"class": "manual update", "groups": [{}], "composition": [{}]})
+        for index in range(max(len(lrs) for lrs in steps)):
+            rates = [lrs[index] for lrs in steps if index < len(lrs)]
+            group = optimizer["groups"][index] if index < len(optimizer["groups"]) else {}
+            held = optimizer["composition"][index] if index < len(optimizer["composition"]) else {}
+            rising = False
+            if key in projected and index < len(projected[key][0]):
+                rates, source = projected[key][0][index], projected[key][1]
+            else:
+                source = ("read off the loop's own updates of the weights" if key is None
+                          else "recorded at the loop's optimizer steps" if trace.schedules or len(set(rates)) > 1
+                          else "constant (no LR scheduler)")
+                rising = len(rates) >= 2 and rates[-1] > rates[-2]
+            if not rates:
+                continue
+            peak = max(rates)
+            found.append({"optimizer": optimizer["class"], "group": index,
+                          "family": _family(optimizer["class"], group), "rates": rates, "source": source,
+                          "peak_lr": peak, "peak_step": rates.index(peak), "start_lr": rates[0],
+                          "rising": rising, "base_lr": group.get("initial_lr", group.get("lr")),
+                          "betas": group.get("betas"), "eps": group.get("eps"),
+                          "weight_decay": group.get("weight_decay"),
+                          "holds": {k: held.get(k, 0) for k in ("embedding", "matrix", "vector")},
+                          "names": held.get("names", [])})
+    return found
+
+
+def _blow_up(trace) -> str | None:
+    """What shows that the loop's training blew up within the recorded steps, or None."""
+    bad = [i + 1 for i, (_, _, ok) in enumerate(_step_norms(trace)) if not ok]
+    if bad:
+        return f"gradients were NaN/Inf from step {bad[0]}"
+    losses = _window_losses(trace)
+    if len(losses) >= 2 and (not math.isfinite(losses[-1]) or losses[-1] > BLOWUP_LOSS_FACTOR * losses[0]):
+        return f"the loss rose from {losses[0]:.2f} to {losses[-1]:.2f} within {len(losses)} steps"
+    return None
+
+
+def _holds(group: dict) -> str:
+    held = group["holds"]
+    parts = [kind if kind != "vector" else "norms/biases" for kind in ("matrix", "embedding", "vector")
+             if held.get(kind)]
+    return "matrices" if parts == ["matrix"] else " + ".join(p if p != "matrix" else "matrices" for p in parts) \
+        or "?"
+
+
+def _describe(group: dict) -> str:
+    return f"{group['optimizer']} group {group['group']} ({_holds(group)}) {group['peak_lr']:.2g}"
 
 
 @check("lr-schedule", title="The learning-rate schedule warms up to a sensible peak", needs=("train",))
 def lr_schedule(subject) -> Result:
-    """Catches a learning rate that cannot train a Transformer: a peak far below or above the range
-    they train at (a Noam LambdaLR left on Adam's default lr=1e-3 peaks near 7e-7, a thousand times
-    too small, because LambdaLR multiplies the optimizer's lr by the lambda), and a schedule with no
+    """Catches a learning rate that cannot train a Transformer: every param group peaking far below
+    the range they train at (a Noam LambdaLR left on Adam's default lr=1e-3 peaks near 7e-7, a
+    thousand times too small, because LambdaLR multiplies the optimizer's lr by the lambda); a
+    weight-matrix group far above its optimizer family's usual peak (warned, failed only if the loss
+    or gradients blow up within the loop's steps); and, for pure Adam-family loops, a schedule with no
     warm-up (warned: early updates on untrained attention are the unstable ones).
 
-    Projects the loop's scheduler forward on a copy bound to a stand-in optimizer (the user's is not
-    touched) until its peak is seen, and reports the optimizer's betas and eps.
+    Judged per param group and per family: Adam-like groups, Muon, SGD, a loop that updates the weights
+    itself. Groups of embedding tables or norm gains are not judged high (some train them at 0.6 by
+    design). Each scheduler is projected forward on a copy bound to a stand-in optimizer (the user's
+    is not touched) until its peak is seen; a schedule written in the loop (`group["lr"] = ...`) is
+    read from the rates it set.
     """
     trace = _trace(subject)
     reason = _stepped(trace)
@@ -518,38 +790,85 @@ def lr_schedule(subject) -> Result:
         return Result.skipped(reason)
     from tfdoctor.checks.learning import sparkline
 
-    rates, source = _schedule(trace)
-    if not rates:
-        return Result.skipped(_NO_STEP.format(n=trace.batches_fed))
-    peak = max(rates)
-    peak_step = rates.index(peak)
-    start = rates[0]
-    optimizer = trace.optimizers[0] if trace.optimizers else {"class": "?", "groups": [{}]}
-    group = optimizer["groups"][0]
-    adaptive = "betas" in group
-    base = group.get("initial_lr", group.get("lr"))
-    details = {"source": source, "peak_lr": peak, "peak_step": peak_step, "start_lr": start,
-               "optimizer": optimizer["class"], "base_lr": base, "betas": group.get("betas"),
-               "eps": group.get("eps"), "weight_decay": group.get("weight_decay"),
-               "schedule_sparkline": sparkline(rates), "schedule_head": rates[:5]}
-    adam = (f"{optimizer['class']} betas {tuple(group['betas'])}, eps {group.get('eps'):g}" if adaptive
-            else optimizer["class"])
-    shape = f"peak {peak:.1e} at step {peak_step} ({source}); {adam}"
-    if adaptive and (peak < LR_FAIL_LOW or peak > LR_FAIL_HIGH):
-        direction = "below" if peak < LR_FAIL_LOW else "above"
-        hint = (f"pick a peak learning rate between 1e-5 and 3e-3 for {optimizer['class']}")
-        if peak < LR_FAIL_LOW and any(s["name"] == "LambdaLR" for s in trace.schedules):
-            hint = (f"LambdaLR multiplies the optimizer's lr ({base:g}) by your lambda; if the lambda already "
-                    "returns the rate (Noam), create the optimizer with lr=1.0")
-        return Result.failed(f"the learning rate peaks at {peak:.1e} (step {peak_step}), far {direction} the "
-                             f"1e-5..3e-3 range Transformers train at with {optimizer['class']}; {adam}",
-                             hint, details)
-    if start > WARMUP_START_SHARE * peak:
+    groups = _group_schedules(trace)
+    if not groups:
+        return Result.skipped("the loop's optimizer steps carried no learning rate")
+    size = {id(g): sum(g["holds"].values()) for g in groups}
+    main = max(groups, key=lambda g: (size[id(g)], g["peak_lr"]))
+    peak, peak_step, start = main["peak_lr"], main["peak_step"], main["start_lr"]
+    adaptive = main["betas"] is not None
+    details = {"source": main["source"], "peak_lr": peak, "peak_step": peak_step, "start_lr": start,
+               "optimizer": main["optimizer"], "base_lr": main["base_lr"], "betas": main["betas"],
+               "eps": main["eps"], "weight_decay": main["weight_decay"],
+               "schedule_sparkline": sparkline(main["rates"]), "schedule_head": main["rates"][:5],
+               "groups": [{k: v for k, v in g.items() if k != "rates"} | {"rates_head": g["rates"][:5]}
+                          for g in groups]}
+    adam = (f"{main['optimizer']} betas {tuple(main['betas'])}, eps {main['eps']:g}" if adaptive and main["eps"]
+            is not None else main["optimizer"])
+    several = f"; {len(groups)} param groups" if len(groups) > 1 else ""
+    shape = f"peak {peak:.1e} at step {peak_step} ({main['source']}); {adam}{several}"
+
+    seen = [g for g in groups if not g["rising"]]
+    if all(g["peak_lr"] < LR_FAIL_LOW for g in groups):
+        top = max(groups, key=lambda g: g["peak_lr"])
+        if not top["rising"]:
+            details.update(peak_lr=top["peak_lr"], peak_step=top["peak_step"])
+            hint = f"pick a peak learning rate between 1e-5 and 3e-3 for {top['optimizer']}"
+            if any(s["name"] == "LambdaLR" for s in trace.schedules):
+                hint = (f"LambdaLR multiplies the optimizer's lr ({top['base_lr']:g}) by your lambda; if the "
+                        "lambda already returns the rate (Noam), create the optimizer with lr=1.0")
+            every = "every param group peaks" if len(groups) > 1 else "the learning rate peaks"
+            return Result.failed(f"{every} below {LR_FAIL_LOW:g}: at most {top['peak_lr']:.1e} (step "
+                                 f"{top['peak_step']}), far below the 1e-5..3e-3 range Transformers train at "
+                                 f"with {top['optimizer']}; {adam}", hint, details)
+    rising = [g for g in groups if g["rising"]]
+    if rising and all(g["peak_lr"] < LR_USUAL_LOW for g in groups):
+        pace = []
+        for g in rising:
+            per_step = (g["rates"][-1] - g["rates"][0]) / (len(g["rates"]) - 1)
+            pace.append((LR_USUAL_LOW - g["rates"][-1]) / per_step if per_step > 0 else math.inf)
+        details["steps_to_usual_low"] = min(pace)
+        if min(pace) > WARMUP_HORIZON_STEPS:
+            return Result.warned(
+                f"the learning rate is still rising at the last of {trace.steps} steps but only reaches "
+                f"{max(g['rates'][-1] for g in rising):.1e}; at its pace it reaches {LR_USUAL_LOW:g} (the bottom "
+                f"of the usual range) only after about {min(pace):.0f} steps",
+                "check the warm-up length and the base rate the schedule multiplies", details)
+        return Result.passed(f"still warming up at the last of {trace.steps} recorded steps "
+                             f"({max(g['rates'][-1] for g in rising):.1e} and rising; the peak lies beyond them); "
+                             f"{adam}{several}", details)
+
+    high = [g for g in seen if g["holds"].get("matrix") and g["family"] in LR_WARN_HIGH
+            and g["peak_lr"] > LR_WARN_HIGH[g["family"]]]
+    by_design = [g for g in seen if not g["holds"].get("matrix") and sum(g["holds"].values())
+                 and g["family"] in LR_WARN_HIGH and g["peak_lr"] > LR_WARN_HIGH[g["family"]]]
+    if high:
+        listed = ", ".join(f"{_describe(g)} (usual peak up to {LR_WARN_HIGH[g['family']] / 10:g})" for g in high)
+        details["too_high"] = [[g["optimizer"], g["group"]] for g in high]
+        blown = _blow_up(trace)
+        hint = "lower the peak learning rate of the weight matrices (Adam family: 1e-5..3e-3)"
+        if blown:
+            details["blow_up"] = blown
+            return Result.failed(f"the learning rate is far above the usual peak: {listed}; and {blown}",
+                                 hint, details)
+        return Result.warned(f"the learning rate is far above the usual peak: {listed} (the loss did not "
+                             f"blow up within {trace.steps} steps)", hint, details)
+    def listed(gs):
+        return ", ".join(_describe(g) + (" (by design: embeddings/norms)" if g in by_design else "") for g in gs[:6])
+
+    note = f"; large rates on {listed(by_design)}" if by_design and len(groups) == 1 else ""
+    families = {g["family"] for g in groups}
+    if families == {"adam"} and not main["rising"] and start > WARMUP_START_SHARE * peak:
         return Result.warned(f"no warm-up: the first step already runs at {start:.1e}, "
-                             f"{start / peak:.0%} of the peak; {shape}",
+                             f"{start / peak:.0%} of the peak; {shape}{note}",
                              "ramp the rate up over the first steps, e.g. LambdaLR(optimizer, lambda s: "
                              "min(1.0, (s + 1) / warmup_steps)) (often combined with a decay)", details)
-    return Result.passed(f"warm-up from {start:.1e} to a {shape}", details)
+    if len(groups) > 1:
+        classes = ", ".join(dict.fromkeys(g["optimizer"] for g in groups))
+        return Result.passed(f"{len(groups)} param groups ({classes}) peak at {listed(groups)}; "
+                             f"schedule {main['source']}", details)
+    return Result.passed(f"warm-up from {start:.1e} to a {shape}{note}" if start < peak else f"{shape}{note}",
+                         details)
 
 
 @check("amp-loss-scaling", title="float16 autocast comes with loss scaling", needs=("train",))
@@ -615,10 +934,10 @@ def grad_health(subject) -> Result:
         if "global_pre_norm" in event.data and event.window not in pre_clip:
             scale = scaled.get(id(event)) or 1.0
             pre_clip[event.window] = (event.data["global_pre_norm"] / scale, event.data["finite"])
-    for event in trace.of("opt_step"):
-        norm, ok = pre_clip.get(event.window, (event.data["grad_norm"], event.data["finite"]))
+    for window, step_norm, step_finite in _step_norms(trace):
+        norm, ok = pre_clip.get(window, (step_norm, step_finite))
         norms.append(norm)
-        finite.append(ok and event.data["finite"])
+        finite.append(ok and step_finite)
     skipped = [e for e in trace.of("scaler_step") if e.data.get("skipped")]
     details = {"pre_clip_norms": norms, "sparkline": sparkline(norms), "steps": len(norms),
                "non_finite_steps": [i + 1 for i, ok in enumerate(finite) if not ok],
@@ -645,6 +964,55 @@ def grad_health(subject) -> Result:
                              "a sign of a learning rate set too high", details,
                              hint="lower the peak learning rate or lengthen the warm-up")
     return Result.passed(summary, details)
+
+
+@check("optimizer-coverage", title="Every parameter that gets a gradient is updated by an optimizer",
+       needs=("train",))
+def optimizer_coverage(subject) -> Result:
+    """Catches parameters that receive gradients but sit in no optimizer: they keep their initial
+    values however long you train (an optimizer built before a module was added, a param-group filter
+    by name that misses some). nanoGPT's configure_optimizers asserts this for the same reason.
+
+    Compares the parameters that hold a gradient at the loop's optimizer steps with those its
+    optimizers hold. Also makes sure the loop left your own model as it found it: the loop trains a
+    copy, and function attributes that captured submodules (minGPT's `self.mlpf = lambda x: ...`),
+    which copy.deepcopy does not copy, are rebuilt on the copy; anything of yours the loop still
+    changed is put back and reported.
+    """
+    trace = _trace(subject)
+    reason = _stepped(trace)
+    if reason:
+        return Result.skipped(reason)
+    coverage, isolation = trace.coverage, trace.isolation
+    restored, rebound = isolation.get("restored", []), isolation.get("rebound", [])
+    missing = coverage.get("not_optimized", [])
+    details = {"parameters_with_grad": coverage.get("with_grad"), "trainable": coverage.get("trainable"),
+               "not_optimized": missing[:20], "never_reached": coverage.get("never_reached", [])[:20],
+               "optimizers": coverage.get("optimizers"), "rebound": rebound, "restored": restored[:20]}
+    if missing:
+        return Result.failed(
+            f"{len(missing)} of the {coverage['with_grad']} parameter tensors that receive gradients are in no "
+            f"optimizer and never change: {', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}",
+            "build the optimizer from every trainable parameter (model.parameters(), or param groups that "
+            "together cover all of model.named_parameters()); set requires_grad=False on what you freeze",
+            details)
+    if restored:
+        return Result.warned(
+            f"training tfdoctor's copy of your model changed {len(restored)} of your model's own tensors "
+            f"({', '.join(restored[:4])}{', ...' if len(restored) > 4 else ''}): the copy still shares them "
+            "through something copy.deepcopy cannot follow; tfdoctor put them back, but an EMA or any "
+            "copy.deepcopy(model) shares them the same way",
+            "reach submodules through self inside forward (self.mlp(x)), not through a closure stored on "
+            "the module", details)
+    if trace.manual and not coverage.get("optimizers"):
+        return Result.skipped("the loop updates the parameters itself (no optimizer object)", details)
+    note = ""
+    if rebound:
+        note = (f"; note: copy.deepcopy(model) shares submodules with the original through "
+                f"{', '.join(rebound[:3])}{', ...' if len(rebound) > 3 else ''} (functions are not copied): "
+                "tfdoctor rebuilt them on its copy, but an EMA made with deepcopy would run your live weights")
+    return Result.passed(f"all {coverage['with_grad']} parameter tensors that receive gradients are in the "
+                         f"loop's optimizer{'s' if coverage.get('optimizers', 1) > 1 else ''}{note}", details)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -678,16 +1046,14 @@ def _next_token_loss(subject, model, batch) -> float:
 def overfit_with_loop(subject) -> Result:
     """overfit-batch through the user's own loop: feed it one batch over and over on a copy of the
     model, then judge the next-token loss the copy reaches on that batch."""
-    import copy
-
     import torch
 
     from tfdoctor.checks.learning import OVERFIT_TARGET_NATS, OVERFIT_TARGET_SHARE
     from tfdoctor.context import current, progress
     from tfdoctor.probes.batches import train_batches
-    from tfdoctor.probes.trace import run_loop
+    from tfdoctor.probes.trace import isolated_copy, run_loop
 
-    model = copy.deepcopy(subject.model)
+    model = isolated_copy(subject.model)[0]
     batch = train_batches(subject, 1, torch.Generator().manual_seed(current().seed + 2))[0]
     target = max(OVERFIT_TARGET_NATS, OVERFIT_TARGET_SHARE * math.log(subject.vocab_size))
     start = _next_token_loss(subject, model, batch)

@@ -8,22 +8,31 @@ the optimizer-step window it fell in. Variable names and code layout do not matt
 How each thing is seen, hooks first and patches only where PyTorch offers no hook:
 - loss functions and `Tensor.backward`: a TorchFunctionMode (sees a loss computed inside a library
   model's own forward too); a tensor hook on each loss output records the gradient the user's
-  backward sent to it, i.e. the weight every token had in the update;
-- optimizer steps: the global optimizer step pre/post hooks;
+  backward sent to it;
+- what each token was graded on: a tensor hook on the scores over the vocabulary (the model's
+  logits, or the input of a softmax / cross-entropy over the vocabulary when the model returns
+  something else) reads the gradient that reached them, whatever the loss (see `read_scores`);
+- optimizer steps: the global optimizer step pre/post hooks; a loop with no optimizer object is seen
+  changing the parameters between two backward calls (a manual update);
 - the model's forward: module pre/post hooks on the (copied) model;
 - GradScaler, clip_grad_*, zero_grad, LR scheduler steps and autocast regions: patched on their
   classes or modules (no hooks exist) and restored in `finally`, also when the loop raises.
 
 Autocast and GradScaler record what the loop *requested* (device, dtype, enabled), so a loop written
 for CUDA is audited on a CPU machine where both quietly disable themselves.
+
+The loop trains a copy (`isolated_copy`); the user's own model is snapshot before and compared after,
+and anything the copy still shared with it is put back (`guarded`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import math
+import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
@@ -36,16 +45,42 @@ from tfdoctor.subject import Subject, extract_logits
 
 # Loss functions whose calls are recorded. The nn losses (CrossEntropyLoss, NLLLoss) call these.
 LOSS_FUNCTIONS = {F.cross_entropy: "cross_entropy", F.nll_loss: "nll_loss"}
-# The first few forwards and loss calls keep their logits so that the objective check can find which
-# model position each scored row came from; later ones keep only small per-token summaries.
-ALIGN_MAX_FORWARDS = 4
+# Functions whose input is a row of scores over the classes, and where their class dimension is
+# (an int, or the name of the argument that holds it). Their input is watched when the model's own
+# output is not the logits (a model that returns only the loss, a loop that applies the output layer
+# itself, as the Annotated Transformer's `generator` does).
+SCORE_FUNCTIONS = {
+    F.cross_entropy: 1, F.nll_loss: 1, F.kl_div: -1,
+    F.log_softmax: "dim", torch.log_softmax: "dim", torch.Tensor.log_softmax: "dim",
+    F.softmax: "dim", torch.softmax: "dim", torch.Tensor.softmax: "dim",
+}
 # How far back from a backward's root to look for the GradScaler's multiply (it is the root itself
-# or a few nodes away: `scaler.scale(loss / k)`, `scaler.scale(loss) / k`).
+# or a few nodes away: `scaler.scale(loss / k)`, `scaler.scale(loss) / k`), and from a scored
+# tensor for one already watched (`logits.float().view(-1, V)` is two nodes from the logits).
 SCALE_SEARCH_NODES = 64
 # Schedule projection: at least this many steps, then until twice the step of the peak so far,
 # never beyond the cap (a LambdaLR step costs ~7 us here, so the cap costs ~0.3 s).
 PROJECT_MIN_STEPS = 200
 PROJECT_MAX_STEPS = 40_000
+
+# read_scores. Any loss of log_softmax(z) (cross-entropy, label smoothing, KL to a smoothed target,
+# a library's own cross-entropy) sends z a gradient that sums to zero over the classes: this share
+# of its L1 norm is left for rounding and small extra terms (a 1e-4 z-loss adds about 1e-3).
+SHIFT_TOLERANCE = 2e-2
+# Below this relative spread of the softmax over the classes (a zero-initialised output layer) the
+# weight cannot be told from a uniform smoothing term and is read as plain cross-entropy's.
+P_SPREAD_MIN = 1e-3
+# Classes whose residual from the fit is this many times the mean residual are left out of it (the
+# pad column a smoothed target zeroes, an extra term on a few classes).
+TRIM_FACTOR = 4.0
+# A target distribution whose top class holds less than this share is soft (distillation, mixup):
+# it has a weight but no single graded token. Label smoothing up to 0.5 stays hard.
+HARD_TARGET_SHARE = 0.5
+# Manual updates: elements sampled per parameter tensor to see the weights change between backward
+# calls (every tensor with a gradient moves, so a few per tensor are plenty).
+SAMPLE_PER_TENSOR = 32
+# Watched scored tensors kept for the "already watched?" search; older ones have been backpropagated.
+WATCHED_KEEP = 8
 
 
 @dataclass
@@ -60,21 +95,35 @@ class Event:
 class Trace:
     events: list[Event]
     batches_fed: int
-    optimizers: list[dict]  # per optimizer stepped: class name and per-group hyperparameters
-    schedules: list[dict]  # per scheduler stepped by the loop: name, snapshot (or None), steps
+    optimizers: list[dict]  # per optimizer stepped: class name, id, per-group hyperparameters and contents
+    schedules: list[dict]  # per scheduler stepped by the loop: name, snapshot (or None), steps, optimizer id
     warnings: list[str]
     param_count: int
+    # What the gradient reaching the scores over the vocabulary says, one entry per watched tensor and
+    # backward (see read_scores): forward, backward, source, rows_shape and per-row tensors.
+    scores: list[dict] = field(default_factory=list)
+    # Parameters that received a gradient, and which of them no optimizer holds (names).
+    coverage: dict = field(default_factory=dict)
+    # rebound: function attributes of the copy rebuilt to use the copy's modules (minGPT's `mlpf`);
+    # restored: the user's own tensors the loop still changed through the copy, put back afterwards.
+    isolation: dict = field(default_factory=dict)
 
     def of(self, *kinds: str) -> list[Event]:
         return [e for e in self.events if e.kind in kinds]
 
     @property
     def steps(self) -> int:
-        return len(self.of("opt_step"))
+        """Optimizer steps of the loop (several optimizers stepped together count once)."""
+        return len({e.window for e in self.of("opt_step")})
 
     def training_losses(self) -> list[Event]:
         """Loss calls whose value reached a backward (their gradient hook fired)."""
         return [e for e in self.of("loss") if e.data.get("grad") is not None]
+
+    @property
+    def manual(self) -> bool:
+        """Whether the loop updates the parameters itself, with no optimizer object."""
+        return any(e.data.get("manual") for e in self.of("opt_step"))
 
 
 def _grad_norm(params) -> tuple[float, bool]:
@@ -113,6 +162,76 @@ def _reaches(root, targets: list, limit: int = SCALE_SEARCH_NODES) -> bool:
     return False
 
 
+def _class_dim(func, tensor: torch.Tensor, args, kwargs) -> Optional[int]:
+    """The class dimension of a SCORE_FUNCTIONS call's input, or None when it has none to speak of."""
+    where = SCORE_FUNCTIONS[func]
+    if isinstance(where, int):
+        if tensor.dim() < 2:
+            return None
+        return where % tensor.dim()
+    dim = kwargs.get(where, args[1] if len(args) > 1 else None)
+    return dim % tensor.dim() if isinstance(dim, int) and tensor.dim() >= 1 else None
+
+
+def read_scores(values: torch.Tensor, grad: torch.Tensor) -> dict:
+    """What the gradient that reached scores [N, V] says about each row: the class it grades, its
+    weight in the update and the model's loss on it, for any loss that backpropagates into them.
+
+    At logits z, every loss of log_softmax(z) against a target distribution y with weight w sends
+    g = w * (softmax(z) - y): the gradient sums to zero over the classes. y is mostly one class (the
+    graded token) on top of a constant (label smoothing, 0 for plain cross-entropy), so over the other
+    classes g is a straight line in p = softmax(z) whose slope is the weight w; then w * y = w * p - g
+    and the graded class is its largest entry. At log-probabilities (a model or loss that applies
+    log_softmax first, NLL or KL on top) the gradient is -w * y directly: no entry is positive.
+    Rows with no gradient were not graded (ignore_index, a masked pad); rows that fit neither form
+    (a loss on the logits that is not a softmax loss) are left unread.
+    """
+    z, g = values.double(), grad.double()
+    N, V = g.shape
+    rows = torch.arange(N)
+    l1 = g.abs().sum(-1)
+    reached = l1 > 0
+    logit_rows = reached & (g.sum(-1).abs() <= SHIFT_TOLERANCE * l1)
+    logprob_rows = reached & ~logit_rows & (g <= 1e-12 * l1[:, None]).all(-1)
+    p = z.softmax(-1)
+    # Least-squares line g_j = w * p_j + b over the classes other than the most negative, twice: the
+    # second fit leaves out the classes the first one could not explain.
+    keep = torch.ones_like(g, dtype=torch.bool)
+    first = g.argmin(-1)
+    keep[rows, first] = False
+    for _ in range(2):
+        n = keep.sum(-1).clamp_min(2)
+        p_mean = (p * keep).sum(-1) / n
+        g_mean = (g * keep).sum(-1) / n
+        dp = (p - p_mean[:, None]) * keep
+        var = (dp * dp).sum(-1)
+        slope = (dp * (g - g_mean[:, None])).sum(-1) / var.clamp_min(1e-300)
+        resid = (g - slope[:, None] * p - (g_mean - slope * p_mean)[:, None]).abs()
+        limit = TRIM_FACTOR * (resid * keep).sum(-1) / n + 1e-9 * g.abs().amax(-1)
+        keep &= resid <= limit[:, None]
+    spread = (var / n).sqrt() / p_mean.clamp_min(1e-300)
+    plain = -g[rows, first] / (1 - p[rows, first]).clamp_min(1e-12)  # the plain cross-entropy reading
+    w = torch.where(spread >= P_SPREAD_MIN, slope, plain)
+    mass = torch.where(logit_rows[:, None], w[:, None] * p - g, -g)  # w * y: the weighted target
+    weight = torch.where(logit_rows | logprob_rows, mass.sum(-1), torch.zeros_like(l1))
+    target = mass.argmax(-1)
+    share = mass[rows, target] / weight.clamp_min(1e-300)
+    readable = (logit_rows | logprob_rows) & (weight > 0)
+    nll = torch.where(logit_rows, -z.log_softmax(-1)[rows, target], -z[rows, target])
+    return {"targets": target, "weights": torch.where(readable, weight, torch.zeros_like(weight)).float(),
+            "hard": readable & (share >= HARD_TARGET_SHARE), "readable": readable, "reached": reached,
+            "nll": nll.float(), "log_probs": bool(logprob_rows.any() and not logit_rows.any())}
+
+
+def _sample(tensors) -> torch.Tensor:
+    """A few elements of every tensor, flattened: enough to see any of them change."""
+    parts = []
+    for t in tensors:
+        flat = t.detach().reshape(-1)
+        parts.append(flat[::max(1, flat.numel() // SAMPLE_PER_TENSOR)][:SAMPLE_PER_TENSOR].float())
+    return torch.cat(parts).cpu() if parts else torch.zeros(0)
+
+
 class _Feed(list):
     """The batches as a list (len() works, epochs re-iterate) that records each one handed out."""
 
@@ -127,11 +246,13 @@ class _Feed(list):
 
 
 class _Recorder(TorchFunctionMode):
-    def __init__(self, model: torch.nn.Module, record: bool = True):
+    def __init__(self, model: torch.nn.Module, vocab: Optional[int] = None, record: bool = True):
         super().__init__()
         self.model = model
+        self.vocab = vocab
         self.record = record
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.names = {id(p): name for name, p in model.named_parameters()}
         self.events: list[Event] = []
         self.window = 0
         self.batches_fed = 0
@@ -141,11 +262,21 @@ class _Recorder(TorchFunctionMode):
         self.scale_nodes: list = []
         self.current_backward: Optional[int] = None
         self.forwards = 0
+        self.in_forward = 0
+        self.pending: list[tuple] = []  # scored tensors met inside the running forward
+        self.watched: list = []  # autograd nodes of the tensors watched so far (the latest few)
+        self.scores: list[dict] = []
+        self.busy = False  # our own tensor work inside a hook is not the loop's
         self.in_scaler_step = 0
         self.sched_depth = 0
         self.schedulers: dict[int, dict] = {}
         self.optimizers: dict[int, Any] = {}
+        self.optimized: set[int] = set()
+        self.with_grad: set[int] = set()
+        self.sampled: Optional[tuple] = None  # (weights sample, gradient sample, norm, finite) after a backward
         self.clip_seen_window = -1
+        self.stepped = False  # an optimizer has stepped
+        self.backward_since_step = False  # a backward ran since the last optimizer step
         self.advance: Callable[[int], None] = lambda n=1: None
 
     # ------------------------------------------------------------------ events
@@ -170,26 +301,59 @@ class _Recorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.Tensor.backward and self.record:
+        if self.busy or not self.record:
+            return func(*args, **kwargs)
+        if func is torch.Tensor.backward:
             return self._backward(func, args, kwargs)
+        if func in SCORE_FUNCTIONS and args and isinstance(args[0], torch.Tensor):
+            self._scored(func, args, kwargs)
         name = LOSS_FUNCTIONS.get(func)
-        if name is not None and self.record:
+        if name is not None:
             return self._loss(name, func, args, kwargs)
         return func(*args, **kwargs)
 
     def _backward(self, func, args, kwargs):
+        self._manual_update()
         root = args[0]
         value = float(root.detach().float().sum())
-        clear = all(p.grad is None or not bool(p.grad.detach().any()) for p in self.params)
+        # judged on what the optimizers update: a parameter in none of them is optimizer-coverage's
+        updated = [p for p in self.params if id(p) in self.optimized] if self.optimized else self.params
+        clear = all(p.grad is None or not bool(p.grad.detach().any()) for p in updated)
         scaled = _reaches(root.grad_fn, [node for node, _ in self.scale_nodes])
         scale = next((s for node, s in reversed(self.scale_nodes) if _reaches(root.grad_fn, [node])), None) \
             if scaled else None
         self.event("backward", value=value, grads_clear=clear, scaled=scaled, scale=scale, amp=self.amp())
+        self.backward_since_step = True
         self.current_backward = len(self.events) - 1
         try:
             return func(*args, **kwargs)
         finally:
             self.current_backward = None
+            if not self.optimizers:  # no optimizer seen yet: watch for the loop updating weights itself
+                norm, finite = _grad_norm(self.params)
+                self.sampled = (_sample(self.params), _sample(p.grad if p.grad is not None else torch.zeros_like(p)
+                                                              for p in self.params), norm, finite)
+
+    def _manual_update(self) -> None:
+        """A loop without an optimizer object (`p.data.add_(p.grad, alpha=-lr)`): the weights changed
+        since the last backward and no optimizer stepped. Recorded as an optimizer step of its own,
+        with the learning rate read off the change (exact for plain SGD)."""
+        if self.sampled is None or self.optimizers:
+            return
+        before, grads, norm, finite = self.sampled
+        self.sampled = None
+        delta = _sample(self.params) - before
+        if not bool((delta != 0).any()):
+            return
+        moved = grads != 0
+        g = grads[moved].double()
+        lr = float(-(delta[moved].double() @ g) / (g @ g)) if g.numel() and float(g @ g) > 0 else None
+        if lr is not None and math.isfinite(lr) and lr != 0:
+            lr = float(f"{lr:.3g}")  # an estimate: float rounding must not read as a schedule
+        self.event("opt_step", optimizer=None, manual=True, lrs=[lr] if lr is not None and math.isfinite(lr) else [],
+                   grad_norm=norm, finite=finite, in_scaler=False)
+        self.window += 1
+        self.stepped, self.backward_since_step = True, False
 
     _signatures: dict = {}
 
@@ -198,36 +362,60 @@ class _Recorder(TorchFunctionMode):
         sig = self._signatures.setdefault(name, inspect.signature(func))
         bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
-        logits, target = bound.arguments["input"], bound.arguments["target"]
+        target = bound.arguments["target"]
         data = self.event("loss", function=name, forward=self.forwards - 1, amp=self.amp(),
                           requires_grad=bool(out.requires_grad), reduction=bound.arguments.get("reduction"),
                           ignore_index=int(bound.arguments.get("ignore_index", -100)),
                           label_smoothing=float(bound.arguments.get("label_smoothing", 0.0) or 0.0),
                           value=float(out.detach().float().sum()), grad=None, backward=None)
-        if target.is_floating_point() or logits.dim() < 2:  # soft labels: nothing to align
-            data["soft"] = True
-            return out
-        with torch.no_grad():
-            rows = logits.detach()
-            if rows.dim() > 2:  # (N, C, d1, ...) -> (N * d1 * ..., C)
-                rows = rows.movedim(1, -1).reshape(-1, rows.shape[1])
-            targets = target.detach().reshape(-1)
-            if name == "cross_entropy":
-                per_token = F.cross_entropy(rows.float(), targets, ignore_index=data["ignore_index"],
-                                            label_smoothing=data["label_smoothing"], reduction="none")
-            else:
-                per_token = F.nll_loss(rows.float(), targets, ignore_index=data["ignore_index"], reduction="none")
-        data.update(targets=targets.cpu(), per_token=per_token.float().cpu(),
-                    valid=int((targets != data["ignore_index"]).sum()),
-                    output_shape=list(out.shape))
-        if data["forward"] < ALIGN_MAX_FORWARDS:
-            data["rows"] = rows
+        if not target.is_floating_point():
+            data["targets"] = target.detach().reshape(-1).cpu()
         if out.requires_grad:
             def hook(grad, data=data):
                 data["grad"] = grad.detach().float().reshape(-1).cpu()
                 data["backward"] = self.current_backward
             out.register_hook(hook)
         return out
+
+    # ------------------------------------------------------------------ scored tensors
+
+    def _scored(self, func, args, kwargs) -> None:
+        """A softmax-family call over the vocabulary: its input holds scores the loss grades. Inside a
+        forward it waits for the forward's end (the model's own output is preferred); outside, it is
+        watched at once unless it is computed from a tensor already watched."""
+        tensor = args[0]
+        if self.vocab is None or not tensor.is_floating_point() or not tensor.requires_grad:
+            return
+        dim = _class_dim(func, tensor, args, kwargs)
+        if dim is None or tensor.shape[dim] != self.vocab:
+            return
+        name = getattr(func, "__name__", str(func))
+        if self.in_forward:
+            self.pending.append((tensor, dim, name))
+        else:
+            self._watch(tensor, dim, self.forwards - 1, name)
+
+    def _watch(self, tensor: torch.Tensor, dim: int, forward: int, source: str) -> None:
+        if tensor.grad_fn is None or _reaches(tensor.grad_fn, self.watched):
+            return
+        values = tensor.detach()
+        recorder = self
+
+        def hook(grad):
+            recorder.busy = True
+            try:
+                with torch.no_grad():
+                    rows = values.movedim(dim, -1)
+                    shape = list(rows.shape[:-1])
+                    entry = read_scores(rows.reshape(-1, rows.shape[-1]).cpu(),
+                                        grad.detach().movedim(dim, -1).reshape(-1, rows.shape[-1]).cpu())
+                entry.update(forward=forward, backward=recorder.current_backward, source=source, rows_shape=shape)
+                recorder.scores.append(entry)
+            finally:
+                recorder.busy = False
+
+        tensor.register_hook(hook)
+        self.watched = (self.watched + [tensor.grad_fn])[-WATCHED_KEEP:]
 
     # ------------------------------------------------------------------ module and optimizer hooks
 
@@ -237,16 +425,47 @@ class _Recorder(TorchFunctionMode):
         self.event("forward", index=self.forwards, inputs=_int_tensors(args, kwargs),
                    kwargs=sorted(kwargs), amp=self.amp())
         self.forwards += 1
+        self.in_forward += 1
 
     def forward_post(self, module, args, kwargs, output):
         if not self.record:
             return
+        self.in_forward = max(0, self.in_forward - 1)
+        if self.in_forward:
+            return
         forward = next(e for e in reversed(self.events) if e.kind == "forward")
-        if forward.data["index"] < ALIGN_MAX_FORWARDS:
+        try:
+            logits = extract_logits(output)
+        except Exception:  # an output we cannot read logits from (a bare loss): the scored calls decide
+            logits = None
+        output_node = None
+        if (isinstance(logits, torch.Tensor) and logits.dim() >= 2 and logits.is_floating_point()
+                and logits.shape[-1] == self.vocab):
+            self._watch(logits, logits.dim() - 1, forward.data["index"], "output")
+            output_node = logits.grad_fn
+        for tensor, dim, name in self.pending:
+            # a softmax over the scores the model returns (log-probabilities out) scores the same rows
+            if output_node is None or not _reaches(output_node, [tensor.grad_fn]):
+                self._watch(tensor, dim, forward.data["index"], name)
+        self.pending = []
+
+    def direct_forward(self, original: Callable) -> Callable:
+        recorder = self
+
+        @functools.wraps(original)
+        def forward(module, *args, **kwargs):
+            if module is not recorder.model or recorder.in_forward or not recorder.record:
+                return original(module, *args, **kwargs)
+            recorder.forward_pre(module, args, kwargs)
             try:
-                forward.data["logits"] = extract_logits(output).detach()
-            except Exception:  # an output we cannot read logits from: the objective check skips it
-                forward.data["logits"] = None
+                output = original(module, *args, **kwargs)
+            except BaseException:
+                recorder.in_forward = max(0, recorder.in_forward - 1)
+                raise
+            recorder.forward_post(module, args, kwargs, output)
+            return output
+
+        return forward
 
     def opt_pre(self, optimizer, args, kwargs):
         if not self.record:
@@ -254,11 +473,19 @@ class _Recorder(TorchFunctionMode):
         params = [p for group in optimizer.param_groups for p in group["params"]]
         norm, finite = _grad_norm(params)
         self.optimizers[id(optimizer)] = optimizer
-        self.event("opt_step", optimizer=id(optimizer), lrs=[float(g["lr"]) for g in optimizer.param_groups],
-                   grad_norm=norm, finite=finite, in_scaler=bool(self.in_scaler_step))
+        self.optimized.update(id(p) for p in params)
+        self.with_grad.update(id(p) for p in self.params if p.grad is not None and bool(p.grad.detach().any()))
+        # Several optimizers stepped one after another (Muon for the matrices, AdamW for the rest) make
+        # one step of the loop: a step with no backward since the previous one joins its window.
+        joins = self.stepped and not self.backward_since_step
+        self.events.append(Event("opt_step", self.window - 1 if joins else self.window, dict(
+            optimizer=id(optimizer), lrs=[float(g["lr"]) for g in optimizer.param_groups], grad_norm=norm,
+            finite=finite, in_scaler=bool(self.in_scaler_step), joins=joins)))
 
     def opt_post(self, optimizer, args, kwargs):
-        self.window += 1
+        if self.backward_since_step or not self.stepped:
+            self.window += 1
+        self.stepped, self.backward_since_step = True, False
 
     # ------------------------------------------------------------------ patched callables
 
@@ -358,7 +585,7 @@ class _Recorder(TorchFunctionMode):
                 if held is None:
                     recorder.schedulers[id(scheduler)] = held = {
                         "name": type(scheduler).__name__, "snapshot": _snapshot(scheduler), "steps": 0,
-                        "ref": scheduler}
+                        "optimizer": id(getattr(scheduler, "optimizer", None)), "ref": scheduler}
                 held["steps"] += 1
                 recorder.event("sched_step", scheduler=id(scheduler), name=type(scheduler).__name__)
             recorder.sched_depth += 1
@@ -416,6 +643,7 @@ class _Recorder(TorchFunctionMode):
             setattr(owner, attr, make(original))
 
         handles = []
+        restore_forward = None
         try:
             clip_originals = {}
             for attr, how in (("clip_grad_norm_", "norm"), ("clip_grad_value_", "value"),
@@ -448,11 +676,23 @@ class _Recorder(TorchFunctionMode):
                         register_optimizer_step_post_hook(self.opt_post),
                         self.model.register_forward_pre_hook(self.forward_pre, with_kwargs=True),
                         self.model.register_forward_hook(self.forward_post, with_kwargs=True)]
+            # `model.forward(...)` called directly (The Annotated Transformer does) skips module hooks:
+            # the class's forward is wrapped too, recording only for this copy and only when no hook did.
+            cls = type(self.model)
+            own_forward = cls.__dict__.get("forward")
+            setattr(cls, "forward", self.direct_forward(cls.forward))
+            restore_forward = (cls, own_forward)
             with self:
                 yield
         finally:
             for handle in reversed(handles):
                 handle.remove()
+            if restore_forward is not None:
+                cls, own_forward = restore_forward
+                if own_forward is None:
+                    delattr(cls, "forward")
+                else:
+                    setattr(cls, "forward", own_forward)
             for owner, attr, original in reversed(patches):
                 if isinstance(owner, dict):
                     owner[attr] = original
@@ -491,93 +731,221 @@ def _snapshot(scheduler):
         return None
 
 
-def project_schedule(snapshot) -> Optional[list[float]]:
-    """The learning rate (max over param groups) at each optimizer step from the scheduler's start,
-    far enough to see its peak. None for schedulers that need a metric (ReduceLROnPlateau)."""
+def project_groups(snapshot) -> Optional[list[list[float]]]:
+    """The learning rate of each param group at each optimizer step from the scheduler's start, far
+    enough to see the peak. None for schedulers that need a metric (ReduceLROnPlateau)."""
     if snapshot is None or isinstance(snapshot, torch.optim.lr_scheduler.ReduceLROnPlateau):
         return None
     scheduler = copy.deepcopy(snapshot)
-    rates: list[float] = []
-    peak_at = 0
+    groups: list[list[float]] = [[] for _ in scheduler.optimizer.param_groups]
+    peak, peak_at, steps = -math.inf, 0, 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        while len(rates) < PROJECT_MAX_STEPS:
-            rates.append(max(float(g["lr"]) for g in scheduler.optimizer.param_groups))
-            if rates[-1] > rates[peak_at]:
-                peak_at = len(rates) - 1
-            if len(rates) >= PROJECT_MIN_STEPS and len(rates) > 2 * peak_at + 1:
+        while steps < PROJECT_MAX_STEPS:
+            for rates, group in zip(groups, scheduler.optimizer.param_groups):
+                rates.append(float(group["lr"]))
+            top = max(rates[-1] for rates in groups)
+            if top > peak:
+                peak, peak_at = top, steps
+            steps += 1
+            if steps >= PROJECT_MIN_STEPS and steps > 2 * peak_at + 1:
                 break
             scheduler.step()
-    return rates
+    return groups
 
 
-def _align(loss: dict, forward: dict) -> None:
-    """For each row the loss scored, the flat model position (b * T + t) whose logits it is, or -1.
+def project_schedule(snapshot) -> Optional[list[float]]:
+    """The learning rate (max over param groups) at each optimizer step from the scheduler's start."""
+    groups = project_groups(snapshot)
+    return [max(step) for step in zip(*groups)] if groups else None
 
-    Rows are matched by value: a random projection finds the nearest model row, which must then equal
-    the scored row to within rounding (casts such as .float() keep the values)."""
-    rows, logits = loss.pop("rows", None), forward.get("logits")
-    if rows is None or logits is None or logits.dim() != 3 or rows.shape[-1] != logits.shape[-1]:
-        return
-    reference = logits.float().reshape(-1, logits.shape[-1])
-    if loss["function"] == "nll_loss":  # it scores log-probabilities
-        reference = reference.log_softmax(-1)
-    rows = rows.float()
-    generator = torch.Generator(device=rows.device).manual_seed(0)
-    direction = torch.randn(rows.shape[-1], generator=generator, device=rows.device)
-    candidate = ((rows @ direction)[:, None] - (reference @ direction)[None, :]).abs().argmin(-1)
-    matched = reference[candidate]
-    finite = torch.isfinite(rows).all(-1) & torch.isfinite(matched).all(-1)
-    close = ((rows - matched).abs().amax(-1) <= 1e-3 * (1 + matched.abs().amax(-1))) & finite
-    loss["positions"] = torch.where(close, candidate, torch.full_like(candidate, -1)).cpu()
-    loss["logits_shape"] = list(logits.shape)
+
+# ------------------------------------------------------------------------------------------------
+# Isolation: the loop trains a copy, and the user's model must come out as it went in
+
+
+def _rebound(value, memo: dict, done: dict):
+    """`value` with what deepcopy copied replaced by its copy (memo: id(original) -> copy) and every
+    function in it rebuilt the same way. Functions are atomic to deepcopy, so a lambda attribute that
+    captured submodules (minGPT's `self.mlpf = lambda x: m.c_proj(...)`) still calls the original's.
+    Returns `value` itself when nothing in it had to change."""
+    copied = memo.get(id(value))
+    if copied is not None and copied is not value and value is not memo:
+        return copied
+    if isinstance(value, types.FunctionType):
+        return _rebound_function(value, memo, done)
+    if type(value) in (list, tuple):
+        items = [_rebound(v, memo, done) for v in value]
+        changed = any(a is not b for a, b in zip(items, value))
+        return type(value)(items) if changed else value
+    if type(value) is dict:
+        items = {k: _rebound(v, memo, done) for k, v in value.items()}
+        return items if any(items[k] is not value[k] for k in value) else value
+    return value
+
+
+def _rebound_function(fn: types.FunctionType, memo: dict, done: dict):
+    if id(fn) in done:
+        return done[id(fn)]
+    done[id(fn)] = fn  # a function that reaches itself keeps itself until it is rebuilt
+    cells = fn.__closure__ or ()
+    contents = []
+    for cell in cells:
+        try:
+            contents.append(cell.cell_contents)
+        except ValueError:  # an empty cell (a name not yet bound)
+            contents.append(cell)
+    mapped = [c if c is cell else _rebound(c, memo, done) for c, cell in zip(contents, cells)]
+    defaults = fn.__defaults__ or ()
+    new_defaults = tuple(_rebound(d, memo, done) for d in defaults)
+    kwdefaults = fn.__kwdefaults__ or {}
+    new_kwdefaults = {k: _rebound(v, memo, done) for k, v in kwdefaults.items()}
+    if (all(a is b for a, b in zip(mapped, contents)) and all(a is b for a, b in zip(new_defaults, defaults))
+            and all(new_kwdefaults[k] is v for k, v in kwdefaults.items())):
+        return fn
+    new_cells = tuple(cell if c is cell else types.CellType(c) for c, cell in zip(mapped, cells))
+    new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, new_defaults or None, new_cells or None)
+    new.__kwdefaults__ = new_kwdefaults or None
+    new.__dict__.update(fn.__dict__)
+    new.__qualname__, new.__doc__, new.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
+    done[id(fn)] = new
+    return new
+
+
+def isolated_copy(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
+    """copy.deepcopy(model), with the function attributes of its modules (and their hook tables)
+    rebuilt to call the copy's submodules. Returns the copy and the attributes rebuilt."""
+    memo: dict = {}
+    clone = copy.deepcopy(model, memo)
+    done: dict = {}
+    rebuilt = []
+    for name, module in clone.named_modules():
+        for attr, value in list(vars(module).items()):
+            if attr in ("_parameters", "_buffers", "_modules"):
+                continue
+            new = _rebound(value, memo, done)
+            if new is not value:
+                module.__dict__[attr] = new
+                rebuilt.append(f"{name}.{attr}" if name else attr)
+            elif isinstance(value, dict) and attr.startswith("_"):  # hook tables: rebuilt in place
+                for key, hook in list(value.items()):
+                    new_hook = _rebound(hook, memo, done)
+                    if new_hook is not hook:
+                        value[key] = new_hook
+                        rebuilt.append(f"{name}.{attr}" if name else attr)
+    return clone, sorted(set(rebuilt))
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal, NaN where NaN."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(((a == b) | (a.isnan() & b.isnan()) if a.is_floating_point() else (a == b)).all())
+
+
+@contextlib.contextmanager
+def guarded(model: torch.nn.Module) -> Iterator[list[str]]:
+    """Snapshot `model` (parameters, buffers, gradients, train/eval flags); on exit put back whatever
+    changed and list its names in the yielded list. The loop trains a copy, so normally nothing does;
+    a copy that still shares tensors with the original (a module reached through a closure that
+    could not be rebuilt) would otherwise leave the user's weights trained and gradients on them."""
+    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    with torch.no_grad():
+        saved = [(name, t, t.detach().clone(), t.grad,
+                  None if t.grad is None else t.grad.detach().clone()) for name, t in tensors]
+    flags = [(m, m.training) for m in model.modules()]
+    changed: list[str] = []
+    try:
+        yield changed
+    finally:
+        with torch.no_grad():
+            for name, t, value, grad, grad_value in saved:
+                moved = not _same(t.detach(), value)
+                if moved:
+                    t.copy_(value)
+                if isinstance(t, torch.nn.Parameter) and (t.grad is not grad or (
+                        grad is not None and not _same(grad, grad_value))):
+                    if grad is not None:
+                        grad.copy_(grad_value)
+                    t.grad = grad
+                    moved = True
+                if moved:
+                    changed.append(name)
+        for module, training in flags:
+            module.training = training
 
 
 def record_loop(subject: Subject, batches: list, advance: Callable[[int], None] = lambda n=1: None) -> Trace:
-    """Run the user's loop once on a deep copy of the model and return what it did.
+    """Run the user's loop once on a copy of the model and return what it did.
 
-    The user's exception, if the loop raises, propagates after every patch and hook is removed."""
-    model = copy.deepcopy(subject.model)
+    The user's exception, if the loop raises, propagates after every patch and hook is removed and
+    the user's model is put back as it was."""
+    model, rebuilt = isolated_copy(subject.model)
     for p in model.parameters():
         p.grad = None
-    recorder = _Recorder(model)
+    recorder = _Recorder(model, subject.vocab_size)
     recorder.advance = advance
     feed = _Feed(batches, recorder.on_batch)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with recorder.installed(subject.train), torch.enable_grad():
-            subject.train(model, feed)
-    return _finish(recorder, caught)
+    with guarded(subject.model) as restored:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with recorder.installed(subject.train), torch.enable_grad():
+                subject.train(model, feed)
+                recorder._manual_update()  # a manual update after the last backward
+    trace = _finish(recorder, caught)
+    trace.isolation = {"rebound": rebuilt, "restored": restored}
+    return trace
 
 
 def run_loop(subject: Subject, model: torch.nn.Module, batches: list,
-             advance: Callable[[int], None] = lambda n=1: None) -> None:
-    """Run the user's loop on `model` without recording (its warnings are swallowed)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with torch.enable_grad():
-            subject.train(model, _Feed(batches, lambda i: advance(1)))
+             advance: Callable[[int], None] = lambda n=1: None) -> list[str]:
+    """Run the user's loop on `model` (a copy: see `isolated_copy`) without recording; its warnings
+    are swallowed. Returns the names of the user's own tensors it still changed, which are put back."""
+    with guarded(subject.model) if model is not subject.model else contextlib.nullcontext([]) as restored:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.enable_grad():
+                subject.train(model, _Feed(batches, lambda i: advance(1)))
+    return restored
+
+
+def _composition(model: torch.nn.Module, optimizer) -> list[dict]:
+    """What each param group holds: embedding tables, weight matrices, vectors (norm gains, biases,
+    scalars), in elements, and a few names."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    names = {id(p): name for name, p in model.named_parameters()}
+    groups = []
+    for group in optimizer.param_groups:
+        held = {"embedding": 0, "matrix": 0, "vector": 0, "tensors": len(group["params"]), "names": []}
+        for p in group["params"]:
+            kind = "embedding" if id(p) in embeddings else "matrix" if p.dim() >= 2 else "vector"
+            held[kind] += p.numel()
+            if len(held["names"]) < 3 and id(p) in names:
+                held["names"].append(names[id(p)])
+        groups.append(held)
+    return groups
 
 
 def _finish(recorder: _Recorder, caught) -> Trace:
-    forwards = {e.data["index"]: e.data for e in recorder.events if e.kind == "forward"}
-    for event in recorder.events:
-        if event.kind == "loss":
-            forward = forwards.get(event.data["forward"])
-            if forward is not None:
-                _align(event.data, forward)
-            event.data.pop("rows", None)
-    for data in forwards.values():
-        data.pop("logits", None)
     optimizers = []
     for optimizer in recorder.optimizers.values():
         groups = [{k: _plain(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-        optimizers.append({"class": type(optimizer).__name__, "groups": groups})
-    schedules = [{"name": s["name"], "snapshot": s["snapshot"], "steps": s["steps"]}
+        optimizers.append({"class": type(optimizer).__name__, "id": id(optimizer), "groups": groups,
+                           "composition": _composition(recorder.model, optimizer)})
+    schedules = [{"name": s["name"], "snapshot": s["snapshot"], "steps": s["steps"], "optimizer": s["optimizer"]}
                  for s in recorder.schedulers.values()]
     messages = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
-    return Trace(recorder.events, recorder.batches_fed, optimizers, schedules, messages,
-                 sum(p.numel() for p in recorder.params))
+    names = recorder.names
+    trainable = recorder.params
+    coverage = {"with_grad": sum(id(p) in recorder.with_grad for p in trainable), "trainable": len(trainable),
+                "not_optimized": [names[id(p)] for p in trainable
+                                  if id(p) in recorder.with_grad and id(p) not in recorder.optimized],
+                "never_reached": [names[id(p)] for p in trainable
+                                  if id(p) in recorder.optimized and id(p) not in recorder.with_grad],
+                "optimizers": len(recorder.optimizers)}
+    trace = Trace(recorder.events, recorder.batches_fed, optimizers, schedules, messages,
+                  sum(p.numel() for p in recorder.params), recorder.scores, coverage)
+    return trace
 
 
 def _plain(value):
