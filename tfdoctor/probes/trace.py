@@ -79,6 +79,8 @@ HARD_TARGET_SHARE = 0.5
 # Manual updates: elements sampled per parameter tensor to see the weights change between backward
 # calls (every tensor with a gradient moves, so a few per tensor are plenty).
 SAMPLE_PER_TENSOR = 32
+# read_scores works in float64 on this many elements at a time (8 MB per temporary).
+READ_CHUNK_ELEMENTS = 1 << 20
 # Watched scored tensors kept for the "already watched?" search; older ones have been backpropagated.
 WATCHED_KEEP = 8
 
@@ -174,6 +176,19 @@ def _class_dim(func, tensor: torch.Tensor, args, kwargs) -> Optional[int]:
 
 
 def read_scores(values: torch.Tensor, grad: torch.Tensor) -> dict:
+    """What the gradient that reached scores [N, V] says about each row (see `_read_rows`), read a
+    few rows at a time so that a 50k vocabulary needs tens of MB, not GB."""
+    V = values.shape[-1]
+    step = max(1, READ_CHUNK_ELEMENTS // max(1, V))
+    parts = [_read_rows(values[i:i + step], grad[i:i + step]) for i in range(0, values.shape[0], step)]
+    if len(parts) == 1:
+        return parts[0]
+    merged = {k: torch.cat([part[k] for part in parts]) for k in parts[0] if k != "log_probs"}
+    merged["log_probs"] = all(part["log_probs"] for part in parts)
+    return merged
+
+
+def _read_rows(values: torch.Tensor, grad: torch.Tensor) -> dict:
     """What the gradient that reached scores [N, V] says about each row: the class it grades, its
     weight in the update and the model's loss on it, for any loss that backpropagates into them.
 
@@ -305,7 +320,7 @@ class _Recorder(TorchFunctionMode):
             return func(*args, **kwargs)
         if func is torch.Tensor.backward:
             return self._backward(func, args, kwargs)
-        if func in SCORE_FUNCTIONS and args and isinstance(args[0], torch.Tensor):
+        if func in SCORE_FUNCTIONS and isinstance(args[0] if args else kwargs.get("input"), torch.Tensor):
             self._scored(func, args, kwargs)
         name = LOSS_FUNCTIONS.get(func)
         if name is not None:
@@ -383,7 +398,7 @@ class _Recorder(TorchFunctionMode):
         """A softmax-family call over the vocabulary: its input holds scores the loss grades. Inside a
         forward it waits for the forward's end (the model's own output is preferred); outside, it is
         watched at once unless it is computed from a tensor already watched."""
-        tensor = args[0]
+        tensor = args[0] if args else kwargs["input"]
         if self.vocab is None or not tensor.is_floating_point() or not tensor.requires_grad:
             return
         dim = _class_dim(func, tensor, args, kwargs)
