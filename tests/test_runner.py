@@ -123,3 +123,74 @@ def test_assert_healthy_lists_failures():
     assert "fix:" in text
     report = assert_healthy(build_fixture("gpt_correct"), only=["future-leak", "init-loss"])
     assert report.exit_code() == 0
+
+
+def test_a_subject_wrapped_in_a_subject_keeps_the_inner_fields():
+    inner = build_fixture("seq2seq_correct")  # Subject(kind="seq2seq", pad_id=0)
+    report = run_checks(Subject(inner, seq_len=16), only=["init-loss"])
+    assert report["init-loss"].status.value == "pass"
+    from tfdoctor.runner import as_subject
+
+    merged = as_subject(Subject(inner, seq_len=16))
+    assert (merged.kind, merged.pad_id, merged.seq_len, merged.model) == ("seq2seq", 0, 16, inner.model)
+
+
+@pytest.mark.parametrize("field", ["seq_len", "batch_size", "vocab_size"])
+def test_zero_is_a_usage_error_not_the_default(field):
+    with pytest.raises(UsageError, match=f"{field} must be positive, got 0"):
+        run_checks(Subject(build_fixture("gpt_correct"), **{field: 0}), only=["init-loss"])
+
+
+def test_a_probe_length_beyond_the_models_positions_is_a_usage_error():
+    with pytest.raises(UsageError, match="longer than the model's 64 positions"):
+        run_checks(Subject(build_fixture("gpt_correct"), seq_len=100), only=["init-loss"])
+
+
+def test_ids_handed_to_the_forward_are_contiguous():
+    import sys
+
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "tests" / "targets"))
+    from bad_targets import views_its_ids
+
+    report = run_checks(views_its_ids(), only=["init-loss", "overfit-batch", "future-leak"])
+    assert not [r.message for r in report.results if r.status.value == "error"]
+
+
+class FlipsProcessSwitches(torch.nn.Module):
+    """A forward that flips every process-wide switch it can reach, as user code sometimes does."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = build_fixture("gpt_correct")
+
+    def forward(self, ids):
+        import numpy
+
+        numpy.random.rand(3)
+        torch.set_default_dtype(torch.float64)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.set_anomaly_enabled(True)
+        torch.set_float32_matmul_precision("medium")
+        torch.backends.mkldnn.enabled = False
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        return self.inner(ids)
+
+
+def test_process_wide_switches_come_back_after_every_check():
+    numpy = pytest.importorskip("numpy")
+    numpy.random.seed(5)
+    expected_numpy = numpy.random.rand()
+    numpy.random.seed(5)
+    before = (torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(), torch.is_anomaly_enabled(),
+              torch.get_float32_matmul_precision(), torch.backends.mkldnn.enabled, torch.backends.cudnn.benchmark,
+              torch.backends.cuda.matmul.allow_tf32)
+    report = run_checks(FlipsProcessSwitches(), only=["future-leak", "init-loss"])
+    after = (torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(), torch.is_anomaly_enabled(),
+             torch.get_float32_matmul_precision(), torch.backends.mkldnn.enabled, torch.backends.cudnn.benchmark,
+             torch.backends.cuda.matmul.allow_tf32)
+    assert after == before
+    assert numpy.random.rand() == expected_numpy
+    assert report["init-loss"].status.value == "pass"

@@ -122,3 +122,29 @@ def test_usage_errors_before_anything_runs(args, expected):
     assert done.returncode == 2
     assert expected in one_line(done)
     assert time.monotonic() - started < 20
+
+
+@pytest.mark.parametrize("target, expected", [
+    ("complex_logits", "the model returns complex64 logits, and cross-entropy needs real ones"),
+    ("integer_logits", "the model returns int64 logits (ids or a decision"),
+    ("bool_logits", "the model returns bool logits"),
+    ("nan_logits", "the model's logits are NaN or Inf on random tokens"),
+    ("vocab_1", "a vocabulary of 1 token leaves nothing to predict"),
+    ("on_meta", "the model is on the meta device"),
+])
+def test_logits_no_check_could_judge_get_one_named_diagnosis(target, expected):
+    done = run("check", f"{HOSTILE}:{target}", *QUICK)
+    assert done.returncode == 2
+    assert expected in one_line(done)
+
+
+def test_meta_device_flag_is_one_line():
+    done = run("check", "fixtures/gpt_correct.py:build", "--device", "meta", *QUICK)
+    assert done.returncode == 2 and "the model is on the meta device" in one_line(done)
+
+
+def test_a_float64_default_dtype_does_not_break_the_loop_audits():
+    done = run("check", f"{HOSTILE}:float64_default", "--train", "fixtures/loops/correct.py:train",
+               "--only", "zero-grad,accumulation-scaling,grad-health", "--format", "json")
+    report = json.loads(done.stdout)
+    assert report["summary"]["error"] == 0, report

@@ -48,7 +48,9 @@ def run_checks(subject_or_model, only=None, skip=None, *, seed: int = 0, target:
     specs = select(only, skip)
     ctx = RunContext(seed=seed, progress=progress or _no_progress, options=dict(options or {}))
     with running(ctx), preserved_process_state():
-        subject = resolve(as_subject(subject_or_model, **fields))  # its test forward draws random ids
+        subject = as_subject(subject_or_model, **fields)
+        _refuse_meta(subject.model)
+        subject = resolve(subject)  # its test forward draws random ids
         report = Report(target or type(subject.model).__name__)
         if sum(p.numel() for p in subject.model.parameters()) <= SINGLE_THREAD_MAX_PARAMS:
             torch.set_num_threads(1)
@@ -64,6 +66,17 @@ def run_checks(subject_or_model, only=None, skip=None, *, seed: int = 0, target:
                     module.training = flag
             report.results.append(result)
     return report
+
+
+def _refuse_meta(model) -> None:
+    """Meta tensors have shapes but no values: every probe reads values."""
+    from tfdoctor.errors import SubjectError
+
+    tensors = list(getattr(model, "parameters", lambda: [])()) + list(getattr(model, "buffers", lambda: [])())
+    if any(getattr(t, "is_meta", False) for t in tensors):
+        raise SubjectError("the model is on the meta device (shapes without values), so it cannot be run",
+                           "build it on a real device (cpu, cuda); `tfdoctor memory TARGET` traces meta-sized "
+                           "models without allocating them")
 
 
 def _applies(spec: CheckSpec, subject: Subject) -> str | None:

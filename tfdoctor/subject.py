@@ -88,6 +88,18 @@ def max_positions_of(model) -> Optional[int]:
             value = getattr(holder, attr, None)
             if isinstance(value, int) and value > 0:
                 return value
+    return _position_table_size(model)
+
+
+def _position_table_size(model) -> Optional[int]:
+    """A hand-written GPT often says its context length only through its learned position table
+    (nanoGPT's `wpe`, `pos_emb`, `position_embedding`): the rows of the first such nn.Embedding."""
+    import torch.nn as nn
+
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1].lower()
+        if isinstance(module, nn.Embedding) and (leaf == "wpe" or "pos" in leaf):
+            return module.num_embeddings
     return None
 
 
@@ -186,6 +198,9 @@ def call(subject: Subject, *ids):
 
 def _logits(subject: Subject, *ids):
     model = subject.model
+    # Probes slice their ids (ids[:, :-1]); a user's forward may call .view on them, which needs
+    # contiguous memory, as the batches of a real data loader always are.
+    ids = tuple(t.contiguous() if hasattr(t, "contiguous") else t for t in ids)
     if subject.forward is not None:
         return extract_logits(subject.forward(model, *ids))
     if is_hugging_face(model):
@@ -252,14 +267,24 @@ def resolve(subject: Subject) -> Subject:
         pad_id = default if pad_id is None else pad_id
     padding_side = subject.padding_side or tokenizer_padding_side(subject.tokenizer)
 
+    for name in ("vocab_size", "seq_len", "batch_size"):  # 0 is a value given, not "use the default"
+        value = getattr(subject, name)
+        if value is not None and value < 1:
+            raise UsageError(f"{name} must be positive, got {value}")
     vocab = subject.vocab_size or vocab_size_of(subject.model)
     if not vocab:
         raise SubjectError("cannot tell the vocabulary size: no config.vocab_size and no nn.Embedding",
                            "pass --vocab N or Subject(vocab_size=N)")
+    if vocab < 2:
+        raise UsageError(f"a vocabulary of {vocab} token leaves nothing to predict and no token to swap",
+                         "pass the model's real --vocab (at least 2)")
     max_positions = max_positions_of(subject.model)
     seq_len = subject.seq_len or DEFAULT_SEQ_LEN
     if subject.seq_len is None and max_positions:
         seq_len = min(seq_len, max_positions)
+    elif max_positions and seq_len > max_positions:
+        raise UsageError(f"seq_len {seq_len} (--seq-len) is longer than the model's {max_positions} positions",
+                         f"pass --seq-len {max_positions} or less")
     batch = subject.batch_size or DEFAULT_BATCH_SIZE
     for name, value in (("vocab_size", vocab), ("seq_len", seq_len), ("batch_size", batch)):
         if value < 1:
@@ -313,7 +338,30 @@ def _preflight(subject: Subject) -> tuple:
             f"output shape [B, T, V] = [{B}, {T}, {subject.vocab_size}] expected but got {list(shape)}",
             "return logits over the vocabulary for every position, or pass the right --vocab",
         )
+    _refuse_unusable_logits(logits)
     return ids, logits
+
+
+def _refuse_unusable_logits(logits) -> None:
+    """Logits every check would misjudge: named here once, instead of a crash panel (or a verdict
+    about dropout) in each check."""
+    import torch
+
+    dtype = str(logits.dtype).replace("torch.", "")
+    if logits.is_complex():
+        raise SubjectError(f"the model returns {dtype} logits, and cross-entropy needs real ones",
+                           "return the real-valued scores over the vocabulary (e.g. logits.real, or fix the head)")
+    if not logits.is_floating_point():
+        raise SubjectError(f"the model returns {dtype} logits (ids or a decision, not scores over the vocabulary)",
+                           "return the floating-point logits the loss is computed on, before any argmax")
+    # -inf on some entries is a legitimate "never this token"; NaN, +inf or a row of -inf is not.
+    unusable = torch.isnan(logits) | torch.isposinf(logits) | torch.isneginf(logits).all(-1, keepdim=True)
+    if bool(unusable.any()):
+        bad = int(unusable.expand_as(logits).sum())
+        raise SubjectError(f"the model's logits are NaN or Inf on random tokens ({bad} of {logits.numel()} "
+                           "values), so no check can judge them",
+                           "find the first non-finite activation with torch.autograd.set_detect_anomaly(True) "
+                           "or forward hooks; a float('-inf') mask over a whole row is a common cause")
 
 
 def _agree(a, b) -> bool:

@@ -25,3 +25,19 @@ def wrong_shape():
 
 
 NOT_CALLABLE = 42
+
+
+class ViewsItsIds(torch.nn.Module):
+    """Correct, but calls .view on its ids, which needs contiguous memory (as a real batch has)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 10)
+
+    def forward(self, ids):
+        B, T = ids.shape
+        return self.emb(ids.view(B * T)).view(B, T, 10)
+
+
+def views_its_ids():
+    return ViewsItsIds()

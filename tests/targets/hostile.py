@@ -97,3 +97,108 @@ def chatty_train(model, batches):
         optimizer.step()
         optimizer.zero_grad()
         print(f"step {step} loss {loss.item():.3f}")
+
+
+class GradOff(nn.Module):
+    """A forward that turns autograd off for the whole process and leaves it off."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = correct_gpt()
+
+    def forward(self, ids):
+        torch.set_grad_enabled(False)
+        return self.inner(ids)
+
+
+def grad_off():
+    return GradOff()
+
+
+class OddLogits(nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.inner = correct_gpt()
+        self.kind = kind
+
+    def forward(self, ids):
+        logits = self.inner(ids)
+        if self.kind == "complex":
+            return torch.complex(logits, logits)
+        if self.kind == "int":
+            return logits.long()
+        if self.kind == "bool":
+            return logits > 0
+        if self.kind == "detached":
+            return logits.detach()
+        return torch.full_like(logits, float("nan"))
+
+
+def complex_logits():
+    return OddLogits("complex")
+
+
+def integer_logits():
+    return OddLogits("int")
+
+
+def bool_logits():
+    return OddLogits("bool")
+
+
+def detached_logits():
+    return OddLogits("detached")
+
+
+def nan_logits():
+    return OddLogits("nan")
+
+
+class TinyVocab(nn.Module):
+    def __init__(self, vocab):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, 16)
+        self.head = nn.Linear(16, vocab)
+
+    def forward(self, ids):
+        return self.head(self.emb(ids).cumsum(1))
+
+
+def vocab_1():
+    return TinyVocab(1)
+
+
+def vocab_2():
+    return TinyVocab(2)
+
+
+def on_meta():
+    with torch.device("meta"):
+        return correct_gpt()
+
+
+def float64_default():
+    torch.set_default_dtype(torch.float64)
+    model = correct_gpt()
+    return model.float()  # float32 weights, float64 default dtype for everything created later
+
+
+class HugeVocab(nn.Module):
+    """A 500k-token vocabulary on an 8-wide model: the logits dwarf everything else."""
+
+    def __init__(self, vocab=500_000, width=8):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, width)
+        self.mix = nn.Linear(width, width)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        T = ids.shape[1]
+        causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=ids.device))
+        weights = torch.zeros(T, T, device=ids.device).masked_fill(~causal, float("-inf")).softmax(-1)
+        return self.head(self.mix(weights @ x))
+
+
+def huge_vocab():
+    return HugeVocab()

@@ -40,6 +40,9 @@ NO_DEPENDENCY, PAST_DEPENDENCY, FUTURE_DEPENDENCY = 0, 1, 2
 def finite_scale(tensor: torch.Tensor) -> float:
     """Largest |value| among the finite entries (0 when none is): NaN outputs must not poison the
     tolerance that other positions are judged by."""
+    largest = float(tensor.abs().max()) if tensor.numel() else 0.0
+    if math.isfinite(largest):  # the common case, without copying the finite entries out
+        return largest
     finite = tensor[torch.isfinite(tensor)]
     return float(finite.abs().max()) if finite.numel() else 0.0
 
@@ -124,9 +127,9 @@ def dependency_map(forward, base: torch.Tensor, vocab_size: int, pad_id: int | N
             logits = forward(torch.cat([base[None]] * twins + [rows])).float()
             forwards += 1
             reference, changed = logits[0], logits[twins:]
-            if twins == 2:
+            if twins == 2:  # the base row is the same in every chunk: its scale is measured once
                 noise = float(torch.nan_to_num((logits[1] - reference).abs(), nan=float("inf")).max())
-            scale = max(scale, finite_scale(reference))
+                scale = finite_scale(reference)
             delta[start:start + rows.shape[0]] = (changed - reference).abs().amax(dim=-1).cpu()
     delta = delta.T.contiguous()  # now delta[i, j]
     delta = torch.nan_to_num(delta, nan=float("inf"))

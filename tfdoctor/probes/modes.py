@@ -71,7 +71,7 @@ def preserved_process_state() -> Iterator[None]:
     cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     threads = torch.get_num_threads()
     grad_enabled = torch.is_grad_enabled()
-    switches = [(setter, _read(getter)) for _, getter, setter in _SWITCHES]
+    switches = [(getter, setter, _read(getter)) for _, getter, setter in _SWITCHES]
     try:
         yield
     finally:
@@ -84,8 +84,9 @@ def preserved_process_state() -> Iterator[None]:
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
         torch.set_grad_enabled(grad_enabled)
-        for setter, value in switches:
-            if value is not _UNREADABLE:
+        for getter, setter, value in switches:
+            # Set only what changed: use_deterministic_algorithms imports torch._dynamo (seconds).
+            if value is not _UNREADABLE and _read(getter) != value:
                 setter(value)
 
 
