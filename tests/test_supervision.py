@@ -148,3 +148,13 @@ def test_a_float64_default_dtype_does_not_break_the_loop_audits():
                "--only", "zero-grad,accumulation-scaling,grad-health", "--format", "json")
     report = json.loads(done.stdout)
     assert report["summary"]["error"] == 0, report
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["check", f"{HOSTILE}:sleeps", "--batch", str(10 ** 12)], "--batch must be at most 4,096"),
+    (["check", f"{HOSTILE}:sleeps", "--budget", "1" + "0" * 400 + "GiB"], "is beyond any machine's memory"),
+    (["memory", "--batch", "1", "--seq", "8", "--budget", "1" + "0" * 400 + "GiB"], "is beyond any machine's memory"),
+])
+def test_huge_numbers_name_their_flag(args, expected):
+    done = run(*args)
+    assert done.returncode == 2 and expected in one_line(done)

@@ -53,9 +53,16 @@ def _fail_usage(error: TfdoctorError) -> None:
     raise typer.Exit(ExitCode.USAGE_ERROR)
 
 
-def _positive(name: str, value: Optional[int], minimum: int = 1) -> None:
+def _positive(name: str, value: Optional[int], minimum: int = 1, maximum: Optional[int] = None) -> None:
     if value is not None and value < minimum:
         raise UsageError(f"{name} must be at least {minimum}, got {value}")
+    if value is not None and maximum is not None and value > maximum:
+        raise UsageError(f"{name} must be at most {maximum:,}, got {value:,}")
+
+
+# Probe sizes beyond these are typos, not probes: the checks need a few rows of a few dozen tokens.
+MAX_PROBE_BATCH = 4096
+MAX_PROBE_SEQ = 1 << 16
 
 
 def _show_version(value: bool) -> None:
@@ -105,8 +112,8 @@ def check(
     """Run the battery of checks on a model factory and report what is wrong."""
     try:
         _positive("--vocab", vocab)
-        _positive("--seq-len", seq_len, 2)
-        _positive("--batch", batch)
+        _positive("--seq-len", seq_len, 2, MAX_PROBE_SEQ)
+        _positive("--batch", batch, 1, MAX_PROBE_BATCH)
         _positive("--pad-id", pad_id, 0)
         _positive("--train-batch", train_batch)
         _positive("--train-seq", train_seq)

@@ -14,6 +14,7 @@ _UNITS = {
     "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
     "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40,
 }
+MAX_SIZE = 2.0 ** 70  # 1 ZiB: no budget is larger, and the float arithmetic stays exact enough
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*$")
 
 
@@ -23,7 +24,11 @@ def parse_size(text: str) -> int:
     unit = match.group(2).upper() if match else ""
     if match is None or unit not in _UNITS:
         raise UsageError(f"cannot read {text!r} as a size", "write it like 24GiB, 80GB or 512MiB")
-    nbytes = int(float(match.group(1)) * _UNITS[unit])
+    value = float(match.group(1)) * _UNITS[unit]
+    if not value < MAX_SIZE:  # also catches a 400-digit number, which float() makes infinite
+        shown = text if len(text) <= 24 else f"{text[:12]}...{text[-6:]} ({len(text)} characters)"
+        raise UsageError(f"size {shown} is beyond any machine's memory", "write it like 24GiB, 80GB or 512MiB")
+    nbytes = int(value)
     if nbytes <= 0:
         raise UsageError(f"size {text!r} must be positive")
     return nbytes
