@@ -75,3 +75,19 @@ def test_help_does_not_import_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "--budget" in done.stdout
+
+
+FIXTURE = "fixtures/gpt_correct.py:build"
+
+
+def test_traced_batch_one_reports_a_computed_largest_batch():
+    """Issue 8 item 2: batch 1 printed the placeholder 1,048,576 as the largest batch that fits."""
+    rich = tfdoctor("memory", FIXTURE, "--batch", "1", "--seq", "64", "--budget", "64MiB")
+    assert rich.returncode == 0, rich.stderr
+    text = " ".join(rich.stdout.split())  # Rich wraps at the terminal width
+    assert "1,048,576" not in text and "largest batch that fits" in text
+    done = tfdoctor("memory", FIXTURE, "--batch", "1", "--seq", "64", "--budget", "64MiB", "--format", "json")
+    data = json.loads(done.stdout)
+    assert 1 < data["largest_batch_that_fits"] < 1 << 20
+    assert data["largest_seq_that_fits"] == 64  # the fixture's positions
+    assert data["remedies"] and all(r["change"].endswith("(derived)") for r in data["remedies"])

@@ -5,7 +5,7 @@ Torch is imported inside the check, so `tfdoctor checks` stays torch-free.
 
 from __future__ import annotations
 
-from tfdoctor.context import current
+from tfdoctor.context import current, progress
 from tfdoctor.registry import check
 from tfdoctor.result import Result
 
@@ -31,8 +31,8 @@ def memory(subject) -> Result:
 
     budget, source = resolve_budget(options.get("budget"))
     target = type(subject.model).__name__
-    # The remedies are traced only when one is needed, on top of the one trace of the step.
-    verdict = judge_traced(subject, target, batch, seq, budget, source, remedies_if_fits=False)
+    # The remedies are derived from the one trace of the step, and only when one is needed.
+    verdict = judge_traced(subject, target, batch, seq, budget, source, remedies_if_fits=False, progress=progress)
     trace = verdict.traced
     details = {
         "peak_bytes": verdict.peak_bytes, "budget_bytes": budget, "budget_source": source, "fits": verdict.fits,
@@ -59,7 +59,9 @@ def memory(subject) -> Result:
                 "(see `tfdoctor memory`), and where the weights, gradients and optimizer states alone exceed "
                 "the budget, shard them (ZeRO/FSDP) or use a device with more memory")
     else:
-        hint = (f"no single remedy fits; the largest sequence that fits is {verdict.largest_seq}, the largest batch "
-                f"{verdict.largest_batch}; combine remedies (see `tfdoctor memory`)")
+        known = [f"the largest {what} that fits is {value}" for what, value in
+                 (("sequence", verdict.largest_seq), ("batch", verdict.largest_batch)) if value is not None]
+        hint = "no single remedy fits; " + ", ".join(known) + ("; " if known else "") + \
+            "combine remedies (see `tfdoctor memory`)"
     return Result.failed(f"{seen}: out of memory by {format_bytes(verdict.peak_bytes - budget)}; "
                          "the process would be killed with exit code 137", hint, details)

@@ -10,16 +10,35 @@ The step is the steady-state step the analytic mode models: optimizer states alr
 forward, cross-entropy on float32 logits, backward, optimizer step, zero_grad(set_to_none=True),
 with `logits` and `loss` held by the caller until the step returns.
 
+The remedies are derived from that one trace (torch.profiler's "record once, analyse many ways"):
+each storage is tagged, when it is made, with how its size would change under each remedy, and the
+counter keeps the live bytes of every tag after each op. A remedy's peak is then the largest value,
+over the step, of the live bytes recomputed with the remedy's arithmetic:
+
+- batch size: a storage is per-sample when it is computed from the token ids (or leads with the
+  batch dimension); per-sample bytes scale with the batch, the rest (weights, gradients, optimizer
+  states, shared masks and position tables) stays. Gradient accumulation and the largest batch.
+- sequence length: the storage's shape says whether it grows with T (one axis of length T, or B*T
+  flattened) or with T^2 (a trailing [T, T] pair: attention scores, causal masks). Shorter
+  sequences and the largest length. Where T coincides with the head size the shape cannot tell
+  [.., T, hs] from [.., T, T] apart, and the lengths are traced again instead.
+- mixed precision: each storage's dtype under CPU autocast (torch's lower-precision op list, type
+  promotion elsewhere, a 16-bit copy of each weight a matmul reads, the float32 upcast of logits).
+- activation checkpointing: what each top-level block (a child of an nn.ModuleList) made in its
+  forward and still holds is dropped outside that block's own forward and backward, and that
+  block's forward is counted again at the start of its backward (the recomputation).
+
 Imports torch; the analytic mode never imports this module.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn as nn
@@ -29,6 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from tfdoctor.errors import SubjectError, UsageError
+from tfdoctor.memory import derive
 
 PHASES = ("setup", "forward", "loss", "backward", "optimizer")
 # What is alive at the peak, by the phase that created it (see TraceResult.peak_breakdown).
@@ -42,6 +62,57 @@ _ORIGIN_NAMES = {
 }
 _NODE_KEY = "tfdoctor.module"  # where a forward op's autograd node remembers its module
 LARGEST_KEPT = 6
+
+# The aten ops CPU autocast runs in 16 bits: torch's lower_precision_fp list for the CPU
+# (aten/src/ATen/autocast_mode.cpp), as our dispatch mode sees it: linear, matmul and
+# scaled_dot_product_attention arrive decomposed into mm/addmm/bmm and the CPU attention kernel.
+# Their backward kernels run in 16 bits too, their inputs being 16-bit.
+_LOWER_PRECISION = frozenset({
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "linalg_vecdot", "prelu",
+    "convolution", "_convolution", "conv_tbc", "convolution_backward", "_native_multi_head_attention",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
+})
+# Norms whose first output keeps the input's dtype even with float32 weights (their statistics
+# stay float32), where type promotion would say float32.
+_FOLLOWS_INPUT = frozenset({
+    "native_layer_norm", "native_layer_norm_backward", "native_group_norm", "native_group_norm_backward",
+    "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
+    "native_batch_norm_backward", "_fused_rms_norm", "_fused_rms_norm_backward",
+})
+# Batched matmuls (attention's, over B x heads): one that pairs two [.., T, T]-shaped operands through
+# a contraction of length T says the head size equals T, and then the shape of q @ k^T cannot be told
+# from that of its scores. (2-D matmuls are linear layers: [B*T, C] @ [C, C'] with C = T is no sign.)
+_BATCHED_CONTRACTIONS = frozenset({"bmm", "baddbmm"})
+# 2-D matrix products: per-sample only if the tokens survive (see LiveBytes._keeps_the_batch).
+_MATRIX_PRODUCTS = frozenset({"mm", "addmm"})
+_ATTENTION_PREFIX = "_scaled_dot_product"
+
+
+@dataclass
+class Derivation:
+    """What the one trace recorded to derive the remedies without tracing them (see derive.py).
+
+    points: after each op, live bytes by tag: index 3*s + p, s = 1 for per-sample storages (scale
+    with the batch), p = 0, 1, 2 the power of the sequence length they grow with.
+    """
+
+    batch: int
+    seq: int
+    points: list[tuple[int, ...]]
+    mixed_peak: Optional[int]  # the step's peak under bf16 autocast; None when already autocast
+    checkpoint_peak: Optional[int]  # under checkpointing of each top-level block; None without blocks
+    blocks: int
+    seq_ambiguous: str = ""  # why the shapes cannot tell T apart ("" when they can)
+
+    def peak_at(self, batch: int, seq: int) -> int:
+        return derive.peak_at(self.points, self.batch, self.seq, batch, seq)
+
+    def summary(self) -> dict[str, Any]:
+        return {"points": len(self.points), "blocks": self.blocks, "seq_ambiguous": self.seq_ambiguous,
+                "mixed_precision_peak_bytes": self.mixed_peak, "checkpointing_peak_bytes": self.checkpoint_peak}
 
 
 @dataclass
@@ -67,6 +138,7 @@ class TraceResult:
     batch: int = 0
     seq: int = 0
     notes: list[str] = field(default_factory=list)
+    derivation: Optional[Derivation] = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -79,7 +151,31 @@ class TraceResult:
             "kept_by_module": [{"module": m, "bytes": b} for m, b in self.kept_by_module],
             "largest_tensors": list(self.largest), "ops": self.ops, "seconds": round(self.seconds, 3),
             "batch": self.batch, "seq": self.seq, "notes": list(self.notes),
+            "derivation": self.derivation.summary() if self.derivation else None,
         }
+
+
+class _Storage:
+    """One live storage and its tags (see the module docstring)."""
+
+    __slots__ = ("nbytes", "origin", "module", "sample", "power", "low_dtype", "low_bytes", "block", "saved")
+
+    def __init__(self, nbytes: int, origin: str, module: str) -> None:
+        self.nbytes, self.origin, self.module = nbytes, origin, module
+        self.sample = False  # per-sample: scales with the batch
+        self.power = 0  # grows with T ** power
+        self.low_dtype = False  # would be 16-bit under autocast (for type promotion)
+        self.low_bytes = False  # counted at half its bytes under autocast (its 16-bit copy is what is kept)
+        self.block = -1  # the top-level block whose forward made it (not its output); -1: none
+        self.saved = False  # saved for backward: what checkpointing drops and recomputes
+
+    @property
+    def group(self) -> int:
+        return 3 * self.sample + self.power
+
+    @property
+    def mixed_bytes(self) -> int:
+        return self.nbytes // 2 if self.low_bytes else self.nbytes
 
 
 class LiveBytes(TorchDispatchMode):
@@ -87,12 +183,14 @@ class LiveBytes(TorchDispatchMode):
 
     A storage is counted once however many views share it, and uncounted by a weakref finalizer the
     moment it is freed (torch keeps one Python object per live storage, so the finalizer fires
-    exactly when the memory would be released).
+    exactly when the memory would be released). Each storage carries the tags the remedies are
+    derived from, and every running sum is kept per tag.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, batch: int = 0, seq: int = 0, mixed: bool = False,
+                 blocks: Optional[dict[str, int]] = None) -> None:
         super().__init__()
-        self.live: dict[int, tuple[int, str, str]] = {}  # storage id -> (bytes, origin, module)
+        self.live: dict[int, _Storage] = {}  # storage id -> its entry
         self.by_origin: dict[str, int] = {}
         self.now = 0
         self.peak = 0
@@ -105,33 +203,89 @@ class LiveBytes(TorchDispatchMode):
         self.largest: dict[tuple, dict[str, Any]] = {}
         self.params: list[torch.Tensor] = []
         self.kept: list[tuple[str, int]] = []
-        self.seq = 0  # an allocation whose last two dims are [seq, seq] is an attention score tensor
-        self.scores_bytes = 0
+        self.batch, self.seq = batch, seq
+        self.scores_bytes = 0  # an allocation whose last two dims are [seq, seq] is an attention score tensor
         self.logits_bytes = 0
         self.ops = 0
+        # tags' running sums
+        self.groups = [0] * 6
+        self.points: list[tuple[int, ...]] = []
+        self.seq_ambiguous = "" if seq > 1 else "the sequence length is 1"
+        self.mixed = mixed  # derive the bf16 autocast peak
+        self.mixed_now = 0
+        self.mixed_extra = 0  # 16-bit weight copies and the float32 upcast of the logits
+        self.casts: dict[int, int] = {}  # parameter storage id -> bytes of its 16-bit copy
+        self.upcast: Optional[int] = None  # the logits' storage, read as float32 by the loss
+        self.mixed_peak = 0
+        self.attention_extra: Optional[int] = None  # inside F.scaled_dot_product_attention: its float32 copies
+        self.attention_fused = False
+        self.float32_nodes: set[int] = set()  # sequence numbers of the math attention's autograd nodes
+        self.block_of = blocks or {}  # module name -> index of its top-level block
+        self.made_by_block: dict[int, int] = {}  # block -> live bytes its forward made
+        self.saved_by_block: dict[int, int] = {}  # block -> of those, the bytes autograd saved for backward
+        self.saved_total = 0
+        self.forward_made_peak: dict[int, int] = {}
+        self.recomputed: set[int] = set()  # blocks whose backward has begun
+        self.checkpoint_peak = 0
 
     # -- counting ------------------------------------------------------------------------------
 
-    def add(self, tensor: torch.Tensor, origin: Optional[str] = None, op: str = "") -> None:
+    def _account(self, entry: _Storage, sign: int) -> None:
+        self.now += sign * entry.nbytes
+        self.by_origin[entry.origin] = self.by_origin.get(entry.origin, 0) + sign * entry.nbytes
+        self.groups[entry.group] += sign * entry.nbytes
+        self.mixed_now += sign * entry.mixed_bytes
+        if entry.block >= 0:
+            self.made_by_block[entry.block] = self.made_by_block.get(entry.block, 0) + sign * entry.nbytes
+            if entry.saved:
+                self.saved_by_block[entry.block] = self.saved_by_block.get(entry.block, 0) + sign * entry.nbytes
+                self.saved_total += sign * entry.nbytes
+
+    def retag(self, key: int, **tags) -> None:
+        entry = self.live.get(key)
+        if entry is None:
+            return
+        self._account(entry, -1)
+        for name, value in tags.items():
+            setattr(entry, name, value)
+        self._account(entry, +1)
+
+    def add(self, tensor: torch.Tensor, origin: Optional[str] = None, op: str = "",
+            sample: bool = False, low_dtype: bool = False, bound: Optional[int] = None) -> Optional[_Storage]:
         try:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse, nested: no single storage to count
-            return
+            return None
         key = storage._cdata
         if key in self.live:
-            return
+            return None
         nbytes = storage.nbytes()
         origin = origin or self.phase
         module = self.where()
-        self.live[key] = (nbytes, origin, module)
-        self.by_origin[origin] = self.by_origin.get(origin, 0) + nbytes
-        self.now += nbytes
+        entry = _Storage(nbytes, origin, module)
+        if origin not in ("parameters", "setup", "optimizer"):
+            shape = tuple(tensor.shape)
+            if self.batch > 1:  # a reduction over the batch is no longer per-sample
+                sample = sample and tensor.numel() % self.batch == 0
+                # made inside the model from the batch size alone (a [B, 1, T, T] mask of ones)
+                sample = sample or (self.phase == "forward" and bool(shape) and shape[0] == self.batch)
+            entry.sample = sample
+            entry.power = seq_power(shape, self.batch, self.seq, sample)
+            if bound is not None and entry.power > bound:
+                entry.power = bound
+            if self.mixed and tensor.dtype == torch.float32:
+                entry.low_dtype = entry.low_bytes = low_dtype
+            if self.phase == "forward" and self.modules:
+                entry.block = self.block_of.get(self.modules[-1], -1)
+        self.live[key] = entry
+        self._account(entry, +1)
         finalizer = weakref.finalize(storage, self._drop, key)
         finalizer.atexit = False
         if op and nbytes >= 1 << 20:
             self._note_large(tensor, nbytes, op, module)
         if op and self.phase == "forward" and tensor.dim() >= 3 and tuple(tensor.shape[-2:]) == (self.seq, self.seq):
             self.scores_bytes = max(self.scores_bytes, nbytes)
+        return entry
 
     def where(self) -> str:
         """The module the current op belongs to: the forward stack, or in backward the module whose
@@ -144,8 +298,7 @@ class LiveBytes(TorchDispatchMode):
     def _drop(self, key: int) -> None:
         entry = self.live.pop(key, None)
         if entry is not None:
-            self.now -= entry[0]
-            self.by_origin[entry[1]] -= entry[0]
+            self._account(entry, -1)
 
     def _note_large(self, tensor, nbytes: int, op: str, module: str) -> None:
         shape = list(tensor.shape)
@@ -160,18 +313,227 @@ class LiveBytes(TorchDispatchMode):
             for drop in sorted(self.largest, key=lambda k: self.largest[k]["bytes"])[:LARGEST_KEPT]:
                 del self.largest[drop]
 
+    # -- the tags an op's inputs pass on ---------------------------------------------------------
+
+    def _entry(self, tensor: torch.Tensor) -> Optional[_Storage]:
+        try:
+            return self.live.get(tensor.untyped_storage()._cdata)
+        except (RuntimeError, NotImplementedError):
+            return None
+
+    def _is_low(self, tensor: torch.Tensor, entry: Optional[_Storage]) -> bool:
+        if entry is not None and tensor.dtype == torch.float32:
+            if self.upcast is not None and self.phase == "loss" and tensor.untyped_storage()._cdata == self.upcast:
+                return False  # the loss reads logits.float()
+            return entry.low_dtype
+        return tensor.dtype in (torch.bfloat16, torch.float16)
+
+    def _in_float32_attention(self) -> bool:
+        """Inside the CPU math attention, which computes in float32 whatever its inputs' dtype: its
+        forward ops, or in backward the autograd nodes it made."""
+        if self.phase == "forward":
+            return self.attention_extra is not None and not self.attention_fused
+        if self.phase == "backward" and self.float32_nodes:
+            node = torch._C._current_autograd_node()
+            return node is not None and node._sequence_nr() in self.float32_nodes
+        return False
+
+    def _would_be_low(self, op: str, kwargs, inputs, entries) -> list[bool]:
+        """Per output: would it be 16-bit under autocast?"""
+        if self._in_float32_attention():
+            return [False]
+        if op in _LOWER_PRECISION:
+            return [True]
+        floats = [(t, e) for t, e in zip(inputs, entries) if t.is_floating_point()]
+        if op in _FOLLOWS_INPUT:  # the forward input: the first operand, or in backward the second
+            index = 1 if op.endswith("_backward") else 0
+            return [len(floats) > index and self._is_low(*floats[index]), False]
+        if op == "_to_copy" and kwargs and kwargs.get("dtype") is not None:
+            return [False]  # an explicit dtype
+        # type promotion: dimensioned tensors decide; zero-dim ones only when there are no others
+        ranked = [(t, e) for t, e in floats if t.dim() > 0] or floats
+        return [bool(ranked) and all(self._is_low(t, e) for t, e in ranked)]
+
+    @staticmethod
+    def _keeps_the_batch(a, entry_a, b, entry_b) -> bool:
+        """a @ b keeps the tokens of a per-sample operand as its rows (a: [B*T, C] row-major) or columns
+        (b transposed); contracting over them (a weight's gradient, x^T @ grad) sums the batch away."""
+        if a.dim() != 2 or b.dim() != 2:
+            return True
+        rows = entry_a is not None and entry_a.sample and a.stride(0) >= a.stride(1)
+        columns = entry_b is not None and entry_b.sample and b.stride(1) > b.stride(0)
+        return rows or columns
+
+    def _check_ambiguity(self, op: str, inputs) -> None:
+        T = self.seq
+        if op in _BATCHED_CONTRACTIONS and len(inputs) >= 2:
+            a, b = inputs[-2], inputs[-1]
+            if a.dim() >= 2 and b.dim() >= 2 and a.shape[-1] == T and a.shape[-2] == T and b.shape[-1] == T:
+                self.seq_ambiguous = f"the sequence length {T} equals the head size"
+        elif op.startswith(_ATTENTION_PREFIX) and inputs and inputs[0].dim() >= 2 and inputs[0].shape[-1] == T:
+            self.seq_ambiguous = f"the sequence length {T} equals the head size"
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self.ops += 1
         op = str(func.overloadpacket.__name__) if hasattr(func, "overloadpacket") else str(func)
-        for leaf in tree_leaves(out):
+        if self.phase in ("setup", "optimizer"):  # weights, states and gradients: nothing to tag
+            for leaf in tree_leaves(out):
+                if isinstance(leaf, torch.Tensor):
+                    self.add(leaf, op=op)
+            self._sample(op)
+            return out
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        entries = [self._entry(t) for t in inputs]
+        if self.attention_extra is not None and op.startswith(_ATTENTION_PREFIX):
+            self.attention_fused = True  # a fused kernel: no float32 copies after all
+            self.mixed_extra -= self.attention_extra
+            self.attention_extra = 0
+        sample = any(e is not None and e.sample for e in entries)
+        summed_tokens = False  # a matrix product over the tokens: x^T @ grad, a weight's gradient
+        if sample and op in _MATRIX_PRODUCTS and len(inputs) >= 2:
+            sample = self._keeps_the_batch(inputs[-2], entries[-2], inputs[-1], entries[-1])
+            summed_tokens = not sample
+        low = self._would_be_low(op, kwargs, inputs, entries) if self.mixed else [False]
+        if not self.seq_ambiguous:
+            self._check_ambiguity(op, inputs)
+        summed = ({tuple(t.shape[1:]) for t, e in zip(inputs, entries)
+                   if e is not None and e.sample and t.dim() >= 2 and t.shape[0] == self.batch} if sample else ())
+        # An op multiplies lengths only by pairing its operands (q @ k^T, a broadcast outer product):
+        # its output grows with T at most as fast as its inputs together (an embedding lookup of
+        # positions is [T, C] even where C = T). Factories decide by their shape alone.
+        bound = (sum(e.power for e in entries if e is not None) if entries and not op.startswith("new_")
+                 else None)
+        if summed_tokens:  # both operands lose their token axis to the contraction
+            bound = max(0, sum(e.power for e in entries[-2:] if e is not None) - 2)
+        for i, leaf in enumerate(tree_leaves(out)):
             if isinstance(leaf, torch.Tensor):
-                self.add(leaf, op=op)
-        if self.now > self.phase_peaks.get(self.phase, 0):
-            self.phase_peaks[self.phase] = self.now
-        if self.now > self.peak:
-            self._new_peak(op)
+                # a sum over the batch axis (autograd's sum_to_size for a broadcast [T, C] position
+                # embedding) is shared by the batch: [B, T, C] -> [T, C], or [1, T, C] for B > 1
+                shape = tuple(leaf.shape)
+                shared = bool(summed) and (shape in summed or (
+                    self.batch > 1 and shape[:1] == (1,) and shape[1:] in summed))
+                self.add(leaf, op=op, sample=sample and not shared, low_dtype=low[min(i, len(low) - 1)],
+                         bound=bound)
+        if self.mixed and op in _LOWER_PRECISION and not self._in_float32_attention():
+            self._cast_inputs(inputs, entries)
+        self._sample(op)
         return out
+
+    def _cast_inputs(self, inputs, entries) -> None:
+        """Autocast casts a matmul's float32 operands to 16 bits: a weight once (cached for the
+        forward), an activation each time, and the 16-bit copy is what backward keeps."""
+        for tensor, entry in zip(inputs, entries):
+            if entry is None or tensor.dtype != torch.float32 or entry.low_dtype:
+                continue
+            key = tensor.untyped_storage()._cdata
+            if entry.origin == "parameters":
+                if self.phase == "forward" and key not in self.casts:
+                    self.casts[key] = entry.nbytes // 2
+                    self.mixed_extra += entry.nbytes // 2
+            elif not entry.low_bytes:
+                self.retag(key, low_bytes=True)
+
+    def attention(self, func, args, kwargs):
+        """F.scaled_dot_product_attention under the mixed-precision tags. Autocast hands it 16-bit
+        q, k, v; where the CPU takes its math path (dropout in training, an explicit mask), it copies
+        them to float32 and computes in float32 (saved tensors included), then casts the output back."""
+        qkv = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)][:3]
+        low = [t for t in qkv if t.is_floating_point() and self._is_low(t, self._entry(t))]
+        self.attention_extra, self.attention_fused = sum(t.numel() * 4 for t in low), False
+        self.mixed_extra += self.attention_extra
+        try:
+            out = func(*args, **(kwargs or {}))
+        finally:
+            self.mixed_extra -= self.attention_extra
+            math_path, self.attention_extra = not self.attention_fused and bool(low), None
+        if math_path and isinstance(out, torch.Tensor):
+            self.retag(out.untyped_storage()._cdata, low_dtype=True, low_bytes=True)  # the 16-bit output
+            self.float32_nodes |= _nodes_between(out, qkv)
+        return out
+
+    def upcast_logits(self, logits: torch.Tensor) -> None:
+        """Under autocast the logits are 16-bit and the loss's logits.float() makes a float32 copy."""
+        entry = self._entry(logits)
+        if self.mixed and entry is not None and entry.low_dtype:
+            self.upcast = logits.untyped_storage()._cdata
+            self.mixed_extra += logits.numel() * 4
+
+    def end_upcast(self, logits: torch.Tensor) -> None:
+        if self.upcast is not None:
+            self.upcast = None
+            self.mixed_extra -= logits.numel() * 4
+
+    def gradient_ready(self, param: torch.Tensor) -> None:
+        """A parameter's gradient is the weights' size: no batch, no sequence, float32 (the 16-bit
+        weight copy its matmuls kept goes with it)."""
+        if param.grad is not None:
+            self.retag(param.grad.untyped_storage()._cdata, sample=False, power=0, low_dtype=False,
+                       low_bytes=False, block=-1)
+        self.mixed_extra -= self.casts.pop(param.untyped_storage()._cdata, 0)
+
+    def mark_per_sample(self, *tensors: torch.Tensor) -> None:
+        for tensor in tensors:
+            self.retag(tensor.untyped_storage()._cdata, sample=True,
+                       power=seq_power(tuple(tensor.shape), self.batch, self.seq, True))
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        """saved_tensors_hooks: autograd saves `tensor` for backward (and keeps it, unchanged)."""
+        entry = self._entry(tensor)
+        if entry is not None and entry.block >= 0 and not entry.saved:
+            self.retag(tensor.untyped_storage()._cdata, saved=True)
+        return tensor
+
+    def block_returned(self, index: int, output) -> None:
+        """A block's outputs are the next block's inputs: checkpointing keeps them."""
+        for leaf in tree_leaves(output):
+            if isinstance(leaf, torch.Tensor):
+                entry = self._entry(leaf)
+                if entry is not None and entry.block == index:
+                    self.retag(leaf.untyped_storage()._cdata, block=-1)
+
+    # -- after each op ----------------------------------------------------------------------------
+
+    def start_step(self) -> None:
+        """The optimizer states exist: what follows is the step whose peak is measured."""
+        self.peak, self.phase_peaks, self.points = self.now, {}, []
+        self.mixed_peak = self.checkpoint_peak = 0
+
+    def _sample(self, op: str) -> None:
+        now = self.now
+        if now > self.phase_peaks.get(self.phase, 0):
+            self.phase_peaks[self.phase] = now
+        if now > self.peak:
+            self._new_peak(op)
+        point = tuple(self.groups)
+        if not self.points or self.points[-1] != point:
+            self.points.append(point)
+        if self.mixed and self.mixed_now + self.mixed_extra > self.mixed_peak:
+            self.mixed_peak = self.mixed_now + self.mixed_extra
+        if self.block_of:
+            self._sample_checkpointed()
+
+    def _sample_checkpointed(self) -> None:
+        """Live bytes had every top-level block been checkpointed: what the other blocks saved for
+        backward is gone; entering a block's backward, its forward runs again first."""
+        if self.phase == "forward":
+            block = self.block_of.get(self.modules[-1], -1) if self.modules else -1
+            if block >= 0 and self.made_by_block.get(block, 0) > self.forward_made_peak.get(block, 0):
+                self.forward_made_peak[block] = self.made_by_block[block]
+        elif self.phase == "backward":
+            block = self.block_of.get(self.where(), -1)
+        else:
+            block = -1
+        outside = self.now - self.saved_total
+        value = outside + (self.saved_by_block.get(block, 0) if block >= 0 else 0)
+        if self.phase == "backward" and block >= 0 and block not in self.recomputed:
+            # the recomputation, on top of what backward holds as it begins (less what the block made
+            # and holds unsaved, e.g. a KV cache: counted once)
+            self.recomputed.add(block)
+            unsaved = self.made_by_block.get(block, 0) - self.saved_by_block.get(block, 0)
+            value = max(value, outside + self.forward_made_peak.get(block, 0) - unsaved)
+        if value > self.checkpoint_peak:
+            self.checkpoint_peak = value
 
     def _new_peak(self, op: str) -> None:
         self.peak = self.now
@@ -189,10 +551,41 @@ class LiveBytes(TorchDispatchMode):
 
     def kept_by_module(self) -> list[tuple[str, int]]:
         totals: dict[str, int] = {}
-        for nbytes, origin, module in self.live.values():
-            if origin == "forward":
-                totals[module or "(model)"] = totals.get(module or "(model)", 0) + nbytes
+        for entry in self.live.values():
+            if entry.origin == "forward":
+                totals[entry.module or "(model)"] = totals.get(entry.module or "(model)", 0) + entry.nbytes
         return sorted(totals.items(), key=lambda kv: -kv[1])
+
+
+def seq_power(shape: tuple, batch: int, seq: int, per_sample: bool) -> int:
+    """The power of T a storage of this shape grows with: 0, 1, or 2 for a trailing [T, T] pair.
+
+    An axis of length T, or B*T (tokens flattened for a matmul), is the sequence. A trailing [T, T]
+    pair is a score tensor or a mask only with a head (or other leading) dimension in front: a
+    per-sample [B, T, C] whose width C equals T, or a flattened [B*T, C] with B = 1, is not.
+    """
+    n = len(shape)
+    if n == 0 or not any(d == seq or (batch > 1 and d == batch * seq) for d in shape):
+        return 0
+    if n >= 2 and shape[-1] == seq and shape[-2] == seq:
+        if n >= 4 or (n == 3 and shape[0] != batch) or (n == 2 and not per_sample):
+            return 2
+    return 1
+
+
+def _nodes_between(out: torch.Tensor, inputs: list[torch.Tensor]) -> set[int]:
+    """Sequence numbers of the autograd nodes that made `out` from `inputs` (those made after them)."""
+    floor = max((t.grad_fn._sequence_nr() for t in inputs if t.grad_fn is not None), default=-1)
+    found: set[int] = set()
+    stack = [out.grad_fn] if out.grad_fn is not None else []
+    while stack:
+        node = stack.pop()
+        number = node._sequence_nr()
+        if number <= floor or number in found or type(node).__name__ == "AccumulateGrad":
+            continue
+        found.add(number)
+        stack.extend(n for n, _ in node.next_functions if n is not None)
+    return found
 
 
 class _NodeTagger(TorchFunctionMode):
@@ -205,7 +598,10 @@ class _NodeTagger(TorchFunctionMode):
         self.counter = counter
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        if func is F.scaled_dot_product_attention and self.counter.mixed and self.counter.phase == "forward":
+            out = self.counter.attention(func, args, kwargs)
+        else:
+            out = func(*args, **(kwargs or {}))
         if self.counter.modules and self.counter.phase == "forward":
             for leaf in tree_leaves(out):
                 node = getattr(leaf, "grad_fn", None) if isinstance(leaf, torch.Tensor) else None
@@ -219,9 +615,33 @@ def _module_pattern(name: str) -> str:
     return ".".join("*" if part.isdigit() else part for part in name.split(".")) if name else name
 
 
+def top_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The children of every nn.ModuleList not inside another such child: the layers of nearly
+    every Transformer (an encoder-decoder has two lists), not the heads or experts within a layer."""
+    found: list[tuple[str, nn.Module]] = []
+    for name, holder in model.named_modules():
+        if not isinstance(holder, nn.ModuleList):
+            continue
+        if any(name == root or name.startswith(root + ".") for root, _ in found):
+            continue
+        for index, block in enumerate(holder):
+            found.append((f"{name}.{index}" if name else str(index), block))
+    return found
+
+
+def _block_map(model: nn.Module) -> dict[str, int]:
+    """Every module name inside a top-level block -> the block's index."""
+    mapping: dict[str, int] = {}
+    for index, (root, block) in enumerate(top_blocks(model)):
+        for sub_name, _ in block.named_modules():
+            mapping[f"{root}.{sub_name}" if sub_name else root] = index
+    return mapping
+
+
 @contextlib.contextmanager
 def module_stack(model: nn.Module, counter: LiveBytes) -> Iterator[None]:
     names = {id(m): name for name, m in model.named_modules() if name}
+    roots = {id(block): index for index, (_, block) in enumerate(top_blocks(model))} if counter.block_of else {}
 
     def push(module, args):
         name = names.get(id(module))
@@ -232,6 +652,9 @@ def module_stack(model: nn.Module, counter: LiveBytes) -> Iterator[None]:
         name = names.get(id(module))
         if name is not None and counter.modules and counter.modules[-1] == name:
             counter.modules.pop()
+        index = roots.get(id(module))
+        if index is not None and counter.phase == "forward":
+            counter.block_returned(index, output)
 
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
@@ -293,14 +716,16 @@ def allocate_states(optimizer) -> None:
 
 
 def training_step(subject, batch: int, seq: int, optimizer, counter: LiveBytes, autocast_dtype=None,
-                  device=None):
+                  device=None, on_phase: Optional[Callable[[], None]] = None):
     """One steady-state step; returns (logits, loss) so that the caller holds them to the end."""
     from tfdoctor.subject import call
 
+    done = on_phase or (lambda: None)
     vocab = subject.vocab_size
     counter.phase = "forward"
     ids = torch.randint(0, vocab, (batch, seq), device=device)
     targets = torch.randint(0, vocab, (batch, seq), device=device)
+    counter.mark_per_sample(ids, targets)
     inputs = (ids, ids) if subject.kind == "seq2seq" else (ids,)
     autocast = (torch.autocast(device_type=(device or torch.device("cpu")).type, dtype=autocast_dtype)
                 if autocast_dtype is not None else contextlib.nullcontext())
@@ -311,24 +736,33 @@ def training_step(subject, batch: int, seq: int, optimizer, counter: LiveBytes, 
         if tuple(logits.shape) != (batch, seq, vocab):
             raise SubjectError(f"logits of shape {list(logits.shape)}, expected [{batch}, {seq}, {vocab}]",
                                "return logits [B, T, V] for every position, or pass --vocab")
+        done()
         counter.logits_bytes = logits.numel() * logits.element_size()
         counter.phase = "loss"
+        counter.upcast_logits(logits)
         loss = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1))  # float32 logits
+        counter.end_upcast(logits)
+        done()
         if optimizer is not None:
             counter.kept = counter.kept_by_module()  # what the forward left for backward
             counter.phase = "backward"
             loss.backward()
+            done()
             counter.phase = "optimizer"
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+        else:
+            done()
+        done()
     return logits, loss
 
 
 def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autocast_dtype=None,
-               fake: bool = True) -> TraceResult:
+               fake: bool = True, on_phase: Optional[Callable[[], None]] = None) -> TraceResult:
     """Trace one steady-state training step of `subject` (a resolved-enough tfdoctor Subject with
     vocab_size set) at [batch, seq]. fake=False runs it for real (the bench's ground truth) and uses
-    the model's own tensors, which the step then updates."""
+    the model's own tensors, which the step then updates. on_phase() is called as each of the
+    len(PHASES) phases ends."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     from tfdoctor.probes.modes import preserved_process_state
@@ -339,14 +773,16 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
     if subject.vocab_size is None:
         raise SubjectError("cannot tell the vocabulary size", "pass --vocab N or Subject(vocab_size=N)")
     start = time.perf_counter()
-    counter = LiveBytes()
-    counter.seq = seq
+    done = on_phase or (lambda: None)
+    blocks = _block_map(model) if optimizer != "none" else {}
+    counter = LiveBytes(batch, seq, mixed=autocast_dtype is None, blocks=blocks)
     flags = [(m, m.training) for m in model.modules()]
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
     convert = fake_mode.from_tensor if fake else (lambda t: t)
     already = next((t for t in model.parameters() if isinstance(t, FakeTensor)), None)
     if fake and already is not None:  # built under a FakeTensorMode already (e.g. too big to build for real)
         fake_mode, convert = already.fake_mode, (lambda t: t)
+    hooks = []
     model.train()
     try:
         with preserved_process_state(), swapped_tensors(model, convert) as params:
@@ -367,18 +803,30 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
                 opt = make_optimizer(optimizer, params)
                 allocate_states(opt)
                 optimizer_bytes = counter.by_origin.get("setup", 0)
-                counter.peak, counter.phase_peaks = counter.now, {}
+                hooks = [p.register_post_accumulate_grad_hook(counter.gradient_ready)
+                         for p in params if p.requires_grad]
+                counter.start_step()
+                done()
                 stack.enter_context(module_stack(model, counter))
                 stack.enter_context(_NodeTagger(counter))
-                logits, loss = training_step(subject, batch, seq, opt, counter, autocast_dtype, device)
+                if blocks:
+                    stack.enter_context(torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t))
+                logits, loss = training_step(subject, batch, seq, opt, counter, autocast_dtype, device, done)
                 kept = counter.kept or counter.kept_by_module()
                 del logits, loss
     finally:
+        for hook in hooks:
+            hook.remove()
         for module, training in flags:
             module.training = training
     parameter_bytes = sum(_storage_bytes(p) for p in params) + sum(_storage_bytes(b) for b in model.buffers())
     phase, op, node, module = counter.peak_at
     largest = sorted(counter.largest.values(), key=lambda d: -d["bytes"])[:LARGEST_KEPT]
+    derivation = Derivation(
+        batch=batch, seq=seq, points=counter.points,
+        mixed_peak=counter.mixed_peak if counter.mixed else None,
+        checkpoint_peak=counter.checkpoint_peak if blocks else None,
+        blocks=len(set(blocks.values())), seq_ambiguous=counter.seq_ambiguous)
     return TraceResult(
         peak_bytes=counter.peak, peak_phase=phase, peak_op=op, peak_node=node, peak_module=module,
         attention_scores_bytes=counter.scores_bytes or None, logits_bytes=counter.logits_bytes,
@@ -386,7 +834,7 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
         parameter_bytes=parameter_bytes, gradient_bytes_at_peak=counter.peak_grad_bytes,
         optimizer_bytes=optimizer_bytes, phase_peaks={k: v for k, v in counter.phase_peaks.items()},
         kept_by_module=kept[:12], largest=largest, ops=counter.ops,
-        seconds=time.perf_counter() - start, batch=batch, seq=seq,
+        seconds=time.perf_counter() - start, batch=batch, seq=seq, derivation=derivation,
     )
 
 
@@ -397,26 +845,23 @@ def _storage_bytes(tensor) -> int:
         return 0
 
 
-
 @contextlib.contextmanager
 def checkpointed_blocks(model: nn.Module) -> Iterator[int]:
-    """Wrap every child of every nn.ModuleList (the layers, in nearly every Transformer) in
-    non-reentrant activation checkpointing for the block; the instance attribute goes in `finally`."""
+    """Wrap each top-level block (see top_blocks) in non-reentrant activation checkpointing for the
+    block; the instance attribute goes in `finally`. The bench traces this to hold the derived
+    checkpointing peak to account."""
     from torch.utils.checkpoint import checkpoint
 
     wrapped = []
     try:
-        for holder in model.modules():
-            if isinstance(holder, nn.ModuleList):
-                for block in holder:
-                    original = block.forward
+        for _, block in top_blocks(model):
+            original = block.forward
 
-                    def forward(*args, _original=original, **kwargs):
-                        return checkpoint(_original, *args, use_reentrant=False, preserve_rng_state=False,
-                                          **kwargs)
+            def forward(*args, _original=original, **kwargs):
+                return checkpoint(_original, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
 
-                    block.forward = forward
-                    wrapped.append(block)
+            block.forward = forward
+            wrapped.append(block)
         yield len(wrapped)
     finally:
         for block in wrapped:
@@ -426,27 +871,57 @@ def checkpointed_blocks(model: nn.Module) -> Iterator[int]:
 # ----------------------------------------------------------------------------------------------------
 # Judging a traced step against the budget: the same verdict and remedies as the analytic mode
 
+# The shorter-sequence fallback (when the shapes cannot tell T apart) fits a quadratic through the
+# step at T, T/2 and T/4, then traces the proposal, stepping down by this factor while it does not fit
+# (the fit is close, not exact).
+SEQ_STEP_DOWN = 0.97
+SEQ_STEP_DOWNS = 3
+# Gradient accumulation and ZeRO-3 are shown for this many GPUs when --gpus says one.
+DEFAULT_SHARD_GPUS = 8
 
-def _sharded(trace: TraceResult, gpus: int, shard: str) -> int:
-    """Per-device peak when ZeRO shards optimizer states (zero1), gradients (zero2), parameters (zero3)."""
-    if gpus <= 1 or shard == "none":
-        return trace.peak_bytes
+
+def _shard_parts(trace: TraceResult, shard: str) -> int:
+    """The bytes ZeRO shards: optimizer states (zero1), and gradients (zero2), and parameters (zero3)."""
+    if shard == "none":
+        return 0
     parts = trace.optimizer_bytes
     if shard in ("zero2", "zero3"):
         parts += trace.gradient_bytes_at_peak
     if shard == "zero3":
         parts += trace.parameter_bytes
-    return trace.peak_bytes - parts + parts // gpus
+    return parts
+
+
+def _saving(trace: TraceResult, gpus: int, shard: str) -> int:
+    """What sharding over `gpus` devices takes off every per-device figure."""
+    if gpus <= 1:
+        return 0
+    parts = _shard_parts(trace, shard)
+    return parts - parts // gpus
+
+
+def _sharded(trace: TraceResult, gpus: int, shard: str) -> int:
+    """Per-device peak when ZeRO shards optimizer states (zero1), gradients (zero2), parameters (zero3)."""
+    return trace.peak_bytes - _saving(trace, gpus, shard)
+
+
+def _no_progress(description: str, total: int) -> Callable[..., None]:
+    return lambda n=1: None
 
 
 def judge_traced(subject, target: str, batch: int, seq: int, budget: int, budget_source: str, *,
                  dtype: str = "fp32", optimizer: str = "adamw", gpus: int = 1, shard: str = "none",
-                 remedies: bool = True, remedies_if_fits: bool = True):
-    """Trace the step, judge it, and trace again the remedies that are cheap to trace (with
-    remedies_if_fits=False, only when the step does not fit: the battery's check needs them then)."""
+                 remedies: bool = True, remedies_if_fits: bool = True, progress=None):
+    """Trace the step once, judge it, and derive the remedies from that trace (with
+    remedies_if_fits=False, only when the step does not fit: the battery's check needs them then).
+
+    progress follows tfdoctor.context.Progress: progress(description, total) -> advance(n=1); it is
+    advanced once per phase of the trace, once for the remedies, and once per extra trace.
+    """
     from tfdoctor.memory.analytic import Remedy, Verdict
     from tfdoctor.subject import max_positions_of, vocab_size_of
 
+    progress = progress or _no_progress
     model = subject.model
     if subject.vocab_size is None:
         vocab = vocab_size_of(model)
@@ -462,108 +937,107 @@ def judge_traced(subject, target: str, batch: int, seq: int, budget: int, budget
                          f"pass --seq {positions} or less, or build the model with more positions")
     autocast = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
 
-    def run(b: int, t: int, autocast_dtype=autocast) -> TraceResult:
-        return trace_step(subject, b, t, optimizer=optimizer, autocast_dtype=autocast_dtype)
+    advance = progress(f"memory: tracing one training step at batch {batch} x seq {seq}", len(PHASES) + 1)
+    main = trace_step(subject, batch, seq, optimizer=optimizer, autocast_dtype=autocast, on_phase=advance)
+    derivation = main.derivation
+    saving = _saving(main, gpus, shard)
+    peak = main.peak_bytes - saving
+    room = budget + saving  # a figure before sharding fits when it is at most this
 
-    def per_device(trace: TraceResult) -> int:
-        return _sharded(trace, gpus, shard)
+    def per_device(nbytes: int) -> int:
+        return nbytes - saving
 
-    main = run(batch, seq)
-    peak = per_device(main)
     found: list = []
     notes: list[str] = []
-    largest_batch = largest_seq = 0
-    if remedies and (remedies_if_fits or peak > budget):
-        # Peak is close to linear in the batch and to quadratic in the sequence length: two more traces
-        # place the largest batch, two more the largest length, and each proposal is traced once more.
-        at_one = per_device(run(1, seq)) if batch > 1 else peak
-        slope = (peak - at_one) / (batch - 1) if batch > 1 else 0
-        largest_batch = _largest_linear(at_one, slope, budget)
-        lengths = sorted({seq, max(2, seq // 2), max(2, seq // 4)})
-        peaks = {t: per_device(run(batch, t)) if t != seq else peak for t in lengths}
-        largest_seq = _largest_quadratic(peaks, budget, limit=positions)
-        if autocast is None:
-            half = run(batch, seq, torch.bfloat16)
+    largest_batch = derive.largest_batch(derivation.points, batch, room)
+    largest_seq: Optional[int] = None
+    wanted = remedies and (remedies_if_fits or peak > budget)
+    if not derivation.seq_ambiguous:
+        largest_seq = derive.largest_seq(derivation.points, batch, seq, room, limit=positions)
+    if wanted:
+        if derivation.mixed_peak is not None:
+            value = per_device(derivation.mixed_peak)
             found.append(Remedy("mixed precision", "torch.autocast(dtype=torch.bfloat16) around the forward "
-                                "(traced)", per_device(half), per_device(half) <= budget))
-        try:
-            with checkpointed_blocks(model) as blocks:
-                traced_ckpt = run(batch, seq) if blocks else None
-        except Exception as exc:  # the user's blocks may not survive wrapping; the remedy is then untraced
-            traced_ckpt = None
-            notes.append(f"activation checkpointing could not be traced ({type(exc).__name__}: {exc})")
-        if traced_ckpt is not None:
-            value = per_device(traced_ckpt)
-            found.append(Remedy("activation checkpointing", "torch.utils.checkpoint around each block of the "
-                                "nn.ModuleList (traced)", value, value <= budget))
+                                "(derived)", value, value <= budget))
+        if derivation.checkpoint_peak is not None:
+            value = per_device(derivation.checkpoint_peak)
+            change = ("model.gradient_checkpointing_enable()" if getattr(model, "supports_gradient_checkpointing", False)
+                      else f"torch.utils.checkpoint around each of the {derivation.blocks} blocks of the nn.ModuleList")
+            found.append(Remedy("activation checkpointing", change + " (derived)", value, value <= budget))
         if batch > 1:
-            micro = max(1, min(largest_batch, batch - 1))
+            micro = max(1, min(largest_batch or 1, batch - 1))
             while batch % micro:
                 micro -= 1
-            value = per_device(run(micro, seq))
+            value = per_device(derivation.peak_at(micro, seq))
             found.append(Remedy("gradient accumulation", f"micro-batch {micro} x {batch // micro} accumulation "
-                                "steps (traced)", value, value <= budget))
+                                "steps (derived)", value, value <= budget))
         if optimizer != "none":
-            n = gpus if gpus > 1 else 8
-            value = _sharded(main, n, "zero3")
+            n = gpus if gpus > 1 else DEFAULT_SHARD_GPUS
+            parts = _shard_parts(main, "zero3")
+            value = main.peak_bytes - (parts - parts // n)
             found.append(Remedy("ZeRO-3 / FSDP sharding", f"shard parameters, gradients and optimizer states "
-                                f"over {n} GPUs (computed from the trace)", value, value <= budget))
-        if largest_seq < seq:
-            shorter = max(largest_seq, 2)
-            value = per_device(run(batch, shorter))
-            for _ in range(3):  # the fit is close, not exact: step down until the traced peak fits
-                if value <= budget or shorter <= 2:
-                    break
-                shorter = max(2, int(shorter * 0.97))
-                value = per_device(run(batch, shorter))
-            largest_seq = shorter if value <= budget else largest_seq
-            found.append(Remedy("shorter sequences", f"--seq {shorter} (largest that fits; traced)", value,
-                                value <= budget, changes_training=True))
+                                f"over {n} GPUs (derived)", value, value <= budget))
+        if derivation.seq_ambiguous:
+            largest_seq, remedy = _traced_shorter(subject, batch, seq, optimizer, autocast, per_device, budget,
+                                                  positions, peak, progress)
+            notes.append(f"{derivation.seq_ambiguous}, so the shapes cannot tell [.., T, T] scores from "
+                         "[.., T, head size] tensors: the sequence lengths were traced")
+            if remedy is not None:
+                found.append(remedy)
+        elif largest_seq is not None and largest_seq < seq:
+            shorter = max(largest_seq, 1)
+            value = per_device(derivation.peak_at(batch, shorter))
+            change = f"--seq {shorter}, the largest that fits (derived)" if largest_seq else \
+                "--seq 1 still does not fit (derived)"
+            found.append(Remedy("shorter sequences", change, value, value <= budget, changes_training=True))
         if main.attention_scores_bytes:
             notes.append("fused attention (F.scaled_dot_product_attention) is a change to your model's code and "
                          "is not traced; `tfdoctor memory --attention sdpa` estimates it")
+    elif derivation.seq_ambiguous:
+        notes.append(f"{derivation.seq_ambiguous}: the largest sequence length is not derived")
+    advance()
     trace = main.to_dict()
     trace.update(target=target, dtype=dtype, optimizer=optimizer, gpus=gpus, shard=shard,
-                 parameter_count=sum(p.numel() for p in model.parameters()), per_device_peak_bytes=peak)
+                 parameter_count=sum(p.numel() for p in model.parameters()), per_device_peak_bytes=peak,
+                 max_positions=positions)
     trace["peak_bytes"] = peak
     trace["notes"] = trace["notes"] + notes
     return Verdict(estimate=None, budget_bytes=budget, budget_source=budget_source, largest_seq=largest_seq,
                    largest_batch=largest_batch, remedies=found, mode="traced", traced=trace)
 
 
-def _largest_linear(at_one: int, slope: float, budget: int) -> int:
-    if at_one > budget:
-        return 0
-    if slope <= 0:
-        return 1 << 20
-    return 1 + int((budget - at_one) // slope)
+def _traced_shorter(subject, batch, seq, optimizer, autocast, per_device, budget, positions, peak, progress):
+    """The shorter-sequence remedy by tracing: a quadratic through the step at T, T/2 and T/4 places the
+    largest length that fits, and the proposal is traced (stepping down while it does not fit).
+    Returns (largest length, remedy or None)."""
+    from tfdoctor.memory.analytic import Remedy
 
+    lengths = sorted({max(1, seq // 2), max(1, seq // 4)} - {seq})
+    advance = progress("memory: tracing shorter sequences", len(lengths) + 1 + SEQ_STEP_DOWNS)
+    traced = 0
 
-def _largest_quadratic(peaks: dict[int, int], budget: int, limit: Optional[int]) -> int:
-    """Fit peak(T) = c0 + c1 T + c2 T^2 through the traced points and solve peak(T) = budget."""
-    points = sorted(peaks.items())
-    if len(points) < 3:
-        ts = [t for t, p in points if p <= budget]
-        return max(ts) if ts else 0
-    (t0, p0), (t1, p1), (t2, p2) = points[:3]
-    # Newton's divided differences: exact for three points.
-    d01 = (p1 - p0) / (t1 - t0)
-    d12 = (p2 - p1) / (t2 - t1)
-    c2 = (d12 - d01) / (t2 - t0)
-    c1 = d01 - c2 * (t0 + t1)
-    c0 = p0 - c1 * t0 - c2 * t0 * t0
+    def run(t: int) -> int:
+        nonlocal traced
+        value = per_device(trace_step(subject, batch, t, optimizer=optimizer, autocast_dtype=autocast).peak_bytes)
+        traced += 1
+        advance()
+        return value
 
-    def value(t: int) -> float:
-        return c0 + c1 * t + c2 * t * t
-
-    cap = limit or (1 << 24)
-    if value(1) > budget:
-        return 0
-    low, high = 1, 2
-    while high <= cap and value(high) <= budget:
-        low, high = high, high * 2
-    high = min(high, cap + 1)
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (mid, high) if value(mid) <= budget else (low, mid)
-    return min(low, cap)
+    peaks = {t: run(t) for t in lengths}
+    peaks[seq] = peak
+    largest = derive.largest_quadratic(peaks, budget, limit=positions)
+    remedy = None
+    if largest < seq:
+        shorter = max(largest, 1)
+        value = run(shorter)
+        for _ in range(SEQ_STEP_DOWNS):
+            if value <= budget or shorter <= 1:
+                break
+            shorter = max(1, int(shorter * SEQ_STEP_DOWN))
+            value = run(shorter)
+        largest = shorter if value <= budget else None  # the fit was off: no length is vouched for
+        change = (f"--seq {shorter}, the largest that fits (traced)" if value <= budget else
+                  f"--seq {shorter} still does not fit (traced)")
+        remedy = Remedy("shorter sequences", change, value, value <= budget, changes_training=True)
+    advance(len(lengths) + 1 + SEQ_STEP_DOWNS - traced)
+    return largest, remedy

@@ -147,13 +147,14 @@ def render_rich(verdict: Verdict, out: TextIO, width: int | None = None) -> None
         for row in trace["kept_by_module"][:8]:
             kept.add_row(row["module"], format_bytes(row["bytes"]))
         console.print(kept)
-        big = Table(title="Largest single allocations", title_justify="left", show_edge=False)
-        for column in ("op", "shape", "module", "phase", "times", "bytes"):
-            big.add_column(column, justify="right" if column in ("bytes", "times") else "left")
-        for item in trace["largest_tensors"][:5]:
-            big.add_row(item["op"], f"{item['shape']} {item['dtype']}", item["module"] or "-", item["phase"],
-                        str(item["count"]), f"{item['bytes']:,}")
-        console.print(big)
+        if trace["largest_tensors"]:  # allocations of 1 MiB or more
+            big = Table(title="Largest single allocations", title_justify="left", show_edge=False)
+            for column in ("op", "shape", "module", "phase", "times", "bytes"):
+                big.add_column(column, justify="right" if column in ("bytes", "times") else "left")
+            for item in trace["largest_tensors"][:5]:
+                big.add_row(item["op"], f"{item['shape']} {item['dtype']}", item["module"] or "-", item["phase"],
+                            str(item["count"]), f"{item['bytes']:,}")
+            console.print(big)
 
     if verdict.fits:
         console.print(Text(f"FITS: peak {format_bytes(verdict.peak_bytes)} within the budget of "
@@ -164,12 +165,14 @@ def render_rich(verdict: Verdict, out: TextIO, width: int | None = None) -> None
                            f"{format_bytes(verdict.budget_bytes)} ({verdict.budget_source}) by "
                            f"{format_bytes(verdict.peak_bytes - verdict.budget_bytes)}.", style="bad"))
         console.print(OOM_SYMPTOM)
-    console.print(f"Largest sequence length that fits: {_count(verdict.largest_seq)}; "
-                  f"largest batch that fits: {_count(verdict.largest_batch)}.")
+    limits = _limits(verdict)
+    if limits:
+        console.print("; ".join(limits) + ".")
 
     if verdict.remedies:
-        rem = Table(title="Remedies: the peak under each one alone, and the best combination",
-                    title_justify="left", show_edge=False)
+        title = ("Remedies: the peak under each one alone, and the best combination" if trace is None else
+                 "Remedies: the peak under each one alone (derived from the trace, or traced again)")
+        rem = Table(title=title, title_justify="left", show_edge=False)
         rem.add_column("remedy", no_wrap=True)
         rem.add_column("change")
         rem.add_column("peak", justify="right", no_wrap=True, min_width=9)
@@ -199,6 +202,19 @@ def _peak_where(verdict: Verdict) -> str:
 
 def _count(value: int) -> str:
     return f"{value:,}" if value else "none (not even 1)"
+
+
+def _limits(verdict: Verdict) -> list[str]:
+    """The largest length and batch that fit, each only where it was worked out (a traced length is
+    not derived where T equals the head size and no remedy was asked for)."""
+    lines = []
+    if verdict.largest_seq is not None:
+        positions = (verdict.traced or {}).get("max_positions")
+        cap = " (the model's maximum positions)" if positions and verdict.largest_seq == positions else ""
+        lines.append(f"Largest sequence length that fits: {_count(verdict.largest_seq)}{cap}")
+    if verdict.largest_batch is not None:
+        lines.append(f"{'largest' if lines else 'Largest'} batch that fits: {_count(verdict.largest_batch)}")
+    return lines
 
 
 def render(verdict: Verdict, fmt: str, out: TextIO, width: int | None = None) -> None:
