@@ -1,14 +1,15 @@
 """Run-scoped state the runner sets up for the checks: a memo shared between checks, a progress
-callback for long work, and the seed. Kept in context variables so that a check keeps the plain
-`(subject) -> Result` signature.
+callback for long work, the seed and each check's time budget. Kept in context variables so that a
+check keeps the plain `(subject) -> Result` signature.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Optional, Protocol
 
 
 class Progress(Protocol):
@@ -26,7 +27,8 @@ class RunContext:
     progress: Progress = _no_progress
     memo: dict[Any, Any] = field(default_factory=dict)
     # Settings for checks that are not Subject fields, e.g. the memory check's
-    # {"train_batch": 8, "train_seq": 5000, "budget": "24GiB"}; absent keys mean "not given".
+    # {"train_batch": 8, "train_seq": 5000, "budget": "24GiB"}, or "timeout_per_check" (seconds a long
+    # check may take, see time_budget); absent keys mean "not given".
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -75,3 +77,31 @@ def memo(key: Any, compute: Callable[[], Any]) -> Any:
 
 def progress(description: str, total: int) -> Callable[[int], None]:
     return current().progress(description, total)
+
+
+@dataclass
+class Budget:
+    """A check's cooperative time budget. Long checks consult `exceeded()` between units of work
+    (a training step, a batch) and, once it says so, stop and report what they measured so far as a
+    skip. Nothing else may depend on the clock: a budget that is not exceeded changes no number, so
+    the verdict stays the same on a loaded machine."""
+
+    seconds: Optional[float]  # None: unlimited
+    started: float = field(default_factory=time.perf_counter)
+
+    def spent(self) -> float:
+        return time.perf_counter() - self.started
+
+    def exceeded(self) -> bool:
+        return self.seconds is not None and self.spent() > self.seconds
+
+    def describe(self) -> dict[str, Any]:
+        """JSON-safe evidence for a result cut short: the budget and the time spent."""
+        return {"timeout_per_check": self.seconds, "spent_seconds": round(self.spent(), 3)}
+
+
+def time_budget() -> Budget:
+    """The running check's budget: options["timeout_per_check"] seconds (unlimited when not given),
+    counted from this call, which a check makes first thing."""
+    seconds = current().options.get("timeout_per_check")
+    return Budget(float(seconds) if seconds is not None and float(seconds) > 0 else None)

@@ -1,0 +1,203 @@
+"""Feed a training loop one batch over and over, watch its loss, and replay its optimizer with a
+correct loss, to tell a loop that cannot learn from one whose schedule does not let it learn yet.
+
+- `Feed`: the batches as a list (len() works, epochs re-iterate) that stops handing them out once
+  told to (the loss has already fallen far enough, or the check's time budget is spent). The loop's
+  own `for` then simply ends: nothing is raised through the user's code.
+- `StepLog`: a global optimizer-step pre-hook. At every step of every optimizer the loop steps it
+  records the rate of each param group and which parameters carry a non-zero gradient. At the first
+  step it copies the model as it is then (built and frozen the way the loop wants, not yet updated)
+  and, at each optimizer's first step, the optimizer itself (class, groups, hyperparameters and any
+  attribute it holds, with empty state) bound to that copy. Nothing is patched.
+- `replay`: trains the copy with the copied optimizers at the recorded rates, one update per update
+  the loop made, on the same batch with the plain next-token loss: what the loop's own update rule
+  and schedule allow a correct loss to reach.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import random
+import sys
+import warnings
+from typing import Callable, Iterator, Optional
+
+import torch
+
+from tfdoctor.probes.loss import LMBatch, eval_loss, lm_loss
+from tfdoctor.probes.modes import evaluation
+from tfdoctor.subject import Subject
+
+
+class Feed(list):
+    """The batches for a loop; `before(handed)` runs before each batch is handed out (with the count
+    handed out so far) and stops the feed for good by returning False."""
+
+    def __init__(self, batches, before: Callable[[int], bool]):
+        super().__init__(batches)
+        self.before = before
+        self.handed = 0
+        self.stopped = False
+
+    def __iter__(self):
+        for batch in list.__iter__(self):
+            if self.stopped or not self.before(self.handed):
+                self.stopped = True
+                return
+            self.handed += 1
+            yield batch
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Seed every generator a user's loop may draw from (torch, Python's random, NumPy when it is
+    loaded) for the block, then put each back: the same --seed gives the same run in every process."""
+    python_state = random.getstate()
+    torch_state = torch.random.get_rng_state()
+    numpy = sys.modules.get("numpy")
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    random.seed(seed)
+    torch.manual_seed(seed)
+    if numpy is not None:
+        numpy.random.seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(python_state)
+        torch.random.set_rng_state(torch_state)
+        if numpy is not None:
+            numpy.random.set_state(numpy_state)
+
+
+def _copy_optimizer(optimizer: torch.optim.Optimizer, memo: dict) -> torch.optim.Optimizer:
+    """The optimizer with every attribute deep-copied and its parameters swapped for the reference
+    model's (`memo` maps id(loop tensor) to the copy). Copied through __dict__, not __getstate__,
+    which keeps only defaults, state and groups and would drop what a custom optimizer adds.
+
+    Instance attributes that shadow the class's methods are left out: an LR scheduler replaces
+    `optimizer.step` with a wrapper that calls the original optimizer through a weak reference, so a
+    copy of it would step the loop's parameters, not the copy's."""
+    own = {k: v for k, v in optimizer.__dict__.items() if not (callable(v) and hasattr(type(optimizer), k))}
+    clone = object.__new__(type(optimizer))
+    clone.__dict__.update(copy.deepcopy(own, dict(memo)))
+    return clone
+
+
+class StepLog:
+    """What a loop's optimizers did, step by step, and what is needed to replay it (see module doc)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.steps: list[tuple[int, list[float]]] = []  # (optimizer index, rate of each param group)
+        self.optimizers: list[torch.optim.Optimizer] = []  # the loop's, in order of first step
+        self.copies: list[torch.optim.Optimizer] = []  # the same, bound to `reference`
+        self.reference: Optional[torch.nn.Module] = None  # the model at the loop's first step
+        self.memo: dict[int, torch.Tensor] = {}
+        self.with_grad: set[int] = set()  # ids of the loop's parameters that had a non-zero gradient
+        self.params: set[int] = set()  # ids of the loop's parameters some optimizer steps
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator["StepLog"]:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        handle = register_optimizer_step_pre_hook(self._pre)
+        try:
+            yield self
+        finally:
+            handle.remove()
+
+    def _pre(self, optimizer, args, kwargs) -> None:
+        index = next((i for i, known in enumerate(self.optimizers) if known is optimizer), None)
+        if index is None:
+            if self.reference is None:
+                self._copy_model()
+            self.optimizers.append(optimizer)
+            self.copies.append(_copy_optimizer(optimizer, self.memo))
+            index = len(self.optimizers) - 1
+        self.steps.append((index, [float(group["lr"]) for group in optimizer.param_groups]))
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                self.params.add(id(p))
+                # Checked until seen once: normally every parameter is seen at the first step, so
+                # this costs one pass over the gradients for the whole run.
+                if id(p) not in self.with_grad and p.grad is not None and bool(p.grad.detach().ne(0).any()):
+                    self.with_grad.add(id(p))
+
+    def _copy_model(self) -> None:
+        from tfdoctor.probes.trace import isolated_copy
+
+        self.reference, _ = isolated_copy(self.model)
+        pairs = list(zip(self.model.parameters(), self.reference.parameters()))
+        pairs += list(zip(self.model.buffers(), self.reference.buffers()))
+        self.memo = {id(mine): theirs for mine, theirs in pairs}
+        for p in self.reference.parameters():
+            p.grad = None
+
+    def iterations(self) -> list[list[tuple[int, list[float]]]]:
+        """The steps grouped into training iterations: an iteration ends when an optimizer that
+        already stepped in it steps again (two optimizers stepped after one backward, as Muon with
+        AdamW is, make one iteration)."""
+        out: list[list[tuple[int, list[float]]]] = []
+        current: list[tuple[int, list[float]]] = []
+        for index, rates in self.steps:
+            if any(index == i for i, _ in current):
+                out.append(current)
+                current = []
+            current.append((index, rates))
+        if current:
+            out.append(current)
+        return out
+
+    def peak_rate(self) -> float:
+        return max((max(rates) for _, rates in self.steps if rates), default=0.0)
+
+    def rate_curve(self) -> list[float]:
+        """The largest rate over param groups and optimizers at each iteration."""
+        return [max((max(rates) for _, rates in it if rates), default=0.0) for it in self.iterations()]
+
+
+def _set_rate(group: dict, rate: float) -> None:
+    if isinstance(group["lr"], torch.Tensor):  # capturable / fused optimizers keep lr as a tensor
+        group["lr"].fill_(rate)
+    else:
+        group["lr"] = rate
+
+
+def replay(subject: Subject, log: StepLog, batch: LMBatch, stop: Callable[[list[float]], bool],
+           advance: Callable[[int], None] = lambda n=1: None) -> list[float]:
+    """Train `log.reference` on `batch` with the plain next-token loss, replaying the loop's
+    optimizers at the recorded rates. Only the parameters that had a gradient in the loop are
+    updated (a backbone the loop froze on purpose stays frozen). Dropout is off, so the loss
+    before each update is the loss of the model as it is, and no random draw is made.
+
+    Returns the loss before each update and, unless `stop(curve)` ended it early, after the last."""
+    model = log.reference
+    clone = dataclasses.replace(subject, model=model)
+    trained = {id(log.memo[i]) for i in log.with_grad if i in log.memo}
+    params = [p for opt in log.copies for group in opt.param_groups for p in group["params"]]
+    curve: list[float] = []
+    with torch.enable_grad(), evaluation(model), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for iteration in log.iterations():
+            for p in list(model.parameters()) + params:
+                p.grad = None
+            loss = lm_loss(clone, batch)
+            curve.append(float(loss.detach()))
+            if stop(curve):
+                return curve
+            loss.backward()
+            for p in params:
+                if id(p) not in trained:
+                    p.grad = None
+            for index, rates in iteration:
+                optimizer = log.copies[index]
+                for group, rate in zip(optimizer.param_groups, rates):
+                    _set_rate(group, rate)
+                optimizer.step()
+            advance(1)
+    for p in model.parameters():
+        p.grad = None
+    curve.append(eval_loss(subject, model, batch))
+    return curve
