@@ -150,6 +150,89 @@ def check(
     raise typer.Exit(report.exit_code())
 
 
+# `tfdoctor run`: optimizer steps recorded before the script is stopped. Two steps are two
+# accumulation windows: the first can be uneven (`if step % k == 0` steps after one micro-batch) and
+# zero-grad needs a backward after a step.
+DEFAULT_RUN_STEPS = 2
+MIN_RUN_STEPS = 2
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+def run(
+    argv: Optional[list[str]] = typer.Argument(None, metavar="[SCRIPT] [-- ARGS...]",
+                                               help="the training script and, after --, its own arguments"),
+    module: Optional[str] = typer.Option(None, "-m", "--module", help="run this module as `python -m` does "
+                                                                      "(then every argument is the script's)"),
+    steps: int = typer.Option(DEFAULT_RUN_STEPS, "--steps", help="optimizer steps to record before the script is "
+                                                                 "stopped (default 2, at least 2)"),
+    vocab: Optional[int] = typer.Option(None, "--vocab", help="vocabulary size (default: discovered)"),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="probe sequence length (default: the batches', "
+                                                                  "at most 64)"),
+    batch: Optional[int] = typer.Option(None, "--batch", help="probe batch size (default 4)"),
+    pad_id: Optional[int] = typer.Option(None, "--pad-id", help="padding token id (default: discovered)"),
+    kind: Optional[Kind] = typer.Option(None, "--kind", help="causal, encoder or seq2seq (default: detected)"),
+    padding_side: Optional[PaddingSide] = typer.Option(None, "--padding-side", help="left or right (default: "
+                                                                                   "discovered)"),
+    only: Optional[str] = typer.Option(None, "--only", help="run only these check ids (comma-separated)"),
+    skip: Optional[str] = typer.Option(None, "--skip", help="skip these check ids (comma-separated)"),
+    fmt: Format = typer.Option(Format.rich, "--format", help="report format"),
+    output: Optional[Path] = typer.Option(None, "--output", help="write the report to this file instead of stdout"),
+    strict: bool = typer.Option(False, "--strict", help="treat warnings as failures"),
+    seed: int = typer.Option(0, "--seed", help="torch seed set before the script starts, and of the probes"),
+    timeout: float = typer.Option(DEFAULT_TIMEOUT, "--timeout", help="seconds the whole run may take"),
+    timeout_per_check: float = typer.Option(DEFAULT_TIMEOUT_PER_CHECK, "--timeout-per-check",
+                                            help="seconds the script (up to its stop) and each check may take"),
+) -> None:
+    """Run an unmodified training script, record its first optimizer steps and audit them.
+
+    The script runs as __main__ (like `python SCRIPT ARGS`, or `python -m MODULE ARGS` with -m) and is
+    stopped after --steps optimizer steps. The loop checks judge what it did; the model checks judge a
+    copy of the model it trains, taken at its first forward, called the way the script calls it.
+    """
+    argv = list(argv or [])
+    try:
+        if module is None and not argv:
+            raise UsageError("give the script to run", "tfdoctor run train.py -- ARGS, or tfdoctor run -m pkg.mod")
+        _positive("--steps", steps, MIN_RUN_STEPS)
+        _positive("--vocab", vocab)
+        _positive("--seq-len", seq_len, 2, MAX_PROBE_SEQ)
+        _positive("--batch", batch, 1, MAX_PROBE_BATCH)
+        _positive("--pad-id", pad_id, 0)
+        _seed_in_range(seed)
+        _budget_in_range("--timeout", timeout)
+        _budget_in_range("--timeout-per-check", timeout_per_check)
+        from tfdoctor.registry import select
+
+        if (only is not None and not only.replace(",", "").strip()) or not select(only, skip):
+            raise UsageError("the selection is empty: --only/--skip leave no check to run",
+                             "run `tfdoctor checks` for the ids")
+        script = None if module is not None else argv.pop(0)
+        if script is not None and not Path(script).is_file():
+            raise UsageError(f"script not found: {script}", "give the path of a Python file, or -m package.module")
+        _writable(output)
+    except TfdoctorError as error:
+        _fail_usage(error)
+    fields = dict(vocab_size=vocab, seq_len=seq_len, batch_size=batch, pad_id=pad_id,
+                  kind=kind.value if kind else None, padding_side=padding_side.value if padding_side else None)
+    target = script if script is not None else f"-m {module}"
+    request = dict(command="run", script=script, module=module, args=argv, steps=steps, target=target,
+                   fields={k: v for k, v in fields.items() if v is not None}, only=only, skip=skip, seed=seed,
+                   options={"timeout_per_check": timeout_per_check})
+    outcome = _supervised(request, fmt is Format.rich, timeout, timeout_per_check)
+    report = _report_of(outcome, f"run {target}", strict)
+    if report is not None:
+        from tfdoctor.registry import all_checks
+
+        order = {spec.id: i for i, spec in enumerate(all_checks())}  # the catalogue's order, as `check`
+        report.results.sort(key=lambda r: order.get(r.id, len(order)))
+        report.discovered = dict(outcome.discovered)
+        _emit(report, fmt, output)
+    if outcome.ended != "done":
+        typer.echo(f"tfdoctor: error: {outcome.message}", err=True)
+        raise typer.Exit(ExitCode.USAGE_ERROR)
+    raise typer.Exit(report.exit_code())
+
+
 def _supervised(request: dict, show_progress: bool, timeout: float, timeout_per_check: float):
     """Run the request in a supervised worker; usage errors, internal errors and Ctrl-C end here."""
     from tfdoctor.supervisor import supervise
@@ -260,10 +343,10 @@ def list_checks(
         return
     table = Table(show_lines=True)
     table.add_column("id", style="bold", no_wrap=True)
-    table.add_column("title")
     table.add_column("what it catches")
+    table.add_column("the fix")
     for spec in all_checks():
-        table.add_row(spec.id, spec.title, spec.summary)
+        table.add_row(spec.id, spec.summary, spec.fix)
     console.print(table)
     console.print("`tfdoctor checks ID` prints one check's full documentation.", highlight=False, markup=False)
 

@@ -21,6 +21,7 @@ CHECK_MODULES = (
     "tfdoctor.checks.masking",
     "tfdoctor.checks.numerics",
     "tfdoctor.checks.padding",
+    "tfdoctor.checks.invariance",
     "tfdoctor.checks.learning",
     "tfdoctor.checks.memory",
     "tfdoctor.checks.trainloop",
@@ -44,6 +45,14 @@ class CheckSpec:
     def summary(self) -> str:
         """First paragraph of the docstring: what the check catches."""
         return self.doc.split("\n\n")[0].replace("\n", " ")
+
+    @property
+    def fix(self) -> str:
+        """The docstring's paragraph that starts with "Fix:": the one-line fix, as the catalogue shows it."""
+        for paragraph in self.doc.split("\n\n"):
+            if paragraph.startswith("Fix:"):
+                return " ".join(paragraph[len("Fix:"):].split())
+        return ""
 
 
 _REGISTRY: dict[str, CheckSpec] = {}
