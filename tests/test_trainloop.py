@@ -235,6 +235,17 @@ def test_scores_give_each_rows_target_and_weight_whatever_the_loss(loss_fn, weig
     assert float(read["weights"].sum()) == pytest.approx(1.0, rel=1e-4)
 
 
+def test_scores_are_read_the_same_a_few_rows_at_a_time(monkeypatch):
+    import tfdoctor.probes.trace as trace
+
+    z = (0.2 * torch.randn(40, 96)).requires_grad_()
+    (grad,) = torch.autograd.grad(torch.nn.functional.cross_entropy(z, torch.randint(0, 96, (40,))), z)
+    whole = trace.read_scores(z.detach(), grad)
+    monkeypatch.setattr(trace, "READ_CHUNK_ELEMENTS", 96 * 7)  # 7 rows at a time
+    chunked = trace.read_scores(z.detach(), grad)
+    assert all(torch.equal(whole[k], chunked[k]) for k in whole if k != "log_probs")
+
+
 def test_eos_as_pad_passes_with_a_note_and_two_graded_pads_fail():
     good = audit("hf_eos_as_pad")["ignore-index"]
     assert good.details["end_of_text"] == {"graded_pads": 48, "first_pad_of_row": 48, "rows_with_more_than_one": 0}

@@ -26,8 +26,15 @@ ALIGN_MIN_SHARE = 0.9
 PAD_WEIGHT_TOLERANCE = 1e-6
 
 # accumulation-scaling: the step's summed token weight must be 1 (the mean) within float rounding;
-# the bug it catches is off by the accumulation factor k >= 2.
+# the bug it catches is off by the accumulation factor k >= 2. A factor past sqrt(k) (or below
+# 1/sqrt(k)) is nearer the k-fold bug than the mean and fails; one in between warns (a normaliser
+# that counts other tokens than the trained ones).
 ACCUM_TOLERANCE = 0.05
+
+# token-weighting: micro-batches whose tokens' mean gradient weight differ by more than this share
+# are weighed unequally. Weights read from the gradient at the scores agree to ~1e-5 relative; the
+# bias it catches is the micro-batches' token-count ratio (about 1.7x on the batches fed).
+TOKEN_WEIGHT_TOLERANCE = 0.02
 
 # scheduler-placement: once per optimizer step is 1 scheduler step per step; the bug is k >= 2
 # (once per micro-batch), so anything above 1.5 is the schedule running ahead.
@@ -137,15 +144,17 @@ def _backward_window(trace) -> dict[int, tuple[int, float]]:
 
 
 def _window_weights(trace) -> dict[int, float]:
-    """The summed token weight each optimizer-step window's backward calls gave the scored tokens,
-    read from the gradient at the scores (1.0 is the mean over the window's tokens)."""
+    """The summed token weight each optimizer-step window's gradient gives the scored tokens when it
+    reaches the step: read from the gradient at the scores, times any rescaling of .grad between the
+    last backward and the step (1.0 is the mean over the window's tokens)."""
     backwards = _backward_window(trace)
+    rescale = getattr(trace, "grad_rescale", {})
     totals: dict[int, float] = {}
     for entry in trace.scores:
         if entry.get("backward") not in backwards:
             continue
         window, scale = backwards[entry["backward"]]
-        totals[window] = totals.get(window, 0.0) + float(entry["weights"].sum()) / scale
+        totals[window] = totals.get(window, 0.0) + float(entry["weights"].sum()) / scale * rescale.get(window, 1.0)
     return totals
 
 
@@ -549,14 +558,24 @@ def accumulation_scaling(subject) -> Result:
         at = ""
     if at and uneven[0]["gradient_factor"] is not None:
         at += f", with {uneven[0]['gradient_factor']:.2f}x the mean gradient"
+    rescaled = [trace.grad_rescale[w] for w in sorted(even) if w in getattr(trace, "grad_rescale", {})]
+    details["grad_rescale"] = {w: trace.grad_rescale[w] for w in sorted(even) if w in trace.grad_rescale} or None
+    how = (f"; the loop rescales the accumulated gradients by {rescaled[0]:.3g} before the step"
+           if rescaled else "")
     if abs(factor - 1.0) <= ACCUM_TOLERANCE:
-        summary = (f"{k} micro-batches per step, each loss divided by {k}: the step's gradient is the mean "
-                   f"({factor:.2f}x)")
+        summary = (f"{k} micro-batches per step: the gradient reaching the optimizer step is the mean over "
+                   f"the step's tokens ({factor:.2f}x){how}")
         if not at:
             return Result.passed(summary, details)
         return Result.warned(f"{at}; the other steps are right ({summary})",
                              f"step after every k-th micro-batch: if (step + 1) % {k} == 0: optimizer.step()",
                              details)
+    if 1 / math.sqrt(k) < factor < math.sqrt(k) and not at:
+        return Result.warned(
+            f"{k} micro-batches per step: the gradient reaching the optimizer step is {factor:.2f}x the mean over "
+            f"the step's tokens{how}: not the {k}-fold accumulation bug, but the loss is normalised by another "
+            "count than the trained tokens", "divide the summed token loss by the number of trained (non-pad) "
+            "target tokens of the whole step", details)
     if factor > 1:
         problem = (f"the {k} micro-batches per optimizer step each send {factor / k:.2f}x their loss to "
                    f"backward: the accumulated gradient is {factor:.2f}x the mean, so the effective "
@@ -570,6 +589,90 @@ def accumulation_scaling(subject) -> Result:
         problem += f"; also, {at}"
         hint += f"; and step after every k-th micro-batch: if (step + 1) % {k} == 0"
     return Result.failed(problem, hint, details)
+
+
+def _micro_batch_weights(trace) -> dict[int, list[dict]]:
+    """Per optimizer-step window, per backward call (micro-batch): its trained tokens (gradient weight
+    > 0 at the scores) and their mean, smallest and largest weight, the GradScaler's scale divided out."""
+    backwards = _backward_window(trace)
+    found: dict[int, dict[int, dict]] = {}
+    for entry in trace.scores:
+        index = entry.get("backward")
+        if index not in backwards:
+            continue
+        window, scale = backwards[index]
+        weights = entry["weights"][entry["weights"] > 0].double() / scale
+        if not weights.numel():
+            continue
+        held = found.setdefault(window, {}).setdefault(index, {"tokens": 0, "sum": 0.0, "min": math.inf, "max": 0.0})
+        held["tokens"] += int(weights.numel())
+        held["sum"] += float(weights.sum())
+        held["min"] = min(held["min"], float(weights.min()))
+        held["max"] = max(held["max"], float(weights.max()))
+    return {w: [dict(m, mean=m["sum"] / m["tokens"]) for _, m in sorted(per.items())] for w, per in found.items()}
+
+
+@check("token-weighting", title="Every trained token weighs the same within an optimizer step",
+       needs=("train", "pad_id"))
+def token_weighting(subject) -> Result:
+    """Catches gradient accumulation that averages each micro-batch over its own tokens and then
+    divides by k: with padding, micro-batches hold different numbers of real tokens, so a token in a
+    short micro-batch weighs more than one in a long one and the step is not the mean over its tokens
+    (transformers#34191, fixed there with num_items_in_batch). It biases, it does not break: a
+    warning (a failure with --strict).
+
+    The batches fed to the loop alternate long and short real lengths, so consecutive micro-batches
+    differ in token count. Each trained token's weight in the update is read from the gradient that
+    reached the model's scores (any loss), and within every optimizer step the mean weight of each
+    micro-batch's tokens is compared. Token-summed losses divided by the step's total token count
+    (num_items_in_batch, torchtune's scale_grads after backward) pass.
+
+    Fix: sum the token losses and divide by the trained tokens of the whole step:
+    loss = F.cross_entropy(..., reduction="sum") / num_tokens_in_step.
+    """
+    trace = _trace(subject)
+    reason = _stepped(trace)
+    if reason:
+        return Result.skipped(reason)
+    k, _ = _micro_batches(trace)
+    if k <= 1:
+        return Result.skipped("one backward per optimizer step: tokens are weighed within one batch")
+    windows = {w: m for w, m in _micro_batch_weights(trace).items() if len(m) > 1}
+    if not windows:
+        return Result.skipped(_no_scores(trace, subject))
+
+    def spread(micro: list[dict]) -> float:
+        return max(m["mean"] for m in micro) / min(m["mean"] for m in micro)
+
+    def token_spread(micro: list[dict]) -> float:
+        return max(m["tokens"] for m in micro) / min(m["tokens"] for m in micro)
+
+    worst = max(windows, key=lambda w: spread(windows[w]))
+    micro = windows[worst]
+    ratio = spread(micro)
+    details = {"micro_batches_per_step": k, "steps_judged": len(windows), "weight_ratio": ratio,
+               "window": worst, "tokens_per_micro_batch": [m["tokens"] for m in micro],
+               "mean_weight_per_micro_batch": [m["mean"] for m in micro],
+               "within_micro_batch_ratio": max(m["max"] / m["min"] for m in micro),
+               "token_count_ratio": token_spread(micro)}
+    if ratio <= 1 + TOKEN_WEIGHT_TOLERANCE:
+        if max(token_spread(m) for m in windows.values()) <= 1 + TOKEN_WEIGHT_TOLERANCE:
+            return Result.skipped("the micro-batches of each step held the same number of trained tokens, so "
+                                  "their weighting cannot be told apart", details)
+        return Result.passed(
+            f"in {len(windows)} optimizer steps of {k} micro-batches ({min(details['tokens_per_micro_batch'])}.."
+            f"{max(details['tokens_per_micro_batch'])} trained tokens each) every token weighs the same "
+            f"(largest spread {ratio:.3f}x)", details)
+    light = min(micro, key=lambda m: m["mean"])
+    heavy = max(micro, key=lambda m: m["mean"])
+    return Result.warned(
+        f"within optimizer step {worst + 1}, tokens of the micro-batch with {heavy['tokens']} trained tokens weigh "
+        f"{ratio:.1f}x those of the one with {light['tokens']}: each micro-batch is averaged over its own tokens "
+        f"and the {k} means are weighed alike, so short micro-batches count more per token",
+        "normalise by the whole step's token count: loss = F.cross_entropy(..., reduction='sum') / "
+        "num_tokens_in_step (count the trained targets of the k micro-batches first, as the Hugging Face "
+        "Trainer's num_items_in_batch), or backward the summed loss and scale the gradients by "
+        "1 / num_tokens_in_step before the step", details)
 
 
 @check("scheduler-placement", title="The LR scheduler steps once per optimizer step", needs=("train",))
@@ -766,7 +869,8 @@ def _holds(group: dict) -> str:
 
 
 def _describe(group: dict) -> str:
-    return f"{group['optimizer']} group {group['group']} ({_holds(group)}) {group['peak_lr']:.2g}"
+    rising = " and rising" if group["rising"] else ""
+    return f"{group['optimizer']} group {group['group']} ({_holds(group)}) {group['peak_lr']:.2g}{rising}"
 
 
 @check("lr-schedule", title="The learning-rate schedule warms up to a sensible peak", needs=("train",))
