@@ -69,14 +69,6 @@ WARMUP_START_SHARE = 0.5
 GROWTH_MIN_STEPS = 6
 GROWTH_FACTOR = 2.0
 
-# overfit-batch with the user's loop (used by tfdoctor.checks.learning.overfit_batch): the same
-# batch is fed this many times, and the next-token loss on it must fall to this share of its start.
-# Measured on the fixture GPT: working loops at peak lr 3e-4..1e-3 (warm-up 10..100 steps, with or
-# without accumulation) cut it by 14% to 60%; the Noam-on-default-lr loop (rates ~1e-6) and the
-# identity objective move it by less than 0.1%. A loop whose warm-up is much longer than 160 batches
-# may not move it enough: the message says so.
-OVERFIT_LOOP_BATCHES = 160
-OVERFIT_LOOP_MAX_SHARE = 0.9
 
 def _trace(subject):
     """The one recorded run of the user's loop, shared by every check of the run.
@@ -1117,67 +1109,3 @@ def optimizer_coverage(subject) -> Result:
                 "tfdoctor rebuilt them on its copy, but an EMA made with deepcopy would run your live weights")
     return Result.passed(f"all {coverage['with_grad']} parameter tensors that receive gradients are in the "
                          f"loop's optimizer{'s' if coverage.get('optimizers', 1) > 1 else ''}{note}", details)
-
-
-# ------------------------------------------------------------------------------------------------
-# overfit-batch with the user's loop (called by tfdoctor.checks.learning.overfit_batch)
-
-
-def _next_token_loss(subject, model, batch) -> float:
-    """Mean next-token cross-entropy of `model` on `batch`, dropout off, padding ignored."""
-    import dataclasses
-
-    import torch
-    import torch.nn.functional as F
-
-    from tfdoctor.probes.modes import evaluation
-    from tfdoctor.subject import call
-
-    clone = dataclasses.replace(subject, model=model)
-    with torch.no_grad(), evaluation(model):
-        if subject.kind == "seq2seq":
-            src, ids = batch
-            logits = call(clone, src, ids[:, :-1])
-        else:
-            ids = batch
-            logits = call(clone, ids[:, :-1])
-        targets = ids[:, 1:]
-        if subject.pad_id is not None:
-            targets = targets.masked_fill(targets == subject.pad_id, -100)
-        return float(F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100))
-
-
-def overfit_with_loop(subject) -> Result:
-    """overfit-batch through the user's own loop: feed it one batch over and over on a copy of the
-    model, then judge the next-token loss the copy reaches on that batch."""
-    import torch
-
-    from tfdoctor.checks.learning import OVERFIT_TARGET_NATS, OVERFIT_TARGET_SHARE
-    from tfdoctor.context import current, progress
-    from tfdoctor.probes.batches import train_batches
-    from tfdoctor.probes.trace import isolated_copy, run_loop
-
-    model = isolated_copy(subject.model)[0]
-    batch = train_batches(subject, 1, torch.Generator().manual_seed(current().seed + 2))[0]
-    target = max(OVERFIT_TARGET_NATS, OVERFIT_TARGET_SHARE * math.log(subject.vocab_size))
-    start = _next_token_loss(subject, model, batch)
-    run_loop(subject, model, [batch] * OVERFIT_LOOP_BATCHES, progress("overfit-batch (your loop)",
-                                                                       OVERFIT_LOOP_BATCHES))
-    final = _next_token_loss(subject, model, batch)
-    details = {"start_loss": start, "final_loss": final, "target_loss": target, "batches": OVERFIT_LOOP_BATCHES,
-               "max_share": OVERFIT_LOOP_MAX_SHARE, "batch_shape": list((batch[1] if isinstance(batch, tuple)
-                                                                         else batch).shape), "loop": True}
-    summary = (f"your loop, fed the same batch {OVERFIT_LOOP_BATCHES} times, took its next-token loss "
-               f"{start:.2f} -> {final:.3f}")
-    if final < target or final <= OVERFIT_LOOP_MAX_SHARE * start:
-        return Result.passed(f"{summary} (needs <= {OVERFIT_LOOP_MAX_SHARE:.0%} of the start)", details)
-    if not math.isfinite(final):
-        return Result.failed(f"{summary}: the weights became non-finite",
-                             "run grad-health and fix the first NaN gradient", details)
-    return Result.failed(
-        f"{summary}, not below {OVERFIT_LOOP_MAX_SHARE:.0%} of the start: the loop does not learn the "
-        "next token of a batch it sees over and over (or its warm-up is far longer than "
-        f"{OVERFIT_LOOP_BATCHES} batches)",
-        "check the loop's objective (targets = inputs shifted by one), its learning rate and schedule "
-        "(lr-schedule), and that optimizer.step() runs; without --train this check tests the model alone",
-        details)
