@@ -17,6 +17,8 @@ from tfdoctor.tolerances import RELATIVE_TOLERANCE
 DEFAULT_SEQ_LEN = 32
 DEFAULT_BATCH_SIZE = 4
 PADDING_SIDES = ("right", "left")
+# Subject.packing for the Hugging Face convention: documents told apart by position ids restarting at 0.
+PACKING_POSITION_IDS = "position_ids"
 
 # Where models keep their context length, in the order we trust them.
 _MAX_POSITION_ATTRS = ("n_positions", "max_position_embeddings", "n_ctx", "block_size",
@@ -46,6 +48,14 @@ class Subject:
     batch_first: False for a sequence-first model (nn.TransformerEncoder / nn.MultiheadAttention
                 with batch_first=False) called with ids [T, B] and returning [T, B, V]; tfdoctor then
                 feeds it [T, B] and transposes the output back. None: detected by a probe.
+    packing:    how the model is trained on packed rows (several documents in one row), for
+                packing-isolation: packing(model, input_ids [B, T], doc_ids [B, T], position_ids [B, T])
+                -> logits, or "position_ids" for the Hugging Face convention
+                (model(input_ids=..., position_ids=...), positions restarting at each document, as
+                DataCollatorWithFlattening builds them). None: the model is not trained packed.
+    incremental: incremental(model, input_ids [B, t], state) -> (logits [B, t, V], state), the model's
+                cached decoding (state None on the first call), for cache-consistency. Hugging Face
+                causal LMs need none: their use_cache / past_key_values path is used.
     """
 
     model: Any
@@ -59,6 +69,8 @@ class Subject:
     padding_side: Optional[str] = None
     tokenizer: Any = None
     batch_first: Optional[bool] = None
+    packing: Any = None
+    incremental: Optional[Callable] = None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -257,6 +269,9 @@ def resolve(subject: Subject) -> Subject:
         raise UsageError(f"unknown padding side {subject.padding_side!r}", f"use one of {', '.join(PADDING_SIDES)}")
     if subject.batch_first not in (None, True, False):
         raise UsageError(f"batch_first must be True, False or None (detect), got {subject.batch_first!r}")
+    if subject.packing is not None and not (callable(subject.packing) or subject.packing == PACKING_POSITION_IDS):
+        raise UsageError(f"unknown packing {subject.packing!r}",
+                         f"give packing(model, input_ids, doc_ids, position_ids) -> logits, or {PACKING_POSITION_IDS!r}")
     kind = subject.kind
     if kind is None:
         # A Subject with its own forward decides how the model is called, so the model's class says

@@ -8,16 +8,25 @@ from tfdoctor.subject import Subject, random_tokens
 
 # Padded rows keep at least this share of real tokens, so every row has something to learn from.
 MIN_REAL_SHARE = 0.5
+# Every other batch is a short one: its padded rows keep SHORT_REAL_SHARE..MIN_REAL_SHARE of their
+# tokens. Consecutive micro-batches then hold different numbers of real tokens (about 1.7x apart at
+# B=4, T=32), as a real data loader's do, so that a loop that averages each micro-batch over its own
+# tokens shows its bias (token-weighting); every loop check is fed the same batches.
+SHORT_REAL_SHARE = 0.125
 
 
-def _pad(subject: Subject, ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def _pad(subject: Subject, ids: torch.Tensor, generator: torch.Generator, short: bool = False) -> torch.Tensor:
     """Pad every row but the first after a random length of real tokens: at its end, or at its
-    start when the subject declares padding_side="left" (the loop is fed the side it trains on)."""
+    start when the subject declares padding_side="left" (the loop is fed the side it trains on).
+    A short batch's rows keep less (see SHORT_REAL_SHARE)."""
     if subject.pad_id is None:
         return ids
     B, T = ids.shape
     low = max(2, int(T * MIN_REAL_SHARE))
-    lengths = torch.randint(low, T, (B,), generator=generator)
+    high = T
+    if short:
+        low, high = max(2, int(T * SHORT_REAL_SHARE)), low
+    lengths = torch.randint(low, max(low + 1, high), (B,), generator=generator)
     lengths[0] = T  # one full row, as a real batch padded to its longest sequence has
     positions = torch.arange(T)[None, :]
     if subject.padding_side == "left":
@@ -27,13 +36,15 @@ def _pad(subject: Subject, ids: torch.Tensor, generator: torch.Generator) -> tor
 
 def train_batches(subject: Subject, count: int, generator: torch.Generator) -> list:
     """`count` batches of LongTensor ids [B, T] (seq2seq: (src, tgt) pairs), padded with pad_id when
-    the subject has one: at the end of each row, or at its start for padding_side="left"."""
+    the subject has one: at the end of each row, or at its start for padding_side="left"; every
+    other batch shorter (more padding) than the one before."""
     B, T = subject.batch_size, subject.seq_len
     batches = []
-    for _ in range(count):
-        ids = _pad(subject, random_tokens(subject, B, T, generator), generator)
+    for i in range(count):
+        short = i % 2 == 1
+        ids = _pad(subject, random_tokens(subject, B, T, generator), generator, short)
         if subject.kind == "seq2seq":
-            src = _pad(subject, random_tokens(subject, B, T, generator), generator)
+            src = _pad(subject, random_tokens(subject, B, T, generator), generator, short)
             batches.append((src, ids))
         else:
             batches.append(ids)

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from tfdoctor.recording.sites import call_site
 from tfdoctor.subject import Subject, extract_logits
 
 # Loss functions whose calls are recorded. The nn losses (CrossEntropyLoss, NLLLoss) call these.
@@ -83,6 +84,10 @@ SAMPLE_PER_TENSOR = 32
 READ_CHUNK_ELEMENTS = 1 << 20
 # Watched scored tensors kept for the "already watched?" search; older ones have been backpropagated.
 WATCHED_KEEP = 8
+# Events that carry the user's file:line of the call (see tfdoctor/recording/sites.py), which the
+# loop checks name in their findings. Forwards and batches are many and judged by content only.
+LOCATED_EVENTS = frozenset({"loss", "backward", "scale", "unscale", "scaler_step", "clip", "opt_step",
+                            "zero_grad", "sched_step", "autocast"})
 
 
 @dataclass
@@ -109,6 +114,9 @@ class Trace:
     # rebound: function attributes of the copy rebuilt to use the copy's modules (minGPT's `mlpf`);
     # restored: the user's own tensors the loop still changed through the copy, put back afterwards.
     isolation: dict = field(default_factory=dict)
+    # window -> factor by which the loop rescaled the accumulated gradients between its last backward
+    # and the step (`p.grad.mul_(1 / num_tokens)`, torchtune's scale_grads); absent: not rescaled.
+    grad_rescale: dict = field(default_factory=dict)
 
     def of(self, *kinds: str) -> list[Event]:
         return [e for e in self.events if e.kind in kinds]
@@ -293,10 +301,14 @@ class _Recorder(TorchFunctionMode):
         self.stepped = False  # an optimizer has stepped
         self.backward_since_step = False  # a backward ran since the last optimizer step
         self.advance: Callable[[int], None] = lambda n=1: None
+        self.after_backward: Optional[torch.Tensor] = None  # gradient sample after the latest backward
+        self.grad_rescale: dict[int, float] = {}
 
     # ------------------------------------------------------------------ events
 
     def event(self, kind: str, **data) -> dict:
+        if kind in LOCATED_EVENTS:
+            data["where"] = call_site()
         self.events.append(Event(kind, self.window, data))
         return data
 
@@ -344,6 +356,7 @@ class _Recorder(TorchFunctionMode):
             return func(*args, **kwargs)
         finally:
             self.current_backward = None
+            self.after_backward = _sample(p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params)
             if not self.optimizers:  # no optimizer seen yet: watch for the loop updating weights itself
                 norm, finite = _grad_norm(self.params)
                 self.sampled = (_sample(self.params), _sample(p.grad if p.grad is not None else torch.zeros_like(p)
@@ -369,6 +382,19 @@ class _Recorder(TorchFunctionMode):
                    grad_norm=norm, finite=finite, in_scaler=False)
         self.window += 1
         self.stepped, self.backward_since_step = True, False
+
+    def _step_begins(self) -> None:
+        """The loop hands its gradients to the step (unscale_, a clip, scaler.step or optimizer.step):
+        how much it rescaled them since its last backward, read on a sample of their elements."""
+        if self.after_backward is None or not self.record:
+            return
+        before, self.after_backward = self.after_backward, None
+        now = _sample(p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params)
+        norm = float(before.double() @ before.double())
+        if norm > 0:
+            factor = float(now.double() @ before.double()) / norm
+            if abs(factor - 1.0) > 1e-6:
+                self.grad_rescale[self.window] = factor
 
     _signatures: dict = {}
 
@@ -485,6 +511,7 @@ class _Recorder(TorchFunctionMode):
     def opt_pre(self, optimizer, args, kwargs):
         if not self.record:
             return
+        self._step_begins()
         params = [p for group in optimizer.param_groups for p in group["params"]]
         norm, finite = _grad_norm(params)
         self.optimizers[id(optimizer)] = optimizer
@@ -495,7 +522,7 @@ class _Recorder(TorchFunctionMode):
         joins = self.stepped and not self.backward_since_step
         self.events.append(Event("opt_step", self.window - 1 if joins else self.window, dict(
             optimizer=id(optimizer), lrs=[float(g["lr"]) for g in optimizer.param_groups], grad_norm=norm,
-            finite=finite, in_scaler=bool(self.in_scaler_step), joins=joins)))
+            finite=finite, in_scaler=bool(self.in_scaler_step), joins=joins, where=call_site())))
 
     def opt_post(self, optimizer, args, kwargs):
         if self.backward_since_step or not self.stepped:
@@ -509,6 +536,7 @@ class _Recorder(TorchFunctionMode):
 
         def clipped(parameters, *args, **kwargs):
             params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            recorder._step_begins()
             if recorder.record:
                 with_grad = {id(p) for p in recorder.params if p.grad is not None}
                 given = {id(p) for p in params}
@@ -545,12 +573,15 @@ class _Recorder(TorchFunctionMode):
             return result
 
         def unscale_(scaler, optimizer):
+            if not recorder.in_scaler_step:
+                recorder._step_begins()
             if recorder.record:
                 recorder.event("unscale", scaler=id(scaler), optimizer=id(optimizer),
                                internal=bool(recorder.in_scaler_step))
             return original(scaler, optimizer)
 
         def step(scaler, optimizer, *args, **kwargs):
+            recorder._step_begins()
             data = recorder.event("scaler_step", scaler=id(scaler), optimizer=id(optimizer)) if recorder.record \
                 else {}
             before = recorder.window
@@ -959,7 +990,8 @@ def _finish(recorder: _Recorder, caught) -> Trace:
                                   if id(p) in recorder.optimized and id(p) not in recorder.with_grad],
                 "optimizers": len(recorder.optimizers)}
     trace = Trace(recorder.events, recorder.batches_fed, optimizers, schedules, messages,
-                  sum(p.numel() for p in recorder.params), recorder.scores, coverage)
+                  sum(p.numel() for p in recorder.params), recorder.scores, coverage,
+                  grad_rescale=dict(recorder.grad_rescale))
     return trace
 
 

@@ -1,0 +1,381 @@
+"""The same sequences arranged differently: alone, padded among rows of other lengths, packed with
+other documents in one row, or computed token by token with the model's cache. A model must give
+each sequence the same logits in every arrangement.
+
+Every arrangement is one batched forward (the cheap path of the dependency map): a causal model's
+sequence "alone" is the first L positions of a row that holds it and then unrelated filler, since
+position i of a causal model reads only tokens <= i (future-leak checks that part separately).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from tfdoctor.probes.dependency import finite_scale
+from tfdoctor.subject import PACKING_POSITION_IDS, Subject, call, extract_logits, is_hugging_face, random_tokens
+from tfdoctor.tolerances import EQUIVALENCE_TOLERANCE
+
+# packing-isolation: the shortest document packed (one token predicts nothing worth comparing) and
+# the most documents per row (enough to see a boundary leak, few enough to name each one).
+MIN_DOCUMENT = 2
+MAX_DOCUMENTS = 4
+# cache-consistency: tokens decoded one at a time after the prefill. A skipped causal mask shows in
+# the prefill, an offset cache position at the first decoded token; 8 steps also show a drift.
+DECODE_STEPS = 8
+
+
+# ----------------------------------------------------------------------------------------------
+# Calling a Hugging Face model with the arguments generation and packed training use
+
+
+def _accepts(model, name: str) -> bool:
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in parameters
+
+
+def _cache_argument(model) -> str:
+    """transformers 5 calls the cache `cache`; earlier releases `past_key_values`."""
+    return "cache" if _accepts(model, "cache") else "past_key_values"
+
+
+def mask_positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids counted from each row's first real token, as generation builds them from the
+    attention mask (pads get 1, a harmless in-range id)."""
+    positions = mask.long().cumsum(-1) - 1
+    return positions.masked_fill(mask == 0, 1)
+
+
+def hf_forward(model, ids, mask=None, positions=None, cache=None, use_cache=False):
+    """Logits and the returned cache of a Hugging Face causal LM. use_cache None leaves it to the
+    model's config (as a hand-written loop that does not pass it does)."""
+    kwargs = {"input_ids": ids}
+    if mask is not None:
+        kwargs["attention_mask"] = mask.long()
+    if positions is not None and _accepts(model, "position_ids"):
+        kwargs["position_ids"] = positions
+    if use_cache is not None and _accepts(model, "use_cache"):
+        kwargs["use_cache"] = bool(use_cache)
+    if use_cache and cache is not None:
+        kwargs[_cache_argument(model)] = cache
+    out = model(**kwargs)
+    returned = getattr(out, "cache", None)
+    if returned is None:
+        returned = getattr(out, "past_key_values", None)
+    return extract_logits(out), returned
+
+
+def _hf_causal(subject: Subject) -> bool:
+    """A Hugging Face causal LM called the way tfdoctor calls it (no Subject forward of its own)."""
+    return subject.forward is None and subject.kind == "causal" and is_hugging_face(subject.model)
+
+
+def _filler(subject: Subject, ids: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    return random_tokens(subject, *ids.shape, generator=generator)
+
+
+# ----------------------------------------------------------------------------------------------
+# padding-equivalence
+
+
+def real_lengths(batch: int, length: int) -> list[int]:
+    """Real tokens per row: one full row (a batch is padded to its longest sequence), the others
+    shorter and all different, so that rows of several pad counts are compared."""
+    if batch == 1:
+        return [max(1, length // 2)]
+    return [length] + [max(1, length - (r + 1) * length // batch) for r in range(batch - 1)]
+
+
+@dataclass
+class PaddedArrangement:
+    side: str
+    lengths: list[int]
+    diff: torch.Tensor  # [B, T] largest logit difference at each real position (0 elsewhere), inf at NaN
+    real: torch.Tensor  # [B, T] True at the real positions of the padded batch
+    scale: float
+    ids: torch.Tensor  # the padded batch
+    logits: torch.Tensor  # its logits [B, T, V]
+
+    @property
+    def tolerance(self) -> float:
+        return EQUIVALENCE_TOLERANCE * max(self.scale, 1e-30)
+
+    @property
+    def differs(self) -> torch.Tensor:
+        return (self.diff > self.tolerance) & self.real
+
+    def row_differences(self) -> list[float]:
+        return [float(self.diff[r][self.real[r]].max()) if bool(self.real[r].any()) else 0.0
+                for r in range(self.diff.shape[0])]
+
+
+def padded_call(subject: Subject, ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """Logits of a padded batch, called as in training: the Subject's forward, or a Hugging Face
+    model with attention_mask from the pads (causal LMs also with position ids from that mask, as
+    generation builds them; where the user's own forward builds them, it decides)."""
+    if _hf_causal(subject):
+        return hf_forward(subject.model, ids, mask=real, positions=mask_positions(real))[0]
+    return call(subject, ids)
+
+
+@dataclass
+class PaddingProbe:
+    sequences: torch.Tensor  # [B, T] each row's real tokens at its start (then filler)
+    lengths: list[int]
+    reference: torch.Tensor  # [B, T, V] each sequence alone at positions [0, L)
+
+
+def alone(subject: Subject, generator: torch.Generator) -> PaddingProbe:
+    """The probe sequences and their logits alone: for a causal model one forward of unpadded rows
+    (real tokens then filler); an encoder reads its filler, so each length is run by itself."""
+    B, T = subject.batch_size, subject.seq_len
+    lengths = real_lengths(B, T)
+    ids = random_tokens(subject, B, T, generator)
+    with torch.no_grad():
+        if subject.kind == "causal":
+            full = torch.ones_like(ids, dtype=torch.bool)
+            reference = padded_call(subject, ids, full).float()
+        else:
+            reference = torch.zeros(B, T, subject.vocab_size, device=ids.device)
+            for r, L in enumerate(lengths):
+                row = ids[r:r + 1, :L]
+                reference[r, :L] = padded_call(subject, row, torch.ones_like(row, dtype=torch.bool)).float()[0]
+    return PaddingProbe(ids, lengths, reference)
+
+
+def arrange_padded(subject: Subject, probe: PaddingProbe, side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The probe's sequences as one batch padded on `side` with pad_id: (ids, real [B, T])."""
+    B, T = probe.sequences.shape
+    ids = torch.full_like(probe.sequences, subject.pad_id)
+    real = torch.zeros(B, T, dtype=torch.bool, device=ids.device)
+    for r, L in enumerate(probe.lengths):
+        start = T - L if side == "left" else 0
+        ids[r, start:start + L] = probe.sequences[r, :L]
+        real[r, start:start + L] = True
+    return ids, real
+
+
+def compare_padded(subject: Subject, probe: PaddingProbe, side: str) -> PaddedArrangement:
+    """One forward of the sequences padded on `side`, compared position by position with alone."""
+    ids, real = arrange_padded(subject, probe, side)
+    with torch.no_grad():
+        logits = padded_call(subject, ids, real).float()
+    B, T = ids.shape
+    diff = torch.zeros(B, T)
+    compared = []
+    for r, L in enumerate(probe.lengths):
+        start = T - L if side == "left" else 0
+        here, there = logits[r, start:start + L], probe.reference[r, :L]
+        gap = (here - there).abs().amax(-1)
+        gap = torch.where(torch.isfinite(here).all(-1), gap, torch.full_like(gap, float("inf")))
+        diff[r, start:start + L] = torch.nan_to_num(gap, nan=float("inf"), posinf=float("inf")).cpu()
+        compared.append(there)
+    scale = finite_scale(torch.cat(compared))
+    return PaddedArrangement(side, probe.lengths, diff, real.cpu(), scale, ids, logits)
+
+
+def row_alone_padded(subject: Subject, arrangement: PaddedArrangement, row: int) -> torch.Tensor:
+    """Row `row` of the padded batch run as a batch of one (same pads): [T, V]."""
+    ids = arrangement.ids[row:row + 1]
+    real = arrangement.real[row:row + 1].to(ids.device)
+    with torch.no_grad():
+        return padded_call(subject, ids, real).float()[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# packing-isolation
+
+
+@dataclass
+class PackedRows:
+    ids: torch.Tensor  # [B, T]
+    doc_ids: torch.Tensor  # [B, T] 0, 0, 0, 1, 1, 2, ... within each row
+    positions: torch.Tensor  # [B, T] restarting at 0 at each document
+    documents: list[list[tuple[int, int]]]  # per row: (start, length) of each document
+
+
+def pack_rows(subject: Subject, generator: torch.Generator) -> PackedRows:
+    """B rows of T tokens, each holding 2..MAX_DOCUMENTS documents of random lengths. The Hugging
+    Face convention packs one row (transformers reads documents off the position ids of a batch of
+    one, the batch DataCollatorWithFlattening builds)."""
+    B, T = subject.batch_size, subject.seq_len
+    if subject.packing == PACKING_POSITION_IDS:
+        B = 1
+    ids = random_tokens(subject, B, T, generator)
+    doc_ids = torch.zeros(B, T, dtype=torch.long)
+    positions = torch.zeros(B, T, dtype=torch.long)
+    documents = []
+    most = max(1, min(MAX_DOCUMENTS, T // MIN_DOCUMENT))
+    for r in range(B):
+        count = min(most, MAX_DOCUMENTS - r % (MAX_DOCUMENTS - 1)) if most >= 2 else 1
+        # cut points: count - 1 distinct places, each document at least MIN_DOCUMENT long
+        slack = T - count * MIN_DOCUMENT
+        cuts = sorted(torch.randint(0, slack + 1, (count - 1,), generator=generator).tolist())
+        lengths = [MIN_DOCUMENT + b - a for a, b in zip([0] + cuts, cuts + [slack])]
+        row, start = [], 0
+        for d, L in enumerate(lengths):
+            doc_ids[r, start:start + L] = d
+            positions[r, start:start + L] = torch.arange(L)
+            row.append((start, L))
+            start += L
+        documents.append(row)
+    device = ids.device
+    return PackedRows(ids, doc_ids.to(device), positions.to(device), documents)
+
+
+def packed_call(subject: Subject, rows: PackedRows, ids: Optional[torch.Tensor] = None,
+                use_cache: Optional[bool] = False) -> torch.Tensor:
+    """Logits of packed rows (or of copies of them, stacked: copy c of row r at c * B + r)."""
+    ids = rows.ids if ids is None else ids
+    copies = ids.shape[0] // rows.ids.shape[0]
+    doc_ids, positions = rows.doc_ids.repeat(copies, 1), rows.positions.repeat(copies, 1)
+    if subject.packing == PACKING_POSITION_IDS:
+        # No attention mask and no cache: only then does transformers tell the documents apart by the
+        # restarting position ids. The Trainer trains with config.use_cache = False.
+        return hf_forward(subject.model, ids, positions=positions, use_cache=use_cache)[0]
+    return extract_logits(subject.packing(subject.model, ids.contiguous(), doc_ids.contiguous(),
+                                          positions.contiguous()))
+
+
+@dataclass
+class PackingComparison:
+    rows: PackedRows
+    diff: torch.Tensor  # [B, T] largest logit difference from the document alone
+    scale: float
+    logits: torch.Tensor
+
+    @property
+    def tolerance(self) -> float:
+        return EQUIVALENCE_TOLERANCE * max(self.scale, 1e-30)
+
+
+def compare_packed(subject: Subject, rows: PackedRows, generator: torch.Generator) -> PackingComparison:
+    """The packed rows in one forward against every document alone, all documents in one forward
+    (each at the start of its own row, filler after it: a causal model never reads the filler)."""
+    B, T = rows.ids.shape
+    docs = [(r, s, L) for r, row in enumerate(rows.documents) for s, L in row]
+    width = max(L for _, _, L in docs)
+    alone_ids = random_tokens(subject, len(docs), width, generator)
+    for n, (r, s, L) in enumerate(docs):
+        alone_ids[n, :L] = rows.ids[r, s:s + L]
+    with torch.no_grad():
+        packed = packed_call(subject, rows).float()
+        reference = call(subject, alone_ids).float()
+    diff = torch.zeros(B, T)
+    for n, (r, s, L) in enumerate(docs):
+        gap = (packed[r, s:s + L] - reference[n, :L]).abs().amax(-1)
+        diff[r, s:s + L] = torch.nan_to_num(gap, nan=float("inf"), posinf=float("inf")).cpu()
+    return PackingComparison(rows, diff, finite_scale(reference), packed)
+
+
+def document_map(subject: Subject, comparison: PackingComparison, generator: torch.Generator) -> list[list[list[bool]]]:
+    """Per row, M[i][j]: do document i's logits move when only document j's tokens change? One
+    forward with a copy of the packed batch per (row, document) swapped."""
+    rows = comparison.rows
+    B, T = rows.ids.shape
+    count = max(len(row) for row in rows.documents)
+    copies = rows.ids.repeat(count, 1)  # copy c of row r at c * B + r: document c swapped
+    swapped = random_tokens(subject, *copies.shape, generator=generator)
+    for c in range(count):
+        for r, row in enumerate(rows.documents):
+            if c < len(row):
+                s, L = row[c]
+                copies[c * B + r, s:s + L] = swapped[c * B + r, s:s + L]
+    with torch.no_grad():
+        moved = packed_call(subject, rows, copies).float()
+    base = comparison.logits.repeat(count, 1, 1)
+    change = torch.nan_to_num((moved - base).abs().amax(-1), nan=float("inf"), posinf=float("inf")).cpu()  # [count * B, T]
+    maps = []
+    for r, row in enumerate(rows.documents):
+        grid = []
+        for i, (s, L) in enumerate(row):
+            grid.append([bool(change[j * B + r, s:s + L].max() > comparison.tolerance) for j in range(len(row))])
+        maps.append(grid)
+    return maps
+
+
+# ----------------------------------------------------------------------------------------------
+# cache-consistency
+
+
+@dataclass
+class CacheComparison:
+    label: str  # "unpadded" or "left-padded prompts"
+    prefill: int  # tokens given to the first (cached) call
+    diff: torch.Tensor  # [L] largest logit difference at each position over the batch's real tokens
+    scale: float
+    details: dict = field(default_factory=dict)
+
+    @property
+    def tolerance(self) -> float:
+        return EQUIVALENCE_TOLERANCE * max(self.scale, 1e-30)
+
+    def first_divergence(self) -> Optional[int]:
+        over = (self.diff > self.tolerance).nonzero()
+        return int(over[0]) if over.numel() else None
+
+
+def cache_lengths(subject: Subject) -> tuple[int, int]:
+    """(prefill, total): half the probe length as the prompt, then up to DECODE_STEPS tokens."""
+    T = subject.seq_len
+    prefill = max(2, T // 2) if T >= 3 else 1
+    return prefill, min(T, prefill + DECODE_STEPS)
+
+
+def _compare_steps(full: torch.Tensor, steps: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, float]:
+    gap = torch.nan_to_num((steps - full).abs().amax(-1), nan=float("inf"), posinf=float("inf"))  # [B, L]
+    gap = gap.masked_fill(~real, 0.0)
+    scale = finite_scale(full[real]) if bool(real.any()) else 0.0
+    return gap.amax(0).cpu(), scale
+
+
+def compare_cache(subject: Subject, generator: torch.Generator, left_padded: bool = False) -> CacheComparison:
+    """Prefill then one token at a time through the model's cache (Subject.incremental when given, else
+    the Hugging Face use_cache path), against one full forward.
+    left_padded: prompts of different lengths left-padded in one batch, with the attention mask
+    extended and position ids from it at every step, as generation does (Hugging Face only)."""
+    prefill, total = cache_lengths(subject)
+    B = subject.batch_size
+    ids = random_tokens(subject, B, total, generator)
+    real = torch.ones(B, total, dtype=torch.bool, device=ids.device)
+    if left_padded:
+        pad = subject.pad_id if subject.pad_id is not None else 0
+        for r in range(1, B):  # row 0 keeps its whole prompt; the others lose a growing share to pads
+            count = min(prefill - 1, r * prefill // B)
+            ids[r, :count] = pad
+            real[r, :count] = False
+    with torch.no_grad():
+        if subject.incremental is None:  # a Hugging Face causal LM (cache-consistency checked it)
+            model = subject.model
+            positions = mask_positions(real)
+            full, _ = hf_forward(model, ids, mask=real, positions=positions)
+            first, cache = hf_forward(model, ids[:, :prefill], mask=real[:, :prefill],
+                                      positions=positions[:, :prefill], use_cache=True)
+            outputs = [first]
+            for i in range(prefill, total):
+                step, cache = hf_forward(model, ids[:, i:i + 1], mask=real[:, :i + 1], positions=positions[:, i:i + 1],
+                                         cache=cache, use_cache=True)
+                outputs.append(step)
+        else:
+            full = call(subject, ids)
+            first, state = subject.incremental(subject.model, ids[:, :prefill].contiguous(), None)
+            outputs = [extract_logits(first)]
+            for i in range(prefill, total):
+                step, state = subject.incremental(subject.model, ids[:, i:i + 1].contiguous(), state)
+                outputs.append(extract_logits(step))
+    steps = torch.cat([o.float() for o in outputs], dim=1)
+    if tuple(steps.shape) != tuple(full.shape):
+        from tfdoctor.errors import SubjectError
+
+        raise SubjectError(f"incremental decoding returned logits {list(steps.shape)} in all, the full forward "
+                           f"{list(full.shape)}", "return logits [B, t, V] for the t tokens given at each call")
+    diff, scale = _compare_steps(full.float(), steps, real)
+    label = "left-padded prompts" if left_padded else "unpadded"
+    details = {"pads_per_row": (~real[:, :prefill]).sum(1).tolist()} if left_padded else {}
+    return CacheComparison(label, prefill, diff, scale, details)
