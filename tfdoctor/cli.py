@@ -92,7 +92,7 @@ def check(
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="probe sequence length (default 32, capped by the model)"),
     batch: Optional[int] = typer.Option(None, "--batch", help="probe batch size (default 4)"),
     pad_id: Optional[int] = typer.Option(None, "--pad-id", help="padding token id"),
-    kind: Optional[Kind] = typer.Option(None, "--kind", help="causal, encoder or seq2seq (default causal)"),
+    kind: Optional[Kind] = typer.Option(None, "--kind", help="causal, encoder or seq2seq (default: what the model announces, else causal)"),
     only: Optional[str] = typer.Option(None, "--only", help="run only these check ids (comma-separated)"),
     skip: Optional[str] = typer.Option(None, "--skip", help="skip these check ids (comma-separated)"),
     fmt: Format = typer.Option(Format.rich, "--format", help="report format"),
@@ -455,8 +455,9 @@ def memory(
 
             torch.manual_seed(0)  # as `check` does: the factory's weights are the same in every run
             subject = as_subject(load_subject(target), vocab_size=vocab)
-            verdict = judge_traced(subject, target, batch, seq, budget_bytes, source, dtype=dtype.value,
-                                   optimizer=optimizer.value, gpus=gpus, shard=shard.value)
+            with _progress(fmt is MemoryFormat.rich) as start:
+                verdict = judge_traced(subject, target, batch, seq, budget_bytes, source, dtype=dtype.value,
+                                       optimizer=optimizer.value, gpus=gpus, shard=shard.value, progress=start)
     except TfdoctorError as error:
         _fail_usage(error)
     from tfdoctor.report.memory import render
