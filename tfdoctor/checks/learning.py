@@ -62,6 +62,8 @@ def init_loss(subject) -> Result:
 
     Cross-entropy of the untrained model on random tokens, in eval mode, against ln(V), the loss of
     a uniform guess. Assumes the factory returns an untrained model.
+
+    Fix: initialise embeddings and heads small (`std=0.02`); shift targets by one.
     """
     import torch
 
@@ -129,6 +131,9 @@ def overfit_batch(subject) -> Result:
     long warm-up, a fine-tuning rate decaying to 0) is reported as inconclusive, with the rate.
 
     The check stops at its time budget (--timeout-per-check) and reports what it measured so far.
+
+    Fix: make sure the forward uses the token embeddings and that nothing between them and the loss
+    is detached or frozen.
     """
     from tfdoctor.context import time_budget
 

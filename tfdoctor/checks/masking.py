@@ -84,6 +84,10 @@ def future_leak(subject) -> Result:
     initialisation (attention and MLP output projections or residual gates set to zero, as nanochat,
     modded-nanoGPT and ReZero do) hides any leak until its first step, so it is measured again with
     its trainable zero or constant tensors jittered (then written back) and the details say so.
+
+    Fix: mask the scores before the softmax with the allowed mask `torch.tril(torch.ones(T, T,
+    dtype=torch.bool))` (or the blocked mask `torch.triu(..., diagonal=1)`); with SDPA pass
+    `is_causal=True`.
     """
     return judged_per_implementation(subject, _on_dependency_map(subject, _judge_future_leak))
 
@@ -139,6 +143,9 @@ def mask_direction(subject) -> Result:
 
     Judged on the same measured dependency map as future-leak, never on the source, so the correct
     idiom torch.triu(ones, diagonal=1) used as a blocked mask passes.
+
+    Fix: the one-liner for the pattern found: `torch.tril` where `torch.triu` was written,
+    `diagonal=0` where a position saw its next token, or the missing mask itself.
     """
     return judged_per_implementation(subject, _on_dependency_map(subject, _judge_mask_direction))
 
@@ -191,6 +198,8 @@ def bidirectional_encoder(subject) -> Result:
 
     Measures the same dependency map as future-leak, over the encoder's positions, and names its
     pattern; "none" (every position sees every token) is what an encoder should show.
+
+    Fix: drop the causal mask from the encoder's self-attention and keep only the key-padding mask.
     """
     return judged_per_implementation(subject, _on_dependency_map(subject, _judge_bidirectional))
 
@@ -226,6 +235,8 @@ def cross_attention_mask(subject) -> Result:
     encoder; changing source tokens would not show it, as the encoder mixes every token into every
     position) and records which decoder outputs move. Every decoder position must read every
     source position.
+
+    Fix: `memory_mask=None`; mask only source padding (`memory_key_padding_mask=(src == pad_id)`).
     """
     import torch
 

@@ -17,9 +17,11 @@ def memory(subject) -> Result:
     Why: a step that does not fit is killed by the kernel (exit code 137) with no traceback, usually after
     the model, the data and the first layers have run fine; the [B, nh, T, T] attention scores and the
     [B, T, V] logits grow much faster than anything else. The trace allocates nothing, so a model that
-    would need 60 GiB is measured on a laptop. Fix: the cheapest remedy the check names (micro-batches
-    with gradient accumulation, mixed precision, activation checkpointing, fused attention, shorter
-    sequences); `tfdoctor memory TARGET --batch B --seq T` prints the full table.
+    would need 60 GiB is measured on a laptop.
+
+    Fix: the cheapest remedy the check names (micro-batches with gradient accumulation, mixed
+    precision, activation checkpointing, fused attention, shorter sequences); `tfdoctor memory TARGET
+    --batch B --seq T` prints the full table.
     """
     options = current().options
     batch, seq = options.get("train_batch"), options.get("train_seq")

@@ -76,6 +76,9 @@ def softmax_mask_order(subject) -> Result:
     non-finite (fully masked rows in padded batches) are left to masked-row-nan. Models whose
     attention runs inside fused F.scaled_dot_product_attention pass with a note: the kernel masks
     before its softmax. A model where no softmax reaches a product is skipped.
+
+    Fix: mask before the softmax: `scores.masked_fill(~allowed, float('-inf')).softmax(-1)`, or
+    `is_causal=True` with SDPA.
     """
     return judged_per_implementation(subject, lambda implementation: _softmax_mask_order(subject))
 
@@ -152,6 +155,9 @@ def half_precision_mask(subject) -> Result:
     every constant that goes into a float16 or bfloat16 tensor. An overflow error, or outputs that
     turn NaN/Inf where the model's own precision gives finite ones, fail, naming the constant, the
     module and the dtype. A constant that silently becomes +-inf while the outputs stay finite warns.
+
+    Fix: fill with the dtype's own minimum: `scores.masked_fill(blocked,
+    torch.finfo(scores.dtype).min)`.
     """
     return judged_per_implementation(subject, lambda implementation: _half_precision_mask(subject))
 

@@ -91,6 +91,10 @@ def padding_mask(subject) -> Result:
     a causal model is probed on both sides: attending to right pads fails (real positions see later
     ones), attending to left pads warns, since it matters only for batched generation and
     left-padded training. Encoders and seq2seq sources are padded on the right unless declared.
+
+    Fix: a `(B, 1, 1, T)` key mask `(ids != pad_id)[:, None, None, :]` filled with
+    `torch.finfo(scores.dtype).min`; `attention_mask=` for Hugging Face models; or declare
+    `--padding-side right` when you only pad on the right.
     """
     from tfdoctor.context import current
     from tfdoctor.probes.modes import evaluation
@@ -141,6 +145,8 @@ def masked_row_nan(subject) -> Result:
     Runs a batch with one fully padded row and rows padded on the declared side (unknown: left for
     causal models, right for encoders and seq2seq sources), takes a cross-entropy that ignores pads, and checks the outputs and the gradients
     (computed with torch.autograd.grad, so the model's .grad stays untouched) for NaN and Inf.
+
+    Fix: fill masks with `torch.finfo(scores.dtype).min` instead of `float('-inf')`.
     """
     import torch
     import torch.nn.functional as F
