@@ -1,0 +1,126 @@
+"""The README's examples, run as written (the way doctests run a docstring's examples).
+
+- Every `tfdoctor ...` command in a code block runs from the repository root and exits with the code
+  the README gives it (`# exit N` after it; none given means 0).
+- A fenced block that starts with `$ tfdoctor ...` shows output: every line of it that is not
+  abridged (no "...") appears in the real output, times aside.
+- Every ```python block runs with `fixtures/` on the path, and the `test_*` functions it defines run
+  too; `print(...)  # "value"` must print that value.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import ROOT
+
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+TFDOCTOR = shutil.which("tfdoctor")
+TIME = re.compile(r"\b\d+\.\d\ds(?=│|\s*$)")  # the per-check time column
+EXIT = re.compile(r"#.*?\bexits? (\d)\b")
+
+
+def code_blocks(text: str):
+    """(info string, body) for each fenced block, and ("indented", body) for each indented one."""
+    blocks, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            info, body = line[3:].strip(), []
+            i += 1
+            while not lines[i].startswith("```"):
+                body.append(lines[i])
+                i += 1
+            blocks.append((info, "\n".join(body)))
+        elif line.startswith("    ") and line.strip() and (i == 0 or not lines[i - 1].strip()):
+            body = []
+            while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
+                body.append(lines[i][4:])
+                i += 1
+            blocks.append(("indented", "\n".join(body).strip("\n")))
+            continue
+        i += 1
+    return blocks
+
+
+def commands():
+    """Each tfdoctor command of the README: (command line, expected exit code, shown output or None)."""
+    found = []
+    for info, body in code_blocks(README):
+        if info == "python":
+            continue
+        body_lines = body.splitlines()
+        if body_lines and body_lines[0].startswith("$ tfdoctor "):
+            command, rest = body_lines[0][2:], body_lines[1:]
+            found.append((command, _exit_code(command, rest), rest))
+            continue
+        for line in body_lines:
+            part = line.split("&& ", 1)[-1] if "&& tfdoctor " in line else line
+            if part.startswith("tfdoctor "):
+                found.append((part, _exit_code(part, None), None))
+    return found
+
+
+def _exit_code(command: str, output) -> int:
+    match = EXIT.search(command)
+    if match:
+        return int(match.group(1))
+    if output is not None:  # a shown report: its summary says whether anything failed
+        summary = next((line for line in reversed(output) if re.match(r"\d+ pass", line)), "")
+        if "OUT OF MEMORY" in "\n".join(output) or "problem(s) found" in summary:
+            return 1
+    return 0
+
+
+COMMANDS = commands()
+
+
+def test_the_readme_has_examples_to_run():
+    assert len(COMMANDS) >= 8
+    assert sum(1 for info, _ in code_blocks(README) if info == "python") >= 2
+
+
+@pytest.mark.skipif(TFDOCTOR is None, reason="tfdoctor is not installed (pip install -e .)")
+@pytest.mark.parametrize("command, expected, shown", COMMANDS, ids=[c[0].split("#")[0].strip() for c in COMMANDS])
+def test_readme_command(command, expected, shown):
+    line = command.split("#", 1)[0].strip()
+    env = {**os.environ, "COLUMNS": "100"}
+    done = subprocess.run(line, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == expected, f"{line}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert "Traceback" not in done.stderr
+    if shown:
+        actual = {TIME.sub("", l).rstrip() for l in done.stdout.splitlines()}
+        for want in shown:
+            if "..." in want or not want.strip():
+                continue
+            assert TIME.sub("", want).rstrip() in actual, f"README line not in the output of {line}:\n{want}\n\n" \
+                                                          + done.stdout
+
+
+PYTHON_BLOCKS = [body for info, body in code_blocks(README) if info == "python"]
+
+
+@pytest.mark.parametrize("body", PYTHON_BLOCKS, ids=[f"python-{i}" for i in range(len(PYTHON_BLOCKS))])
+def test_readme_python_block(body):
+    expected = [m.group(1) for m in re.finditer(r"print\(.*\)\s*#\s*(.+)$", body, re.M)]
+    runner = textwrap.dedent("""
+        import sys
+        namespace = {"__name__": "readme_example"}
+        exec(compile(sys.stdin.read(), "README.md", "exec"), namespace)
+        for name, value in list(namespace.items()):
+            if name.startswith("test_") and callable(value):
+                value()
+        if callable(namespace.get("build")):
+            namespace["build"]()
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "fixtures"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", runner], input=body, cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = done.stdout.splitlines()
+    assert [p.strip() for p in printed] == [e.strip().strip('"') for e in expected], done.stdout
