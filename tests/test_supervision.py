@@ -158,3 +158,17 @@ def test_a_float64_default_dtype_does_not_break_the_loop_audits():
 def test_huge_numbers_name_their_flag(args, expected):
     done = run(*args)
     assert done.returncode == 2 and expected in one_line(done)
+
+
+def test_memory_names_the_users_line_when_fake_tensors_cannot_follow_it():
+    done = run("memory", f"{HOSTILE}:reads_a_value", "--batch", "2", "--seq", "16")
+    assert done.returncode == 2
+    line = one_line(done)
+    assert "the forward at tests/targets/hostile.py:" in line and "reads a tensor's value (.item()" in line
+    assert "internal error" not in line
+
+
+def test_memory_traces_a_model_built_on_the_meta_device():
+    done = run("memory", f"{HOSTILE}:on_meta", "--batch", "2", "--seq", "16", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["fits"] is True

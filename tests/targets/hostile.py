@@ -202,3 +202,20 @@ class HugeVocab(nn.Module):
 
 def huge_vocab():
     return HugeVocab()
+
+
+class ReadsAValue(nn.Module):
+    """Branches on a tensor's value (`.item()`), which fake tensors cannot give."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = correct_gpt()
+
+    def forward(self, ids):
+        if ids.max().item() > 1000:
+            raise ValueError("ids out of range")
+        return self.inner(ids)
+
+
+def reads_a_value():
+    return ReadsAValue()

@@ -811,7 +811,12 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
                 stack.enter_context(_NodeTagger(counter))
                 if blocks:
                     stack.enter_context(torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t))
-                logits, loss = training_step(subject, batch, seq, opt, counter, autocast_dtype, device, done)
+                try:
+                    logits, loss = training_step(subject, batch, seq, opt, counter, autocast_dtype, device, done)
+                except (SubjectError, UsageError):
+                    raise
+                except Exception as exc:  # the user's forward on fake tensors
+                    raise _untraceable(exc, counter, fake) from exc
                 kept = counter.kept or counter.kept_by_module()
                 del logits, loss
     finally:
@@ -836,6 +841,29 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
         kept_by_module=kept[:12], largest=largest, ops=counter.ops,
         seconds=time.perf_counter() - start, batch=batch, seq=seq, derivation=derivation,
     )
+
+
+def _untraceable(error: Exception, counter: "LiveBytes", fake: bool) -> SubjectError:
+    """Name what stopped the trace in the user's terms: their line, the module, the operation."""
+    import os
+    import traceback
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if not f.filename.startswith(here) and f"{os.sep}torch{os.sep}" not in f.filename]
+    where = f" at {os.path.relpath(frames[-1].filename)}:{frames[-1].lineno}" if frames else ""
+    module = f" in module {counter.modules[-1]}" if counter.modules else ""
+    name = type(error).__name__
+    if fake and name in ("DataDependentOutputException", "DynamicOutputShapeException"):
+        op = str(error).split(":")[-1].strip() or name
+        reads = ("reads a tensor's value (.item(), .tolist(), bool(tensor) or an if on a tensor)"
+                 if "_local_scalar_dense" in op else f"makes a tensor whose shape depends on its values ({op})")
+        return SubjectError(f"the forward{module}{where} {reads}, which a trace on fake tensors (shapes without "
+                            "values) cannot follow",
+                            "use the analytic mode (tfdoctor memory --batch B --seq T --d-model ...) or move that "
+                            "value check out of forward")
+    return SubjectError(f"the training step raised {name}{module}{where} while being traced: {error}",
+                        "run the model once for real at this shape to see the error, or use the analytic mode")
 
 
 def _storage_bytes(tensor) -> int:
