@@ -100,6 +100,7 @@ class Report:
     results: list[Result] = field(default_factory=list)
     strict: bool = False  # warnings count as problems (--strict); every reporter and the exit code agree
     stopped: str = ""  # why the run ended before its last check (a budget, the user's sys.exit), if it did
+    discovered: dict[str, Any] = field(default_factory=dict)  # `tfdoctor run`: what the script showed
 
     def summary(self) -> dict[str, int]:
         counts = {status.value: 0 for status in Status}
@@ -131,4 +132,6 @@ class Report:
         }
         if self.stopped:
             data["stopped"] = self.stopped
+        if self.discovered:
+            data["discovered"] = json_safe(self.discovered)
         return data

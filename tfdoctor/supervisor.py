@@ -39,11 +39,14 @@ class Outcome:
     message: str = ""  # for everything but done: the one line to print
     phase: str = ""  # what was running when it ended ("loading" or a check id)
     debug: str = ""  # internal-error: the worker's traceback
+    discovered: dict = field(default_factory=dict)  # `tfdoctor run`: what the script showed
 
 
 def _phase_name(phase: str) -> str:
     if phase == "loading":
         return "loading the target (import, factory, training loop)"
+    if phase == "script":
+        return "running the script up to its last recorded step"
     return f"check {phase}" if phase else "starting"
 
 
@@ -118,6 +121,8 @@ def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float
                 tasks[event["task"]] = progress(event["description"], event["total"])
             elif kind == "advance" and event["task"] in tasks:
                 tasks[event["task"]](event["n"])
+            elif kind == "discovered":
+                outcome.discovered = event["facts"]
             elif kind == "done":
                 finished = True
             elif kind == "usage-error":

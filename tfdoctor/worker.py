@@ -9,8 +9,9 @@ The user's code runs here, never in the process that prints the report, so that:
 - threads the user leaves running cannot keep tfdoctor alive (the worker ends with os._exit).
 
 Events (one JSON object per line, "event" says which): hello (main thread id), phase (what runs
-now: "loading" or a check id), result (a Result record), progress/advance (a long task), done,
-usage-error, exit (the user's code raised SystemExit), internal-error.
+now: "loading", "script" or a check id), result (a Result record), progress/advance (a long task),
+discovered (what `tfdoctor run` read off the script), done, usage-error, exit (the user's code raised
+SystemExit), internal-error.
 """
 
 from __future__ import annotations
@@ -80,6 +81,48 @@ def run_check_request(request: dict, listener=None, progress=None):
                       listener=listener, **fields)
 
 
+def run_script_request(request: dict, listener=None, progress=None, inform=None):
+    """`tfdoctor run`: run the script until it has taken its steps (tfdoctor/recording/script.py),
+    then judge the recorded loop with the loop checks and a copy of its model, as it was at its first
+    forward, with the model checks. `inform(facts)` hears what was discovered, before any check."""
+    import torch
+
+    from tfdoctor.recording.script import ScriptError, discover, record_script, subjects
+    from tfdoctor.registry import select
+    from tfdoctor.result import Result
+    from tfdoctor.runner import run_checks
+
+    torch.manual_seed(request.get("seed", 0))  # a script that seeds nothing still gives one report
+    try:
+        run = record_script(request.get("script"), request.get("module"), tuple(request.get("args", ())),
+                            steps=request["steps"])
+    except ScriptError as error:
+        if os.environ.get("TFDOCTOR_DEBUG") and error.__cause__ is not None:
+            traceback.print_exception(error.__cause__, file=sys.stderr)
+        raise
+    facts = discover(run)
+    model_subject, loop_subject = subjects(run, facts, request.get("fields", {}))
+    if inform is not None:
+        inform(facts)
+    specs = select(request.get("only"), request.get("skip"))
+    loop_ids = [s.id for s in specs if "train" in s.needs]
+    model_ids = [s.id for s in specs if "train" not in s.needs]
+    if facts.get("checkpoint") and "init-loss" in model_ids:  # the init it judges is not the script's
+        model_ids.remove("init-loss")
+        skipped = Result.skipped(f"the script loaded trained weights before its first forward "
+                                 f"({facts['checkpoint']}): the initial loss judges an untrained model")
+        skipped.id = "init-loss"
+        skipped.title = next(s.title for s in specs if s.id == "init-loss")
+        if listener is not None:
+            listener("result", skipped)
+    common = dict(seed=request.get("seed", 0), target=run.name, progress=progress,
+                  options=request.get("options", {}), listener=listener)
+    if loop_ids:
+        run_checks(loop_subject, loop_ids, **common)
+    if model_ids:
+        run_checks(model_subject, model_ids, **common)
+
+
 def _move(subject, device: str):
     import torch
 
@@ -130,7 +173,12 @@ def main(argv: list[str]) -> None:
     try:
         channel.send("phase", name="loading")
         progress = progress_over(channel) if request.get("progress") else None
-        run_check_request(request, listener=listener, progress=progress)
+        if request.get("command") == "run":
+            channel.send("phase", name="script")
+            run_script_request(request, listener=listener, progress=progress,
+                               inform=lambda facts: channel.send("discovered", facts=facts))
+        else:
+            run_check_request(request, listener=listener, progress=progress)
         channel.send("done")
     except TfdoctorError as error:
         channel.send("usage-error", message=error.one_line())

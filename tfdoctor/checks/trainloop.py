@@ -77,6 +77,10 @@ def _trace(subject):
     runner reports as that check's error."""
     from tfdoctor.context import current, memo, progress
 
+    recorded = getattr(subject.train, "trace", None)  # another driver recorded it (tfdoctor run SCRIPT)
+    if recorded is not None:
+        return recorded
+
     def record():
         import torch
 
@@ -91,6 +95,38 @@ def _trace(subject):
         return trace
 
     return memo(("train-trace", id(subject.model), subject.train), record)
+
+
+# The call each loop check judges, as the user wrote it: the finding names its file:line (recorded
+# from the stack when the call was made). The first kind that was recorded with a location wins.
+CALL_NAMES = {"loss": "the loss", "backward": "backward()", "clip": "clip_grad_norm_", "opt_step": "optimizer.step()",
+              "sched_step": "scheduler.step()", "autocast": "autocast", "scaler_step": "scaler.step()",
+              "unscale": "scaler.unscale_()", "zero_grad": "zero_grad()"}
+
+
+def _at(*kinds: str):
+    """Adds details["location"] (the user's "path:line" of the first recorded call of `kinds`) and
+    details["call"] to a loop check's result; skips carry none."""
+    import functools
+
+    def wrap(func):
+        @functools.wraps(func)
+        def located(subject) -> Result:
+            result = func(subject)
+            if result.status.value == "skip" or "location" in result.details:
+                return result
+            events = _trace(subject).events
+            for kind in kinds:
+                where = next((e.data["where"] for e in events if e.kind == kind and e.data.get("where")), None)
+                if where:
+                    result.details["location"] = where
+                    result.details["call"] = CALL_NAMES[kind]
+                    break
+            return result
+
+        return located
+
+    return wrap
 
 
 def _stepped(trace) -> str | None:
@@ -302,6 +338,7 @@ def _no_scores(trace, subject) -> str:
        kinds=("causal", "seq2seq"), needs=("train",),
        skip_reasons={"encoder": "an encoder is graded on its own positions; the next-token alignment "
                                 "does not apply"})
+@_at("loss", "backward")
 def objective(subject) -> Result:
     """Catches a loss graded on the wrong targets: the input itself (input == target, the loss
     collapses to near zero in the first epoch and means nothing) or labels shifted twice (a library
@@ -381,6 +418,7 @@ def _end_of_text_pads(found: dict, pad_id: int) -> dict | None:
 
 
 @check("ignore-index", title="Padding targets are left out of the loss", needs=("train", "pad_id"))
+@_at("loss", "backward")
 def ignore_index(subject) -> Result:
     """Catches a loss that grades padding: pad targets that are neither given `ignore_index=pad_id`
     nor replaced by the ignore value (-100), so part of every update teaches the model to predict
@@ -463,6 +501,7 @@ def _pad_targets(found: dict, pad_id: int) -> int:
 
 
 @check("unscale-before-clip", title="GradScaler gradients are unscaled before clipping", needs=("train",))
+@_at("clip", "unscale")
 def unscale_before_clip(subject) -> Result:
     """Catches `clip_grad_norm_` on gradients a GradScaler has not unscaled: they are still multiplied
     by the loss scale (65536 at the start), so every batch looks like an outlier, the clip cuts every
@@ -503,6 +542,7 @@ def unscale_before_clip(subject) -> Result:
 
 @check("accumulation-scaling", title="Accumulated losses are divided by the number of micro-batches",
        needs=("train",))
+@_at("backward")
 def accumulation_scaling(subject) -> Result:
     """Catches gradient accumulation that forgets to divide the loss by the number of accumulated
     micro-batches: the gradients add up to k times the batch mean, which for plain SGD is k times the
@@ -668,6 +708,7 @@ def token_weighting(subject) -> Result:
 
 
 @check("scheduler-placement", title="The LR scheduler steps once per optimizer step", needs=("train",))
+@_at("sched_step")
 def scheduler_placement(subject) -> Result:
     """Catches `scheduler.step()` placed outside the accumulation `if`: it then steps once per
     micro-batch, so the schedule runs k times faster than the optimizer (a warm-up meant for 4000
@@ -698,6 +739,7 @@ def scheduler_placement(subject) -> Result:
 
 
 @check("zero-grad", title="Gradients are cleared between optimizer steps", needs=("train",))
+@_at("opt_step", "backward")
 def zero_grad(subject) -> Result:
     """Catches a loop that never clears gradients (no `optimizer.zero_grad()` / `model.zero_grad()`):
     `backward` adds into `.grad`, so every update also re-applies the gradients of all earlier
@@ -731,6 +773,7 @@ def zero_grad(subject) -> Result:
 
 
 @check("clip-global-norm", title="Gradients are clipped by their global norm", needs=("train",))
+@_at("clip", "opt_step")
 def clip_global_norm(subject) -> Result:
     """Catches clipping that changes the update's direction: `clip_grad_norm_` called per parameter
     (or per group), which scales each tensor by its own factor, and `clip_grad_value_`, which cuts
@@ -866,6 +909,7 @@ def _describe(group: dict) -> str:
 
 
 @check("lr-schedule", title="The learning-rate schedule warms up to a sensible peak", needs=("train",))
+@_at("sched_step", "opt_step")
 def lr_schedule(subject) -> Result:
     """Catches a learning rate that cannot train a Transformer: every param group peaking far below
     the range they train at (a Noam LambdaLR left on Adam's default lr=1e-3 peaks near 7e-7, a
@@ -968,6 +1012,7 @@ def lr_schedule(subject) -> Result:
 
 
 @check("amp-loss-scaling", title="float16 autocast comes with loss scaling", needs=("train",))
+@_at("autocast", "backward")
 def amp_loss_scaling(subject) -> Result:
     """Catches float16 autocast without a GradScaler: float16 cannot hold gradients below about 6e-8
     (and loses precision below 6e-5), so many Transformer gradients silently become zero. bfloat16
@@ -1010,6 +1055,7 @@ def amp_loss_scaling(subject) -> Result:
 
 
 @check("grad-health", title="Gradients stay finite and bounded during the loop", needs=("train",))
+@_at("opt_step", "backward")
 def grad_health(subject) -> Result:
     """Catches NaN or Inf gradients reaching the optimizer (every weight they touch becomes NaN) and
     notes a pre-clip gradient norm that grows at every step (usually a learning rate set too high).
@@ -1064,6 +1110,7 @@ def grad_health(subject) -> Result:
 
 @check("optimizer-coverage", title="Every parameter that gets a gradient is updated by an optimizer",
        needs=("train",))
+@_at("opt_step")
 def optimizer_coverage(subject) -> Result:
     """Catches parameters that receive gradients but sit in no optimizer: they keep their initial
     values however long you train (an optimizer built before a module was added, a param-group filter

@@ -21,6 +21,7 @@ THEME = Theme({
     "check.id": "bold",
     "hint": "cyan",
     "evidence": "dim",
+    "location": "bold",
     "map.none": "grey35",
     "map.past": "green",
     "map.future": "bold red",
@@ -28,7 +29,7 @@ THEME = Theme({
 
 LABELS = {Status.PASS: "PASS", Status.WARN: "WARN", Status.FAIL: "FAIL", Status.SKIP: "SKIP", Status.ERROR: "ERROR"}
 # Details shown as numbers under a problem; the bulky ones (maps, curves) get drawings instead.
-DRAWN_KEYS = {"dependency_map", "loss_curve", "sparkline", "traceback", "map_cell_positions"}
+DRAWN_KEYS = {"dependency_map", "loss_curve", "sparkline", "traceback", "map_cell_positions", "location", "call"}
 MAX_EVIDENCE_ITEMS = 10
 
 
@@ -98,6 +99,9 @@ def problem_panel(result: Result, drawn_maps: list) -> Panel:
     # The title states the healthy behaviour; above a failure it must read as what was expected, not
     # as what was found (and a long title is cut by the panel's border), so it goes in the body.
     body: list = [Text.assemble(("expected: ", "evidence"), (result.title, "evidence")), Text(result.message)]
+    if result.details.get("location"):  # a loop finding: the user's line of the call it judges
+        call = f" ({result.details['call']})" if result.details.get("call") else ""
+        body.append(Text.assemble(("at ", "evidence"), (result.details["location"], "location"), (call, "evidence")))
     if result.hint:
         body.append(Text.assemble(("fix: ", "hint"), (result.hint, "hint")))
     body.extend(evidence(result, drawn_maps))
@@ -127,10 +131,40 @@ def skipped_lines(report: Report) -> list[Text]:
             for reason, ids in by_reason.items()]
 
 
+def discovered_lines(facts: dict) -> list[Text]:
+    """`tfdoctor run`'s header: what the script showed (the model, how it is called, its batches, the
+    steps recorded), each fact overridable by the flag of the same name."""
+    if not facts:
+        return []
+    model = facts.get("model", "?")
+    where = f"{facts['model_defined_in']}, " if facts.get("model_defined_in") else ""
+    wrapped = f" inside {facts['wrapper']}" if facts.get("wrapper") else ""
+    lines = [f"model {model} ({where}{facts.get('parameters', 0):,} parameters){wrapped}, called as "
+             f"{facts.get('called_as', '?')}"]
+    batch = facts.get("batch_shape")
+    pad = facts.get("pad_id")
+    pad_text = (f"pad_id {pad} (from {facts.get('pad_id_source')})" if pad is not None else "no padding seen")
+    side = f", {facts['padding_side']} padding" if facts.get("padding_side") else ""
+    lines.append(f"batches {batch if batch else '?'}, vocab {facts.get('vocab_size')}, {pad_text}{side}")
+    optimizers = ", ".join(facts.get("optimizers") or []) or "no optimizer"
+    stop = f", stopped at {facts['stopped_at']}" if facts.get("stopped_at") else f" ({facts.get('ended')})"
+    lines.append(f"{optimizers}: {facts.get('steps')} optimizer step(s) recorded in "
+                 f"{facts.get('seconds_to_stop', 0):.2f} s{stop}")
+    if facts.get("checkpoint"):
+        lines.append(f"checkpoint loaded before the first forward: {facts['checkpoint']}")
+    lines.extend(f"note: {note}" for note in facts.get("notes", []))
+    texts = []
+    for i, line in enumerate(lines):
+        texts.append(Text.assemble(("discovered " if i == 0 else "           ", "evidence"), line))
+    return texts
+
+
 def render(report: Report, out: TextIO, width: int | None = None) -> None:
     console = Console(file=out, theme=THEME, width=width, highlight=False,
                       force_terminal=None if width is None else False)
     console.print(Text.assemble(("tfdoctor ", "bold"), report.target))
+    for line in discovered_lines(getattr(report, "discovered", {})):
+        console.print(line)
     console.print(summary_table(report))
     for line in skipped_lines(report):
         console.print(line)

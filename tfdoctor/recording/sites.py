@@ -1,0 +1,53 @@
+"""Where in the user's code a recorded call was made: the innermost frame that is not tfdoctor's,
+torch's, the standard library's or an installed package's (transformers, accelerate), as
+"path:line". A Hugging Face Trainer's backward is thus located at the user's `trainer.train()`.
+
+No torch here: the frames are walked with sys._getframe, and each file's verdict is cached, so a
+call site costs a few microseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Optional
+
+_PACKAGE = str(Path(__file__).resolve().parent.parent)  # tfdoctor/
+_LIBRARY_ROOTS = tuple({p for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib",
+                                                                          "platlib")) if p})
+_verdicts: dict[str, bool] = {}
+
+
+def _is_library(filename: str) -> bool:
+    verdict = _verdicts.get(filename)
+    if verdict is None:
+        path = os.path.abspath(filename)
+        verdict = (filename.startswith("<") or path.startswith(_PACKAGE + os.sep)
+                   or path.startswith(_LIBRARY_ROOTS) or f"{os.sep}site-packages{os.sep}" in path
+                   or f"{os.sep}dist-packages{os.sep}" in path)
+        _verdicts[filename] = verdict
+    return verdict
+
+
+def display_path(filename: str) -> str:
+    """Relative to the current directory when inside it (what the user typed), else absolute."""
+    path = os.path.abspath(filename)
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
+def call_site(skip: int = 1) -> Optional[str]:
+    """"path:line" of the innermost user frame above the caller, or None when there is none (a call
+    made from tfdoctor's own code, or from a library with no user code above it)."""
+    try:
+        frame = sys._getframe(skip + 1)
+    except ValueError:
+        return None
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not _is_library(filename):
+            return f"{display_path(filename)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
