@@ -172,3 +172,14 @@ def test_memory_traces_a_model_built_on_the_meta_device():
     done = run("memory", f"{HOSTILE}:on_meta", "--batch", "2", "--seq", "16", "--format", "json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["fits"] is True
+
+
+@pytest.mark.parametrize("target, status, expected", [
+    ("grad_off", "fail", "the forward turns autograd off"),
+    ("detached_logits", "fail", "detaches the logits"),
+    ("vocab_2", "skip", "a vocabulary of 2 tokens"),
+])
+def test_overfit_batch_names_what_it_cannot_train(target, status, expected):
+    done = run("check", f"{HOSTILE}:{target}", "--only", "overfit-batch", "--format", "json")
+    (check,) = json.loads(done.stdout)["checks"]
+    assert (check["status"], expected in check["message"]) == (status, True), check

@@ -28,6 +28,9 @@ OVERFIT_ROWS = 4
 OVERFIT_MAX_LEN = 32
 OVERFIT_TARGET_SHARE = 0.05
 OVERFIT_TARGET_NATS = 0.01
+# Below this many tokens (a binary vocabulary, say) the memorisation target is within the init's
+# reach or out of it by chance: the verdict flipped with the seed on a correct model (issue 10).
+OVERFIT_MIN_VOCAB = 8
 SPARKLINE_POINTS = 60
 
 # overfit-batch through the user's loop (--train). The loop is fed the same batch up to this many
@@ -148,6 +151,9 @@ def overfit_batch(subject) -> Result:
     from tfdoctor.context import current, progress
     from tfdoctor.probes.loss import lm_batch, lm_loss
 
+    if subject.vocab_size < OVERFIT_MIN_VOCAB:
+        return Result.skipped(f"a vocabulary of {subject.vocab_size} tokens: memorising random tokens this "
+                              "coarse depends on the init more than on the wiring, so it cannot be judged")
     model = copy.deepcopy(subject.model)
     model.eval()  # dropout off; gradients still flow
     params = [p for p in model.parameters() if p.requires_grad]
@@ -173,6 +179,13 @@ def overfit_batch(subject) -> Result:
             if budget.exceeded():
                 out_of_time = True
                 break
+            if not loss.requires_grad:  # autograd turned off or the logits detached inside forward
+                return Result.failed(
+                    "the loss does not require grad after a forward with gradients on: the forward turns "
+                    "autograd off (torch.no_grad, torch.set_grad_enabled(False)) or detaches the logits, "
+                    "so no training step can change the weights",
+                    "keep the forward differentiable: remove the no_grad / set_grad_enabled(False) / "
+                    ".detach() on the path to the logits", {"loss": curve[-1]})
             loss.backward()
             optimizer.step()
     advance(OVERFIT_STEPS - len(curve))
