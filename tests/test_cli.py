@@ -187,3 +187,11 @@ def test_strict_summary_line_agrees_with_the_exit_code(tmp_path):
     done = run("check", f"{target}:build", "--only", "init-loss", "--strict")
     assert done.returncode == 1
     assert done.stdout.strip().splitlines()[-1].startswith("1 warn — 1 problem(s) found")
+
+
+def test_packing_flag_reaches_the_check():
+    done = run("check", "fixtures/gpt_correct.py:build", "--only", "packing-isolation", "--packing", "position_ids",
+               "--format", "json")
+    (check,) = json.loads(done.stdout)["checks"]
+    assert "packing='position_ids' calls model(input_ids=..., position_ids=...)" in check["message"]
+    assert run("check", "fixtures/gpt_correct.py:build", "--packing", "bogus").returncode == 2

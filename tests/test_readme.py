@@ -124,3 +124,11 @@ def test_readme_python_block(body):
     assert done.returncode == 0, done.stderr[-3000:]
     printed = done.stdout.splitlines()
     assert [p.strip() for p in printed] == [e.strip().strip('"') for e in expected], done.stdout
+
+
+def test_every_check_is_in_the_readme_catalogue_with_its_fix():
+    from tfdoctor.registry import all_checks
+
+    for spec in all_checks():
+        assert f"| `{spec.id}` |" in README, spec.id
+        assert spec.fix, f"{spec.id}: its docstring has no 'Fix:' paragraph"

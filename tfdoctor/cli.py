@@ -42,6 +42,10 @@ class PaddingSide(str, enum.Enum):
     right = "right"
 
 
+class Packing(str, enum.Enum):
+    position_ids = "position_ids"
+
+
 class Kind(str, enum.Enum):
     causal = "causal"
     encoder = "encoder"
@@ -105,6 +109,8 @@ def check(
     budget: Optional[str] = typer.Option(None, "--budget", help="memory check: budget, e.g. 24GiB (default: available memory)"),
     padding_side: Optional[PaddingSide] = typer.Option(None, "--padding-side", help="where your batches' pads sit: "
                                                                                    "left or right (default: unknown)"),
+    packing: Optional[Packing] = typer.Option(None, "--packing", help="how your model is fed packed documents: "
+                                                                      "position_ids (the Hugging Face convention)"),
     timeout: float = typer.Option(DEFAULT_TIMEOUT, "--timeout", help="seconds the whole run may take"),
     timeout_per_check: float = typer.Option(DEFAULT_TIMEOUT_PER_CHECK, "--timeout-per-check",
                                             help="seconds each check (and loading the target) may take"),
@@ -137,7 +143,8 @@ def check(
     except TfdoctorError as error:
         _fail_usage(error)
     fields = dict(vocab_size=vocab, seq_len=seq_len, batch_size=batch, pad_id=pad_id,
-                  kind=kind.value if kind else None, padding_side=padding_side.value if padding_side else None)
+                  kind=kind.value if kind else None, padding_side=padding_side.value if padding_side else None,
+                  packing=packing.value if packing else None)
     request = dict(command="check", target=target, train=train, fields={k: v for k, v in fields.items() if v is not None},
                    only=only, skip=skip, seed=seed, device=device, options=options)
     outcome = _supervised(request, fmt is Format.rich, timeout, timeout_per_check)

@@ -350,6 +350,9 @@ def objective(subject) -> Result:
     computed inside the model's forward. It compares that token with the input tokens around the
     position, batch-first [B, T] or sequence-first [T, B]. The target for position t must be input
     token t+1; the offset found is reported. Ignored targets (-100, padding) are left out.
+
+    Fix: `logits = model(ids[:, :-1])`, `targets = ids[:, 1:]`; flatten logits and targets in the
+    same order; give Hugging Face models `labels=input_ids` unshifted.
     """
     trace = _trace(subject)
     found = _alignment(trace, subject)
@@ -428,6 +431,9 @@ def ignore_index(subject) -> Result:
     really received (whatever the loss), the share of the trained weight that goes to pad targets.
     Exactly one graded pad per row, right after its real tokens, is the GPT-2 convention (pad id ==
     eos id, the first pad kept as the end-of-text target): it passes with a note.
+
+    Fix: `ignore_index=pad_id`, `targets.masked_fill(targets == pad_id, -100)`, or weight a
+    hand-written loss by `targets != pad_id`.
     """
     trace = _trace(subject)
     entries = [e for e in trace.scores if e.get("backward") is not None and bool(e["readable"].any())]
@@ -510,6 +516,8 @@ def unscale_before_clip(subject) -> Result:
     Judged on the order of calls (scale, backward, clip, unscale_), not on whether unscale_ appears:
     calling it after the clip is as wrong as never calling it. A GradScaler('cuda') disables itself on
     a machine without CUDA, but the order is the same, so the bug is caught there too.
+
+    Fix: `scaler.unscale_(optimizer)` after the last backward, before the clip.
     """
     trace = _trace(subject)
     scales = trace.of("scale")
@@ -554,6 +562,9 @@ def accumulation_scaling(subject) -> Result:
     gradient that reached the model's scores, so it holds for any loss (cross-entropy, label smoothing
     through KLDivLoss, a hand-written or library loss; mean, sum or per-token). A first window of
     another size (`if step % k == 0` steps after the very first micro-batch) is named with its factor.
+
+    Fix: `(loss / k).backward()` (or divide by the step's total token count); `if (step + 1) % k ==
+    0: optimizer.step()`.
     """
     trace = _trace(subject)
     reason = _stepped(trace)
@@ -716,6 +727,8 @@ def scheduler_placement(subject) -> Result:
 
     Counts the loop's scheduler steps against its optimizer steps. Once per optimizer step, or once
     per epoch, passes.
+
+    Fix: step the scheduler inside the accumulation `if`, after `optimizer.step()`.
     """
     trace = _trace(subject)
     reason = _stepped(trace)
@@ -748,6 +761,8 @@ def zero_grad(subject) -> Result:
     Checks, at the first backward after each optimizer step, whether the gradients left by that step
     were cleared (set to None or zero), however the loop clears them. Judged on the parameters the
     optimizers update (a loop with no optimizer object: all of them, its own update step counting).
+
+    Fix: `optimizer.zero_grad(set_to_none=True)` after each step.
     """
     trace = _trace(subject)
     reason = _stepped(trace)
@@ -780,6 +795,8 @@ def clip_global_norm(subject) -> Result:
     each element on its own. Clipping by the global norm over all parameters only shortens the update.
 
     No clipping at all is noted, not faulted.
+
+    Fix: `clip_grad_norm_(model.parameters(), max_norm)` once per step, after unscaling.
     """
     trace = _trace(subject)
     reason = _stepped(trace)
@@ -923,6 +940,9 @@ def lr_schedule(subject) -> Result:
     design). Each scheduler is projected forward on a copy bound to a stand-in optimizer (the user's
     is not touched) until its peak is seen; a schedule written in the loop (`group["lr"] = ...`) is
     read from the rates it set.
+
+    Fix: Noam lambdas need the optimizer at `lr=1.0`; keep Adam matrix groups within 1e-5..3e-3 and
+    ramp the rate up over the first steps.
     """
     trace = _trace(subject)
     reason = _stepped(trace)
@@ -1020,6 +1040,9 @@ def amp_loss_scaling(subject) -> Result:
 
     Reads the autocast regions the loop requested (also a CUDA autocast that disables itself on a
     CPU-only machine) and whether its backward calls start from a GradScaler-scaled loss.
+
+    Fix: `torch.amp.GradScaler('cuda')` around backward and step, or autocast with
+    `dtype=torch.bfloat16`.
     """
     trace = _trace(subject)
     regions = [e.data for e in trace.of("autocast") if e.data["requested"]]
@@ -1062,6 +1085,9 @@ def grad_health(subject) -> Result:
 
     Records the global gradient norm over all parameters before any clipping at each optimizer step
     and draws it as a sparkline.
+
+    Fix: find the first non-finite gradient with `torch.autograd.set_detect_anomaly(True)`; clip and
+    lower the rate.
     """
     trace = _trace(subject)
     reason = _stepped(trace)
@@ -1121,6 +1147,9 @@ def optimizer_coverage(subject) -> Result:
     copy, and function attributes that captured submodules (minGPT's `self.mlpf = lambda x: ...`),
     which copy.deepcopy does not copy, are rebuilt on the copy; anything of yours the loop still
     changed is put back and reported.
+
+    Fix: build the optimizer from every trainable parameter; reach submodules through `self`, not
+    through a closure.
     """
     trace = _trace(subject)
     reason = _stepped(trace)

@@ -238,7 +238,17 @@ def packed_call(subject: Subject, rows: PackedRows, ids: Optional[torch.Tensor] 
     if subject.packing == PACKING_POSITION_IDS:
         # No attention mask and no cache: only then does transformers tell the documents apart by the
         # restarting position ids. The Trainer trains with config.use_cache = False.
-        return hf_forward(subject.model, ids, positions=positions, use_cache=use_cache)[0]
+        try:
+            return hf_forward(subject.model, ids, positions=positions, use_cache=use_cache)[0]
+        except TypeError as exc:  # a forward(ids) without keyword arguments: the convention cannot apply
+            if "unexpected keyword argument" not in str(exc):
+                raise
+            from tfdoctor.errors import SubjectError
+
+            raise SubjectError(f"packing='position_ids' calls model(input_ids=..., position_ids=...), and this "
+                               f"model's forward refuses it ({exc})",
+                               "give Subject(packing=fn) with fn(model, input_ids, doc_ids, position_ids) -> "
+                               "logits") from exc
     return extract_logits(subject.packing(subject.model, ids.contiguous(), doc_ids.contiguous(),
                                           positions.contiguous()))
 
