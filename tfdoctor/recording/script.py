@@ -169,12 +169,13 @@ class ScriptRecorder(_Recorder):
 
     def top_call(self, module: torch.nn.Module) -> None:
         """A module called from outside any other module's forward."""
-        if id(module) in self.top or isinstance(module, _Unbound):
+        if isinstance(module, _Unbound):
             return
-        if not any(p.requires_grad for p in module.parameters()):
-            return  # a loss module, a frozen encoder
-        self.top[id(module)] = module
-        if self.bound is None and torch.is_grad_enabled():
+        if id(module) not in self.top:
+            if not any(p.requires_grad for p in module.parameters()):
+                return  # a loss module, a frozen encoder
+            self.top[id(module)] = module
+        if self.bound is None and torch.is_grad_enabled():  # an evaluation under no_grad comes first
             self.bind(module)
 
     def settle(self, optimizer) -> None:
