@@ -100,7 +100,7 @@ def test_junit_on_stdout_stays_parseable_with_a_chatty_loop():
 def test_ctrl_c_exits_130_with_one_line():
     proc = subprocess.Popen([TFDOCTOR, "check", f"{HOSTILE}:sleeps"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    time.sleep(3)  # well inside the factory's sleep
+    time.sleep(6)  # well inside the factory's sleep, however slowly a fresh environment starts
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130
@@ -183,3 +183,25 @@ def test_overfit_batch_names_what_it_cannot_train(target, status, expected):
     done = run("check", f"{HOSTILE}:{target}", "--only", "overfit-batch", "--format", "json")
     (check,) = json.loads(done.stdout)["checks"]
     assert (check["status"], expected in check["message"]) == (status, True), check
+
+
+def test_the_worker_dies_with_its_supervisor():
+    proc = subprocess.Popen([TFDOCTOR, "check", f"{HOSTILE}:sleeps"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        worker = None
+        while worker is None and time.monotonic() < deadline:
+            children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+            worker = int(children[0]) if children else None
+            time.sleep(0.2)
+        assert worker is not None
+        proc.kill()  # SIGKILL: the supervisor gets no chance to clean up
+        proc.wait(timeout=10)
+        for _ in range(50):
+            if subprocess.run(["ps", "-p", str(worker)], capture_output=True).returncode != 0:
+                break
+            time.sleep(0.1)
+        assert subprocess.run(["ps", "-p", str(worker)], capture_output=True).returncode != 0
+    finally:
+        proc.kill()

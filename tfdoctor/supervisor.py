@@ -60,25 +60,40 @@ def supervise(request: dict, *, timeout: float, timeout_per_check: float,
     request = {**request, "stack_dump": dump.name, "progress": progress is not None}
     read_end, write_end = os.pipe()
     env = {**os.environ, REQUEST_ENV: json.dumps(request)}
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tfdoctor.worker", str(write_end)], pass_fds=(write_end,), env=env,
-            stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
-            start_new_session=True,  # its own process group: DataLoader workers and all go with it
-        )
-    finally:
-        os.close(write_end)
     outcome = Outcome()
+    proc = None
     try:
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tfdoctor.worker", str(write_end)], pass_fds=(write_end,), env=env,
+                stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
+                start_new_session=True,  # its own process group: DataLoader workers and all go with it
+                preexec_fn=_die_with_parent,
+            )
+        finally:
+            os.close(write_end)
         return _watch(outcome, proc, read_end, dump.name, timeout, timeout_per_check, progress)
     except KeyboardInterrupt:  # Ctrl-C reaches us alone (the worker has its own session): say where
         outcome.ended = "interrupted"
         outcome.message = f"interrupted (Ctrl-C) during {_phase_name(outcome.phase)}"
         return outcome
     finally:
-        _kill(proc)
+        if proc is not None:
+            _kill(proc)
         os.close(read_end)
         Path(dump.name).unlink(missing_ok=True)
+
+
+def _die_with_parent() -> None:
+    """In the worker, before exec (Linux): the kernel kills it if the supervisor dies first, however
+    that happens, so a worker stuck in the user's code never outlives tfdoctor and holds its pipes."""
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the supervisor's own kill in `finally` remains
+        pass
 
 
 def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float, per_check: float,
