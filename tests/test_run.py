@@ -221,3 +221,43 @@ def test_check_train_findings_carry_the_loop_line_too():
     path, line = result.details["location"].rsplit(":", 1)
     assert path.endswith("fixtures/loops/no_loss_division.py") and ".backward()" in source[int(line) - 1]
     assert result.details["call"] == "backward()"
+
+
+def test_a_resumed_checkpoint_skips_init_loss_and_flags_override(tmp_path):
+    import torch
+
+    sys.path.insert(0, str(ROOT / SCRIPTS))
+    from tinylm import TinyLM
+
+    checkpoint = tmp_path / "ckpt.pt"
+    torch.save(TinyLM(50).state_dict(), checkpoint)
+    done = tfdoctor("run", f"{SCRIPTS}/plain_loop.py", "--format", "json", "--only", "init-loss,ignore-index",
+                    "--pad-id", "7", "--", "--resume", str(checkpoint))
+    assert done.returncode == 1, done.stderr
+    report = as_json(done)
+    line = _line("plain_loop.py", "        model.load_state_dict(torch.load(args.resume))")
+    assert report["discovered"]["checkpoint"] == f"{SCRIPTS}/plain_loop.py:{line}"
+    init = by_id(report)["init-loss"]
+    assert init["status"] == "skip" and f"loaded trained weights before its first forward ({SCRIPTS}/plain_loop.py:" \
+                                       f"{line})" in init["message"]
+    # --pad-id wins over the discovered 0: token 7 is a real, graded target, so it reads as padding graded
+    assert report["discovered"]["pad_id"] == 0 and report["discovered"]["overridden"] == {"--pad-id": 7}
+    ignore = by_id(report)["ignore-index"]
+    assert ignore["status"] == "fail" and ignore["details"]["pad_id"] == 7
+
+
+def test_sarif_puts_each_finding_on_its_line():
+    done = tfdoctor("run", f"{SCRIPTS}/plain_loop_no_accum_division.py", "--format", "sarif", "--only",
+                    "accumulation-scaling,zero-grad")
+    assert done.returncode == 1, done.stderr
+    log = json.loads(done.stdout)
+    assert log["version"] == "2.1.0" and log["runs"][0]["tool"]["driver"]["name"] == "tfdoctor"
+    (result,) = log["runs"][0]["results"]  # the pass is not a result
+    assert result["ruleId"] == "accumulation-scaling" and result["level"] == "error"
+    assert "Fix: divide before backward" in result["message"]["text"]
+    where = result["locations"][0]["physicalLocation"]
+    assert where["artifactLocation"]["uri"] == f"{SCRIPTS}/plain_loop_no_accum_division.py"
+    assert where["region"]["startLine"] == _line("plain_loop_no_accum_division.py", "        loss.backward()")
+    rules = log["runs"][0]["tool"]["driver"]["rules"]
+    assert rules == [{"id": "accumulation-scaling", "name": "accumulation-scaling",
+                      "shortDescription": {"text": "Accumulated losses are divided by the number of micro-batches"}}]

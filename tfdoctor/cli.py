@@ -31,6 +31,7 @@ class Format(str, enum.Enum):
     rich = "rich"
     json = "json"
     junit = "junit"
+    sarif = "sarif"  # SARIF 2.1.0: each finding at the user's file:line, for code-scanning UIs
 
 
 DEFAULT_TIMEOUT = 600.0  # seconds for the whole run: generous, but a CI job never waits forever

@@ -648,6 +648,9 @@ def subjects(run: ScriptRun, facts: dict, overrides: dict):
     fields = dict(vocab_size=overrides.get("vocab_size") or facts.get("vocab_size"), seq_len=seq_len,
                   batch_size=overrides.get("batch_size"), pad_id=pad_id, kind=overrides.get("kind"),
                   padding_side=overrides.get("padding_side") or facts.get("padding_side"), forward=forward)
+    given = {"vocab_size": "--vocab", "seq_len": "--seq-len", "batch_size": "--batch", "pad_id": "--pad-id",
+             "kind": "--kind", "padding_side": "--padding-side"}
+    facts["overridden"] = {flag: overrides[name] for name, flag in given.items() if overrides.get(name) is not None}
     model_subject = Subject(recorder.snapshot, **fields)
     loop_subject = dataclasses.replace(model_subject, train=RecordedLoop(run.trace, run.name))
     return model_subject, loop_subject

@@ -9,9 +9,9 @@ from typing import TextIO
 
 from tfdoctor.result import Report
 
-FORMATS = ("rich", "json", "junit")
+FORMATS = ("rich", "json", "junit", "sarif")
 _MODULES = {"rich": "tfdoctor.report.console", "json": "tfdoctor.report.json_format",
-            "junit": "tfdoctor.report.junit"}
+            "junit": "tfdoctor.report.junit", "sarif": "tfdoctor.report.sarif"}
 
 
 def render(report: Report, fmt: str, out: TextIO, width: int | None = None) -> None:

@@ -152,6 +152,8 @@ def discovered_lines(facts: dict) -> list[Text]:
                  f"{facts.get('seconds_to_stop', 0):.2f} s{stop}")
     if facts.get("checkpoint"):
         lines.append(f"checkpoint loaded before the first forward: {facts['checkpoint']}")
+    if facts.get("overridden"):
+        lines.append("overridden by flags: " + ", ".join(f"{k} {v}" for k, v in facts["overridden"].items()))
     lines.extend(f"note: {note}" for note in facts.get("notes", []))
     texts = []
     for i, line in enumerate(lines):
