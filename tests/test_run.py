@@ -261,3 +261,18 @@ def test_sarif_puts_each_finding_on_its_line():
     rules = log["runs"][0]["tool"]["driver"]["rules"]
     assert rules == [{"id": "accumulation-scaling", "name": "accumulation-scaling",
                       "shortDescription": {"text": "Accumulated losses are divided by the number of micro-batches"}}]
+
+
+@pytest.mark.parametrize("script, packed, status, expected", [
+    ("packed_no_doc_mask.py", "documents", "fail", "attention crosses the document boundary"),
+    ("packed_doc_mask.py", "documents", "pass", "gets the same logits as alone"),
+    ("hf_packed.py", "position_ids", "pass", "gets the same logits as alone"),
+])
+def test_packed_batches_turn_packing_isolation_on(script, packed, status, expected):
+    if script.startswith("hf_"):
+        pytest.importorskip("transformers")
+    done = tfdoctor("run", f"{SCRIPTS}/{script}", "--format", "json", "--only", "packing-isolation,objective")
+    report = as_json(done)
+    assert report["discovered"]["packed"] == packed
+    check = by_id(report)["packing-isolation"]
+    assert check["status"] == status and expected in check["message"], check

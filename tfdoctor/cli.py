@@ -181,6 +181,8 @@ def run(
     kind: Optional[Kind] = typer.Option(None, "--kind", help="causal, encoder or seq2seq (default: detected)"),
     padding_side: Optional[PaddingSide] = typer.Option(None, "--padding-side", help="left or right (default: "
                                                                                    "discovered)"),
+    packing: Optional[Packing] = typer.Option(None, "--packing", help="position_ids (default: discovered from "
+                                                                      "position ids that restart inside a row)"),
     only: Optional[str] = typer.Option(None, "--only", help="run only these check ids (comma-separated)"),
     skip: Optional[str] = typer.Option(None, "--skip", help="skip these check ids (comma-separated)"),
     fmt: Format = typer.Option(Format.rich, "--format", help="report format"),
@@ -221,7 +223,8 @@ def run(
     except TfdoctorError as error:
         _fail_usage(error)
     fields = dict(vocab_size=vocab, seq_len=seq_len, batch_size=batch, pad_id=pad_id,
-                  kind=kind.value if kind else None, padding_side=padding_side.value if padding_side else None)
+                  kind=kind.value if kind else None, padding_side=padding_side.value if padding_side else None,
+                  packing=packing.value if packing else None)
     target = script if script is not None else f"-m {module}"
     request = dict(command="run", script=script, module=module, args=argv, steps=steps, target=target,
                    fields={k: v for k, v in fields.items() if v is not None}, only=only, skip=skip, seed=seed,

@@ -41,7 +41,7 @@ import torch
 from tfdoctor.errors import LoadError
 from tfdoctor.probes.trace import Trace, _finish, _Recorder, isolated_copy
 from tfdoctor.recording.sites import _is_library, call_site, display_path
-from tfdoctor.subject import vocab_size_of
+from tfdoctor.subject import PACKING_POSITION_IDS as PACKING_BY_POSITION_IDS, vocab_size_of
 
 # Probe length for the model checks when the script's batches are longer: the dependency map and
 # the padding probes cost one perturbed row per position, and every masking bug they catch shows at
@@ -59,6 +59,9 @@ PAD_RUN_MIN = 2
 # Keyword arguments of the recorded forward that the model checks rebuild for their own ids.
 _MASK_WORDS = ("mask",)
 _POSITION_WORDS = ("position",)
+# Arguments that carry document boundaries in packed training (flash-attention varlen, Mamba, custom
+# document masks); seen in a recorded forward, they say the rows are packed.
+_DOCUMENT_ARGUMENTS = ("doc_ids", "document_ids", "seq_idx", "segment_ids", "sequence_ids")
 
 
 class ScriptError(LoadError):
@@ -493,6 +496,21 @@ def discover_padding(trace: Trace, call: Optional[dict]) -> dict:
     return {"pad_id": pad, "pad_id_source": source, "padding_side": side}
 
 
+def discover_packing(trace: Trace) -> dict:
+    """Whether the script trains on packed rows, as the recorded forwards show it: a document-id
+    argument, or position ids that restart inside a row (the Hugging Face flattening collator).
+    Either turns packing-isolation on (see _packing_for)."""
+    for forward in _training_forwards(trace):
+        inputs = dict(forward["inputs"])
+        positions = inputs.get("position_ids")
+        named = next((name for name in _DOCUMENT_ARGUMENTS if name in inputs), None)
+        if named:
+            return {"packed": "documents", "packed_source": f"a document-id argument ({named}=...)"}
+        if positions is not None and positions.shape[-1] > 1 and bool((positions[:, 1:] <= positions[:, :-1]).any()):
+            return {"packed": "position_ids", "packed_source": "position_ids restart inside a row"}
+    return {}
+
+
 def _runs(batches: list[torch.Tensor]) -> Optional[tuple[int, str]]:
     for where, flip in (("end", False), ("start", True)):
         runs = []
@@ -558,6 +576,8 @@ def replay_forward(call: Optional[dict], model: torch.nn.Module, pad_id: Optiona
             return mask.to(dtype)
         if any(w in lowered for w in _POSITION_WORDS):
             return torch.arange(ids.shape[1], device=ids.device).expand_as(ids).to(dtype)
+        if name in _DOCUMENT_ARGUMENTS:  # a probe row is one document
+            return torch.zeros_like(ids, dtype=dtype)
         if spec["floating"]:
             return torch.ones_like(ids, dtype=dtype)
         # targets / labels: the ids themselves (the logits, not the loss, are probed; pads ignored)
@@ -566,13 +586,32 @@ def replay_forward(call: Optional[dict], model: torch.nn.Module, pad_id: Optiona
             targets = targets.masked_fill(ids == pad_id, -100)
         return targets
 
-    def forward(m, ids):
+    def forward(m, ids, replaced=None):
+        replaced = replaced or {}
         args = [ids if key == ("arg", i) else rebuild(f"arg{i}", spec, ids) for i, spec in enumerate(call["args"])]
-        kwargs = {name: ids if key == ("kwarg", name) else rebuild(name, spec, ids)
-                  for name, spec in call["kwargs"].items()}
+        kwargs = {name: ids if key == ("kwarg", name) else replaced[name] if name in replaced
+                  else rebuild(name, spec, ids) for name, spec in call["kwargs"].items()}
         return m(*args, **kwargs)
 
     return forward, "as the script called it"
+
+
+def replay_packed(call: Optional[dict], model: torch.nn.Module, pad_id: Optional[int]) -> Optional[Callable]:
+    """packing-isolation's fn(model, ids, doc_ids, position_ids) for a model the script fed packed
+    rows by keyword (position_ids=..., doc_ids=...): the recorded call with those two replaced by the
+    probe's own. None for Hugging Face models (the position-ids convention serves them) or when the
+    call cannot be rebuilt."""
+    forward, _ = replay_forward(call, model, pad_id)
+    if forward is None:
+        return None
+    positions = [name for name in call["kwargs"] if any(w in name.lower() for w in _POSITION_WORDS)]
+    documents = [name for name in call["kwargs"] if name in _DOCUMENT_ARGUMENTS]
+
+    def packed(m, ids, doc_ids, position_ids):
+        replaced = {**{name: position_ids for name in positions}, **{name: doc_ids for name in documents}}
+        return forward(m, ids, replaced)
+
+    return packed
 
 
 def discover(run: ScriptRun) -> dict:
@@ -600,6 +639,7 @@ def discover(run: ScriptRun) -> dict:
         "checkpoint": recorder.snapshot_loaded,
     }
     facts.update(discover_padding(trace, call))
+    facts.update(discover_packing(trace))
     facts.setdefault("pad_id", None)
     facts.setdefault("padding_side", None)
     if run.notes:
@@ -616,6 +656,16 @@ def _defined_in(cls) -> Optional[str]:
     except (TypeError, OSError):
         return None
     return f"{display_path(path)}:{line}" if path else None
+
+
+def _packing_for(facts: dict, recorder, pad_id: Optional[int]):
+    """The Subject's packing for the rows the script packed: the position-ids convention for Hugging
+    Face models, the recorded call with the probe's documents and positions for the others."""
+    if not facts.get("packed"):
+        return None
+    if type(recorder.snapshot).__module__.startswith("transformers."):
+        return PACKING_BY_POSITION_IDS if facts.get("packed") == "position_ids" else None
+    return replay_packed(recorder.call, recorder.snapshot, pad_id)
 
 
 class RecordedLoop:
@@ -647,9 +697,10 @@ def subjects(run: ScriptRun, facts: dict, overrides: dict):
     seq_len = overrides.get("seq_len") or (min(T, MAX_PROBE_SEQ_LEN) if T and T >= 2 else None)
     fields = dict(vocab_size=overrides.get("vocab_size") or facts.get("vocab_size"), seq_len=seq_len,
                   batch_size=overrides.get("batch_size"), pad_id=pad_id, kind=overrides.get("kind"),
-                  padding_side=overrides.get("padding_side") or facts.get("padding_side"), forward=forward)
+                  padding_side=overrides.get("padding_side") or facts.get("padding_side"), forward=forward,
+                  packing=overrides.get("packing") or _packing_for(facts, recorder, pad_id))
     given = {"vocab_size": "--vocab", "seq_len": "--seq-len", "batch_size": "--batch", "pad_id": "--pad-id",
-             "kind": "--kind", "padding_side": "--padding-side"}
+             "kind": "--kind", "padding_side": "--padding-side", "packing": "--packing"}
     facts["overridden"] = {flag: overrides[name] for name, flag in given.items() if overrides.get(name) is not None}
     model_subject = Subject(recorder.snapshot, **fields)
     loop_subject = dataclasses.replace(model_subject, train=RecordedLoop(run.trace, run.name))
