@@ -205,3 +205,12 @@ def test_the_worker_dies_with_its_supervisor():
         assert subprocess.run(["ps", "-p", str(worker)], capture_output=True).returncode != 0
     finally:
         proc.kill()
+
+
+def test_memory_target_runs_supervised_too():
+    done = run("memory", f"{HOSTILE}:exits_0", "--batch", "2", "--seq", "16")
+    assert done.returncode == 2
+    assert "your code called sys.exit(0)" in one_line(done) and "tracing one training step" in one_line(done)
+    chatty = run("memory", f"{HOSTILE}:chatty", "--batch", "2", "--seq", "16", "--format", "json")
+    assert chatty.returncode == 0 and json.loads(chatty.stdout)["fits"] is True
+    assert "number of parameters" in chatty.stderr

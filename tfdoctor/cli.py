@@ -458,19 +458,18 @@ def memory(
                 raise UsageError(f"{', '.join(shape_flags)} describe the analytic model, not a traced TARGET",
                                  "drop them: the traced model's own code decides")
             _positive("--vocab", vocab)
-            from tfdoctor.loader import load_subject
-            from tfdoctor.memory.traced import judge_traced
-            from tfdoctor.runner import as_subject
-
-            import torch
-
-            torch.manual_seed(0)  # as `check` does: the factory's weights are the same in every run
-            subject = as_subject(load_subject(target), vocab_size=vocab)
-            with _progress(fmt is MemoryFormat.rich) as start:
-                verdict = judge_traced(subject, target, batch, seq, budget_bytes, source, dtype=dtype.value,
-                                       optimizer=optimizer.value, gpus=gpus, shard=shard.value, progress=start)
+            verdict = None
     except TfdoctorError as error:
         _fail_usage(error)
+    if verdict is None:  # traced: the user's code runs in the supervised worker, as for `check`
+        request = dict(command="memory", target=target, vocab=vocab, batch=batch, seq=seq, budget_bytes=budget_bytes,
+                       budget_source=source, dtype=dtype.value, optimizer=optimizer.value, gpus=gpus,
+                       shard=shard.value)
+        outcome = _supervised(request, fmt is MemoryFormat.rich, DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK)
+        if outcome.ended != "done" or outcome.verdict is None:
+            typer.echo(f"tfdoctor: error: {outcome.message or 'the trace delivered no verdict'}", err=True)
+            raise typer.Exit(ExitCode.USAGE_ERROR)
+        verdict = outcome.verdict
     from tfdoctor.report.memory import render
 
     render(verdict, fmt.value, sys.stdout)

@@ -9,8 +9,10 @@ torch and never runs user code, so it always exits.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import pickle
 import re
 import select
 import signal
@@ -20,7 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from tfdoctor.result import Result
 from tfdoctor.worker import REQUEST_ENV
@@ -40,9 +42,12 @@ class Outcome:
     phase: str = ""  # what was running when it ended ("loading" or a check id)
     debug: str = ""  # internal-error: the worker's traceback
     discovered: dict = field(default_factory=dict)  # `tfdoctor run`: what the script showed
+    verdict: Any = None  # `tfdoctor memory TARGET`: the traced Verdict
 
 
 def _phase_name(phase: str) -> str:
+    if phase == "memory":
+        return "loading the target and tracing one training step"
     if phase == "loading":
         return "loading the target (import, factory, training loop)"
     if phase == "script":
@@ -138,6 +143,8 @@ def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float
                 tasks[event["task"]](event["n"])
             elif kind == "discovered":
                 outcome.discovered = event["facts"]
+            elif kind == "verdict":  # `memory TARGET`: the traced Verdict, from our own worker
+                outcome.verdict = pickle.loads(base64.b64decode(event["pickled"]))
             elif kind == "done":
                 finished = True
             elif kind == "usage-error":
@@ -146,7 +153,7 @@ def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float
                 where = f" at {event['where']}" if event.get("where") else ""
                 outcome.ended = "exit"
                 outcome.message = (f"your code called sys.exit({event['code']!r}){where} during "
-                                   f"{_phase_name(outcome.phase)}, so the battery did not finish")
+                                   f"{_phase_name(outcome.phase)}, so tfdoctor could not finish")
             elif kind == "internal-error":
                 outcome.ended, outcome.message = "internal-error", event["message"]
                 outcome.debug = event.get("traceback", "")

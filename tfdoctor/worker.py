@@ -16,9 +16,11 @@ SystemExit), internal-error.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
+import pickle
 import sys
 import threading
 import traceback
@@ -123,6 +125,21 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None)
         run_checks(model_subject, model_ids, **common)
 
 
+def run_memory_request(request: dict, progress=None):
+    """`tfdoctor memory TARGET`: load the target and trace one training step (the Verdict)."""
+    import torch
+
+    from tfdoctor.loader import load_subject
+    from tfdoctor.memory.traced import judge_traced
+    from tfdoctor.runner import as_subject
+
+    torch.manual_seed(0)  # as `check` does: the factory's weights are the same in every run
+    subject = as_subject(load_subject(request["target"]), vocab_size=request.get("vocab"))
+    return judge_traced(subject, request["target"], request["batch"], request["seq"], request["budget_bytes"],
+                        request["budget_source"], dtype=request["dtype"], optimizer=request["optimizer"],
+                        gpus=request["gpus"], shard=request["shard"], progress=progress)
+
+
 def _move(subject, device: str):
     import torch
 
@@ -173,7 +190,13 @@ def main(argv: list[str]) -> None:
     try:
         channel.send("phase", name="loading")
         progress = progress_over(channel) if request.get("progress") else None
-        if request.get("command") == "run":
+        if request.get("command") == "memory":
+            channel.send("phase", name="memory")
+            verdict = run_memory_request(request, progress=progress)
+            # The Verdict is plain data (dataclasses, dicts, numbers) that only tfdoctor's own report
+            # reads back, so it crosses the pipe pickled, whole.
+            channel.send("verdict", pickled=base64.b64encode(pickle.dumps(verdict)).decode("ascii"))
+        elif request.get("command") == "run":
             channel.send("phase", name="script")
             run_script_request(request, listener=listener, progress=progress,
                                inform=lambda facts: channel.send("discovered", facts=facts))
