@@ -214,3 +214,9 @@ def test_memory_target_runs_supervised_too():
     chatty = run("memory", f"{HOSTILE}:chatty", "--batch", "2", "--seq", "16", "--format", "json")
     assert chatty.returncode == 0 and json.loads(chatty.stdout)["fits"] is True
     assert "number of parameters" in chatty.stderr
+
+
+def test_a_child_process_holding_the_pipe_does_not_delay_the_report():
+    done = run("check", f"{HOSTILE}:forks_a_lingering_child", *QUICK, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.seconds < 40

@@ -157,9 +157,11 @@ def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float
             elif kind == "internal-error":
                 outcome.ended, outcome.message = "internal-error", event["message"]
                 outcome.debug = event.get("traceback", "")
+        if finished or outcome.ended != "done":
+            # The worker said its last word. Processes it started (DataLoader workers) may still hold
+            # the pipe open, so waiting for its end could wait for them: they go with the group.
+            return outcome
     code = proc.wait()
-    if finished or outcome.ended != "done":
-        return outcome
     outcome.ended = "vanished"
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)

@@ -219,3 +219,12 @@ class ReadsAValue(nn.Module):
 
 def reads_a_value():
     return ReadsAValue()
+
+
+def forks_a_lingering_child():
+    """A factory whose helper process outlives it and inherits every open file, as a DataLoader
+    worker or a logging daemon can."""
+    import subprocess
+
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], close_fds=False)
+    return correct_gpt()
