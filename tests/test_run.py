@@ -276,3 +276,16 @@ def test_packed_batches_turn_packing_isolation_on(script, packed, status, expect
     assert report["discovered"]["packed"] == packed
     check = by_id(report)["packing-isolation"]
     assert check["status"] == status and expected in check["message"], check
+
+
+def test_ctrl_c_during_a_script_exits_130_with_one_line():
+    import signal
+    import time
+
+    proc = subprocess.Popen([TFDOCTOR, "run", f"{SCRIPTS}/bad/hangs.py"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(6)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert err.strip().splitlines()[-1].startswith("tfdoctor: interrupted (Ctrl-C) during ")
