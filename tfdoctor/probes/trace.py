@@ -27,6 +27,7 @@ and anything the copy still shared with it is put back (`guarded`).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import functools
@@ -143,6 +144,9 @@ def _grad_norm(params) -> tuple[float, bool]:
         return 0.0, True
     norms = torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])
     total = float(torch.linalg.vector_norm(norms))
+    if math.isfinite(total):  # a NaN or inf element makes the norm NaN or inf: no per-tensor scan needed
+        return total, True
+    # Not finite: either a non-finite element or finite ones whose squares overflow; tell them apart.
     finite = all(bool(torch.isfinite(g).all()) for g in grads)
     return total, finite
 
@@ -155,14 +159,29 @@ def _int_tensors(args, kwargs) -> list[tuple[str, torch.Tensor]]:
     return [(k, v.detach()) for k, v in found]
 
 
+def _near(root, limit: int = SCALE_SEARCH_NODES) -> set[int]:
+    """ids of the first `limit` autograd nodes met walking breadth-first back from `root`."""
+    seen: set[int] = set()
+    if root is None:
+        return seen
+    queue = collections.deque([root])
+    while queue and len(seen) < limit:
+        node = queue.popleft()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        queue.extend(nxt for nxt, _ in getattr(node, "next_functions", ()))
+    return seen
+
+
 def _reaches(root, targets: list, limit: int = SCALE_SEARCH_NODES) -> bool:
     """Whether any of the autograd nodes `targets` lies within `limit` nodes of `root`."""
-    if root is None or not targets:
-        return False
     wanted = {id(t) for t in targets if t is not None}
-    queue, seen = [root], set()
+    if root is None or not wanted:
+        return False
+    queue, seen = collections.deque([root]), set()
     while queue and len(seen) < limit:
-        node = queue.pop(0)
+        node = queue.popleft()
         if node is None or id(node) in seen:
             continue
         if id(node) in wanted:
@@ -243,7 +262,8 @@ def _read_rows(values: torch.Tensor, grad: torch.Tensor) -> dict:
     nll = torch.where(logit_rows, -z.log_softmax(-1)[rows, target], -z[rows, target])
     return {"targets": target, "weights": torch.where(readable, weight, torch.zeros_like(weight)).float(),
             "hard": readable & (share >= HARD_TARGET_SHARE), "readable": readable, "reached": reached,
-            "nll": nll.float(), "log_probs": bool(logprob_rows.any() and not logit_rows.any())}
+            "nll": nll.float(), "log_probs": bool(logprob_rows.any() and not logit_rows.any()),
+            "logit_rows": logit_rows, "logprob_rows": logprob_rows}
 
 
 def _sample(tensors) -> torch.Tensor:
@@ -253,6 +273,10 @@ def _sample(tensors) -> torch.Tensor:
         flat = t.detach().reshape(-1)
         parts.append(flat[::max(1, flat.numel() // SAMPLE_PER_TENSOR)][:SAMPLE_PER_TENSOR].float())
     return torch.cat(parts).cpu() if parts else torch.zeros(0)
+
+
+# The torch functions __torch_function__ does anything with; every other call is passed through.
+_WATCHED_FUNCTIONS = frozenset([torch.Tensor.backward, *SCORE_FUNCTIONS, *LOSS_FUNCTIONS])
 
 
 class _Feed(list):
@@ -289,6 +313,11 @@ class _Recorder(TorchFunctionMode):
         self.pending: list[tuple] = []  # scored tensors met inside the running forward
         self.watched: list = []  # autograd nodes of the tensors watched so far (the latest few)
         self.scores: list[dict] = []
+        # Scored rows whose gradient has arrived but is not read yet: a tiny model's few rows per
+        # micro-batch are read together (read_scores costs ~60 tensor calls whatever the rows), at the
+        # latest when READ_CHUNK_ELEMENTS are waiting, so a large vocabulary is read at once as before.
+        self.unread: list[tuple[torch.Tensor, torch.Tensor, dict]] = []
+        self.unread_elements = 0
         self.busy = False  # our own tensor work inside a hook is not the loop's
         self.in_scaler_step = 0
         self.sched_depth = 0
@@ -328,7 +357,8 @@ class _Recorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.busy or not self.record:
+        # Every torch call of the script passes here: one lookup decides, the rest goes straight through.
+        if func not in _WATCHED_FUNCTIONS or self.busy or not self.record:
             return func(*args, **kwargs)
         if func is torch.Tensor.backward:
             return self._backward(func, args, kwargs)
@@ -346,8 +376,9 @@ class _Recorder(TorchFunctionMode):
         # judged on what the optimizers update: a parameter in none of them is optimizer-coverage's
         updated = [p for p in self.params if id(p) in self.optimized] if self.optimized else self.params
         clear = all(p.grad is None or not bool(p.grad.detach().any()) for p in updated)
-        scaled = _reaches(root.grad_fn, [node for node, _ in self.scale_nodes])
-        scale = next((s for node, s in reversed(self.scale_nodes) if _reaches(root.grad_fn, [node])), None) \
+        near = _near(root.grad_fn) if self.scale_nodes else set()  # one walk serves every scale call
+        scaled = any(node is not None and id(node) in near for node, _ in self.scale_nodes)
+        scale = next((s for node, s in reversed(self.scale_nodes) if node is not None and id(node) in near), None) \
             if scaled else None
         self.event("backward", value=value, grads_clear=clear, scaled=scaled, scale=scale, amp=self.amp())
         self.backward_since_step = True
@@ -383,13 +414,22 @@ class _Recorder(TorchFunctionMode):
         self.window += 1
         self.stepped, self.backward_since_step = True, False
 
+    def quiet(self):
+        """Our own tensor work from a hook or a patched call, with this mode off: every torch call
+        made under it would otherwise pass through __torch_function__ (~2 us each)."""
+        current = getattr(torch.overrides, "_get_current_function_mode", None)  # private: absent, stay on
+        if current is not None and current() is self:
+            return torch.overrides._pop_mode_temporarily()
+        return contextlib.nullcontext()
+
     def _step_begins(self) -> None:
         """The loop hands its gradients to the step (unscale_, a clip, scaler.step or optimizer.step):
         how much it rescaled them since its last backward, read on a sample of their elements."""
         if self.after_backward is None or not self.record:
             return
         before, self.after_backward = self.after_backward, None
-        now = _sample(p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params)
+        with self.quiet():
+            now = _sample(p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params)
         norm = float(before.double() @ before.double())
         if norm > 0:
             factor = float(now.double() @ before.double()) / norm
@@ -448,23 +488,50 @@ class _Recorder(TorchFunctionMode):
                 with torch.no_grad():
                     rows = values.movedim(dim, -1)
                     shape = list(rows.shape[:-1])
-                    entry = read_scores(rows.reshape(-1, rows.shape[-1]).cpu(),
-                                        grad.detach().movedim(dim, -1).reshape(-1, rows.shape[-1]).cpu())
-                entry.update(forward=forward, backward=recorder.current_backward, source=source, rows_shape=shape)
-                recorder.scores.append(entry)
+                    V = rows.shape[-1]
+                    z, g = rows.reshape(-1, V).cpu(), grad.detach().movedim(dim, -1).reshape(-1, V).cpu()
+                    info = dict(forward=forward, backward=recorder.current_backward, source=source,
+                                rows_shape=shape)
+                    if z.numel() >= READ_CHUNK_ELEMENTS:  # large: read now, as it is, no copy kept
+                        recorder.read_unread()
+                        recorder.unread = [(z, g, info)]
+                    else:  # copies: the loop may change its logits in place, autograd reuse the buffer
+                        recorder.unread.append((z.clone(), g.clone(), info))
+                        recorder.unread_elements += z.numel()
+                    if recorder.unread_elements >= READ_CHUNK_ELEMENTS or z.numel() >= READ_CHUNK_ELEMENTS:
+                        recorder.read_unread()
             finally:
                 recorder.busy = False
 
         tensor.register_hook(hook)
         self.watched = (self.watched + [tensor.grad_fn])[-WATCHED_KEEP:]
 
+    def read_unread(self) -> None:
+        """Read the waiting scored rows in one read_scores call and append one entry per watched
+        tensor and backward, in the order their gradients arrived."""
+        waiting, self.unread, self.unread_elements = self.unread, [], 0
+        if not waiting:
+            return
+        with torch.no_grad():  # read_scores turns a few rows at a time into float64
+            read = read_scores(*waiting[0][:2]) if len(waiting) == 1 else \
+                read_scores(torch.cat([v for v, _, _ in waiting]), torch.cat([g for _, g, _ in waiting]))
+        start = 0
+        for values, _, info in waiting:
+            end = start + values.shape[0]
+            entry = {k: v[start:end] for k, v in read.items() if isinstance(v, torch.Tensor)}
+            entry["log_probs"] = bool(entry.pop("logprob_rows").any() and not entry.pop("logit_rows").any())
+            entry.update(info)
+            self.scores.append(entry)
+            start = end
+
     # ------------------------------------------------------------------ module and optimizer hooks
 
     def forward_pre(self, module, args, kwargs):
         if not self.record:
             return
-        self.event("forward", index=self.forwards, inputs=_int_tensors(args, kwargs),
-                   kwargs=sorted(kwargs), amp=self.amp())
+        with self.quiet():
+            inputs = _int_tensors(args, kwargs)
+        self.event("forward", index=self.forwards, inputs=inputs, kwargs=sorted(kwargs), amp=self.amp())
         self.forwards += 1
         self.in_forward += 1
 
@@ -474,6 +541,11 @@ class _Recorder(TorchFunctionMode):
         self.in_forward = max(0, self.in_forward - 1)
         if self.in_forward:
             return
+        with self.quiet():
+            self._forward_ends(output)
+
+    def _forward_ends(self, output) -> None:
+        """The model's outermost forward returned: watch its scores (or the scored calls inside it)."""
         forward = next(e for e in reversed(self.events) if e.kind == "forward")
         try:
             logits = extract_logits(output)
@@ -486,6 +558,10 @@ class _Recorder(TorchFunctionMode):
             output_node = logits.grad_fn
         for tensor, dim, name in self.pending:
             # a softmax over the scores the model returns (log-probabilities out) scores the same rows
+            # (computed from a watched tensor, `logits.view(-1, V)`, is skipped by _watch anyway: that
+            # short walk goes first, the long one from the output only when it finds nothing)
+            if _reaches(tensor.grad_fn, self.watched):
+                continue
             if output_node is None or not _reaches(output_node, [tensor.grad_fn]):
                 self._watch(tensor, dim, forward.data["index"], name)
         self.pending = []
@@ -513,10 +589,12 @@ class _Recorder(TorchFunctionMode):
             return
         self._step_begins()
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        norm, finite = _grad_norm(params)
+        with self.quiet():
+            norm, finite = _grad_norm(params)
+            self.with_grad.update(id(p) for p in self.params
+                                  if id(p) not in self.with_grad and p.grad is not None and bool(p.grad.detach().any()))
         self.optimizers[id(optimizer)] = optimizer
         self.optimized.update(id(p) for p in params)
-        self.with_grad.update(id(p) for p in self.params if p.grad is not None and bool(p.grad.detach().any()))
         # Several optimizers stepped one after another (Muon for the matrices, AdamW for the rest) make
         # one step of the loop: a step with no backward since the previous one joins its window.
         joins = self.stepped and not self.backward_since_step
@@ -541,12 +619,18 @@ class _Recorder(TorchFunctionMode):
                 with_grad = {id(p) for p in recorder.params if p.grad is not None}
                 given = {id(p) for p in params}
                 limit = args[0] if args else kwargs.get("max_norm", kwargs.get("clip_value"))
+                with recorder.quiet():
+                    pre_norm, pre_finite = _grad_norm(params)
                 data = recorder.event("clip", how=how, params=len(params), covers_all=with_grad <= given,
                                       model_params_with_grad=len(with_grad), limit=float(limit),
-                                      pre_norm=_grad_norm(params)[0])
+                                      pre_norm=pre_norm)
                 if recorder.clip_seen_window != recorder.window:  # the whole model's pre-clip norm, once
                     recorder.clip_seen_window = recorder.window
-                    data["global_pre_norm"], data["finite"] = _grad_norm(recorder.params)
+                    # the usual clip over all the model's parameters has just measured it
+                    same = with_grad == {id(p) for p in params if p.grad is not None}
+                    with recorder.quiet():
+                        data["global_pre_norm"], data["finite"] = (pre_norm, pre_finite) if same \
+                            else _grad_norm(recorder.params)
             return original(params, *args, **kwargs)
 
         clipped.__wrapped__ = original
@@ -973,6 +1057,7 @@ def _composition(model: torch.nn.Module, optimizer) -> list[dict]:
 
 
 def _finish(recorder: _Recorder, caught) -> Trace:
+    recorder.read_unread()
     optimizers = []
     for optimizer in recorder.optimizers.values():
         groups = [{k: _plain(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]

@@ -3,7 +3,8 @@ torch's, the standard library's or an installed package's (transformers, acceler
 "path:line". A Hugging Face Trainer's backward is thus located at the user's `trainer.train()`.
 
 No torch here: the frames are walked with sys._getframe, and each file's verdict is cached, so a
-call site costs a few microseconds.
+call site costs a few microseconds;
+the displayed path is cached per file and current directory too.
 """
 
 from __future__ import annotations
@@ -31,11 +32,18 @@ def _is_library(filename: str) -> bool:
     return verdict
 
 
+_displayed: dict[tuple[str, str], str] = {}
+
+
 def display_path(filename: str) -> str:
     """Relative to the current directory when inside it (what the user typed), else absolute."""
-    path = os.path.abspath(filename)
-    relative = os.path.relpath(path)
-    return path if relative.startswith("..") else relative
+    key = (filename, os.getcwd())  # relpath costs ~30 us and a step records a dozen call sites
+    shown = _displayed.get(key)
+    if shown is None:
+        path = os.path.abspath(filename)
+        relative = os.path.relpath(path)
+        shown = _displayed[key] = path if relative.startswith("..") else relative
+    return shown
 
 
 def call_site(skip: int = 1) -> Optional[str]:
