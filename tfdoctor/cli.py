@@ -118,16 +118,10 @@ def check(
 ) -> None:
     """Run the battery of checks on a model factory and report what is wrong."""
     try:
-        _positive("--vocab", vocab)
-        _positive("--seq-len", seq_len, 2, MAX_PROBE_SEQ)
-        _positive("--batch", batch, 1, MAX_PROBE_BATCH)
-        _positive("--pad-id", pad_id, 0)
+        _check_battery_flags(vocab, seq_len, batch, pad_id, seed, timeout, timeout_per_check, only, skip)
         _positive("--train-batch", train_batch)
         _positive("--train-seq", train_seq)
         _positive("--train-batches", train_batches)
-        _seed_in_range(seed)
-        _budget_in_range("--timeout", timeout)
-        _budget_in_range("--timeout-per-check", timeout_per_check)
         if budget is not None:
             from tfdoctor.memory.sizes import parse_size
 
@@ -135,21 +129,43 @@ def check(
         options = {k: v for k, v in dict(train_batch=train_batch, train_seq=train_seq, budget=budget,
                                          train_batches=train_batches,
                                          timeout_per_check=timeout_per_check).items() if v is not None}
-        from tfdoctor.registry import select
-
-        if (only is not None and not only.replace(",", "").strip()) or not select(only, skip):  # unknown ids are a usage error before anything is loaded
-            raise UsageError("the selection is empty: --only/--skip leave no check to run",
-                             "run `tfdoctor checks` for the ids")
         _writable(output)
     except TfdoctorError as error:
         _fail_usage(error)
+    fields = _model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing)
+    request = dict(command="check", target=target, train=train, fields=fields, only=only, skip=skip, seed=seed,
+                   device=device, options=options)
+    outcome = _supervised(request, fmt is Format.rich, timeout, timeout_per_check)
+    _finish(outcome, _report_of(outcome, target, strict), fmt, output)
+
+
+def _check_battery_flags(vocab, seq_len, batch, pad_id, seed, timeout, timeout_per_check, only, skip) -> None:
+    """The flags `check` and `run` share, validated before anything is loaded (UsageError)."""
+    _positive("--vocab", vocab)
+    _positive("--seq-len", seq_len, 2, MAX_PROBE_SEQ)
+    _positive("--batch", batch, 1, MAX_PROBE_BATCH)
+    _positive("--pad-id", pad_id, 0)
+    _seed_in_range(seed)
+    _budget_in_range("--timeout", timeout)
+    _budget_in_range("--timeout-per-check", timeout_per_check)
+    from tfdoctor.registry import select
+
+    # Unknown ids are a usage error here; so is a selection that leaves nothing to run.
+    if (only is not None and not only.replace(",", "").strip()) or not select(only, skip):
+        raise UsageError("the selection is empty: --only/--skip leave no check to run",
+                         "run `tfdoctor checks` for the ids")
+
+
+def _model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing) -> dict:
+    """The Subject fields the flags give (the ones left out are the Subject's or discovered)."""
     fields = dict(vocab_size=vocab, seq_len=seq_len, batch_size=batch, pad_id=pad_id,
                   kind=kind.value if kind else None, padding_side=padding_side.value if padding_side else None,
                   packing=packing.value if packing else None)
-    request = dict(command="check", target=target, train=train, fields={k: v for k, v in fields.items() if v is not None},
-                   only=only, skip=skip, seed=seed, device=device, options=options)
-    outcome = _supervised(request, fmt is Format.rich, timeout, timeout_per_check)
-    report = _report_of(outcome, target, strict)
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _finish(outcome, report, fmt: "Format", output: Optional[Path]) -> None:
+    """Write what the worker delivered, then exit: 2 with its one line when it stopped early."""
     if report is not None:
         _emit(report, fmt, output)
     if outcome.ended != "done":
@@ -204,30 +220,17 @@ def run(
         if module is None and not argv:
             raise UsageError("give the script to run", "tfdoctor run train.py -- ARGS, or tfdoctor run -m pkg.mod")
         _positive("--steps", steps, MIN_RUN_STEPS)
-        _positive("--vocab", vocab)
-        _positive("--seq-len", seq_len, 2, MAX_PROBE_SEQ)
-        _positive("--batch", batch, 1, MAX_PROBE_BATCH)
-        _positive("--pad-id", pad_id, 0)
-        _seed_in_range(seed)
-        _budget_in_range("--timeout", timeout)
-        _budget_in_range("--timeout-per-check", timeout_per_check)
-        from tfdoctor.registry import select
-
-        if (only is not None and not only.replace(",", "").strip()) or not select(only, skip):
-            raise UsageError("the selection is empty: --only/--skip leave no check to run",
-                             "run `tfdoctor checks` for the ids")
+        _check_battery_flags(vocab, seq_len, batch, pad_id, seed, timeout, timeout_per_check, only, skip)
         script = None if module is not None else argv.pop(0)
         if script is not None and not Path(script).is_file():
             raise UsageError(f"script not found: {script}", "give the path of a Python file, or -m package.module")
         _writable(output)
     except TfdoctorError as error:
         _fail_usage(error)
-    fields = dict(vocab_size=vocab, seq_len=seq_len, batch_size=batch, pad_id=pad_id,
-                  kind=kind.value if kind else None, padding_side=padding_side.value if padding_side else None,
-                  packing=packing.value if packing else None)
+    fields = _model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing)
     target = script if script is not None else f"-m {module}"
     request = dict(command="run", script=script, module=module, args=argv, steps=steps, target=target,
-                   fields={k: v for k, v in fields.items() if v is not None}, only=only, skip=skip, seed=seed,
+                   fields=fields, only=only, skip=skip, seed=seed,
                    options={"timeout_per_check": timeout_per_check})
     outcome = _supervised(request, fmt is Format.rich, timeout, timeout_per_check)
     report = _report_of(outcome, f"run {target}", strict)
@@ -237,11 +240,7 @@ def run(
         order = {spec.id: i for i, spec in enumerate(all_checks())}  # the catalogue's order, as `check`
         report.results.sort(key=lambda r: order.get(r.id, len(order)))
         report.discovered = dict(outcome.discovered)
-        _emit(report, fmt, output)
-    if outcome.ended != "done":
-        typer.echo(f"tfdoctor: error: {outcome.message}", err=True)
-        raise typer.Exit(ExitCode.USAGE_ERROR)
-    raise typer.Exit(report.exit_code())
+    _finish(outcome, report, fmt, output)
 
 
 def _supervised(request: dict, show_progress: bool, timeout: float, timeout_per_check: float):
