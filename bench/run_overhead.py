@@ -33,7 +33,6 @@ import runpy
 import sys
 import time
 
-import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from timing import ROOT, wall

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from tfdoctor.recording.sites import display_path
 from tfdoctor.result import Result
 from tfdoctor.worker import REQUEST_ENV
 
@@ -215,7 +216,7 @@ def user_frame(dump: str, main_thread: Optional[int]) -> str:
     for _, block in blocks:
         for path, line, function in _FRAME.findall(block):
             if not _is_library(path):
-                return f"{_short(path)}:{line} in {function}"
+                return f"{display_path(path)}:{line} in {function}"
     return ""
 
 
@@ -226,14 +227,6 @@ def _is_library(path: str) -> bool:
     stdlib = sysconfig.get_paths()["stdlib"]
     return (path.startswith(here) or f"{os.sep}torch{os.sep}" in path or path.startswith(stdlib)
             or path.startswith("<"))
-
-
-def _short(path: str) -> str:
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:
-        return path
-    return relative if not relative.startswith("..") else path
 
 
 def _kill(proc) -> None:

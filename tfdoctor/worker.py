@@ -27,6 +27,7 @@ import traceback
 from typing import Any, Callable
 
 from tfdoctor.errors import TfdoctorError, UsageError
+from tfdoctor.recording.sites import raised_at
 
 REQUEST_ENV = "TFDOCTOR_WORKER_REQUEST"
 
@@ -154,15 +155,6 @@ def _move(subject, device: str):
     return subject
 
 
-def _raised_at(error: BaseException) -> str:
-    """file:line of the innermost frame that raised `error` (where the user's sys.exit was)."""
-    frames = traceback.extract_tb(error.__traceback__)
-    if not frames:
-        return ""
-    frame = frames[-1]
-    return f"{os.path.relpath(frame.filename)}:{frame.lineno} in {frame.name}"
-
-
 def main(argv: list[str]) -> None:
     channel = Channel(int(argv[1]))
     request = json.loads(os.environ.pop(REQUEST_ENV))
@@ -207,7 +199,7 @@ def main(argv: list[str]) -> None:
         channel.send("usage-error", message=error.one_line())
     except SystemExit as error:  # the user's code: a CI gate must not take its code for ours
         channel.send("exit", code=error.code if isinstance(error.code, int) or error.code is None
-                     else str(error.code), where=_raised_at(error))
+                     else str(error.code), where=raised_at(error))
     except KeyboardInterrupt:
         code = 130
     except BaseException as error:  # noqa: BLE001 - everything else is reported, never a traceback

@@ -34,7 +34,6 @@ Imports torch; the analytic mode never imports this module.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 import weakref
 from dataclasses import dataclass, field

@@ -23,14 +23,12 @@ the facts the report shows under "discovered" and the Subject the model checks r
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import os
 import runpy
 import sys
 import time
-import traceback
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -40,7 +38,7 @@ import torch
 
 from tfdoctor.errors import LoadError
 from tfdoctor.probes.trace import Trace, _finish, _Recorder, isolated_copy
-from tfdoctor.recording.sites import _is_library, call_site, display_path
+from tfdoctor.recording.sites import call_site, display_path, raised_at
 from tfdoctor.subject import PACKING_POSITION_IDS as PACKING_BY_POSITION_IDS, vocab_size_of
 
 # Probe length for the model checks when the script's batches are longer: the dependency map and
@@ -295,15 +293,6 @@ class ScriptRun:
     notes: list[str] = field(default_factory=list)
 
 
-def _raised_at(error: BaseException) -> str:
-    """path:line in function of the innermost frame of the user's that the exception passed."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if not _is_library(f.filename)]
-    if not frames:
-        return ""
-    frame = frames[-1]
-    return f"{display_path(frame.filename)}:{frame.lineno} in {frame.name}"
-
-
 def record_script(path: Optional[str] = None, module: Optional[str] = None, args: tuple = (),
                   steps: int = 2) -> ScriptRun:
     """Run the script (a file `path` or a module `module`) as __main__ with `args` until `steps`
@@ -372,11 +361,11 @@ def _refuse_unaudited(run: ScriptRun) -> None:
         if run.ended != "stopped":
             how = {"finished": "ended", "exit": f"called sys.exit({_exit_code(run.error)!r})",
                    "raised": f"raised {type(run.error).__name__}: {run.error}"}[run.ended]
-            where = f" at {_raised_at(run.error)}" if run.error is not None and _raised_at(run.error) else ""
+            where = f" at {raised_at(run.error)}" if run.error is not None and raised_at(run.error) else ""
             run.notes.append(f"the script {how}{where} after {trace.steps} of the {run.steps_asked} "
                              "optimizer steps asked for; judged on those")
         return
-    where = f" at {_raised_at(run.error)}" if run.error is not None and _raised_at(run.error) else ""
+    where = f" at {raised_at(run.error)}" if run.error is not None and raised_at(run.error) else ""
     if run.ended == "raised":
         raise ScriptError(f"{name} raised {type(run.error).__name__}: {run.error}{where} before its first "
                           "optimizer step", "fix the script so that `python` runs it (TFDOCTOR_DEBUG=1 shows "

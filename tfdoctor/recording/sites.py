@@ -59,3 +59,15 @@ def call_site(skip: int = 1) -> Optional[str]:
             return f"{display_path(filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return None
+
+
+def raised_at(error: BaseException) -> str:
+    """"path:line in function" of the innermost user frame the exception passed through ("" if none):
+    where a script raised, or called sys.exit."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not _is_library(f.filename)]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f"{display_path(frame.filename)}:{frame.lineno} in {frame.name}"
