@@ -90,7 +90,8 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None)
     forward, with the model checks. `inform(facts)` hears what was discovered, before any check."""
     import torch
 
-    from tfdoctor.recording.script import ScriptError, discover, record_script, subjects
+    from tfdoctor.recording.discovery import discover, subjects
+    from tfdoctor.recording.script import ScriptError, record_script
     from tfdoctor.registry import select
     from tfdoctor.result import Result
     from tfdoctor.runner import run_checks

@@ -1,0 +1,348 @@
+"""What a recorded script showed, turned into the facts `tfdoctor run` reports under "discovered" and
+the Subjects its checks run on: the model and how the script called it, its batches (shape, pad id
+and where it was read from, padding side, packed rows), whether it loaded a checkpoint first.
+
+The recorder (script.py) only watches; this module reads its Trace and the recorded forward. The
+model checks then call the snapshot the way the script did (`replay_forward`), with every per-token
+argument rebuilt for the probe's own ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from typing import Any, Callable, Optional
+
+import torch
+
+from tfdoctor.probes.trace import Trace
+from tfdoctor.recording.script import ScriptError, ScriptRun, unwrap
+from tfdoctor.recording.sites import display_path
+from tfdoctor.subject import PACKING_POSITION_IDS as PACKING_BY_POSITION_IDS
+
+# Probe length for the model checks when the script's batches are longer: the dependency map and
+# the padding probes cost one perturbed row per position, and every masking bug they catch shows at
+# any length, so the battery stays at seconds on a CPU for a 1024-token script.
+MAX_PROBE_SEQ_LEN = 64
+# A pad id read off the batches must explain this share of the positions its evidence marks (the
+# attention mask's zeros, the targets set to ignore_index): prompt tokens masked with -100 in
+# instruction tuning spread over many ids and stay below it.
+PAD_SHARE_MIN = 0.9
+# Runs of one id at the rows' ends read as padding (a script that does not mask its pads) when at
+# least this share of the rows ends in such a run, of at least two tokens, with lengths that differ
+# (random or natural text almost never does; padded batches always do).
+PAD_RUN_ROWS_MIN = 0.5
+PAD_RUN_MIN = 2
+# Keyword arguments of the recorded forward that the model checks rebuild for their own ids.
+_MASK_WORDS = ("mask",)
+_POSITION_WORDS = ("position",)
+# Arguments that carry document boundaries in packed training (flash-attention varlen, Mamba, custom
+# document masks); seen in a recorded forward, they say the rows are packed.
+_DOCUMENT_ARGUMENTS = ("doc_ids", "document_ids", "seq_idx", "segment_ids", "sequence_ids")
+
+
+def _training_forwards(trace: Trace) -> list[dict]:
+    return [e.data for e in trace.events if e.kind == "forward" and e.data.get("grad", True)]
+
+
+def _ids_key(call: Optional[dict]) -> Optional[tuple[str, Any]]:
+    """Where the token ids sit in the recorded call: ("arg", i) or ("kwarg", name)."""
+    if call is None:
+        return None
+    for i, spec in enumerate(call["args"]):
+        if spec["tensor"] and not spec["floating"] and len(spec["shape"]) == 2:
+            return ("arg", i)
+    for name in ("input_ids", "idx", "ids", "tokens", "x", "src"):
+        spec = call["kwargs"].get(name)
+        if spec and spec["tensor"] and not spec["floating"] and len(spec["shape"]) == 2:
+            return ("kwarg", name)
+    return None
+
+
+def _first_ids(trace: Trace, call: Optional[dict]) -> Optional[torch.Tensor]:
+    key = _ids_key(call)
+    if key is None:
+        return None
+    spec = call["args"][key[1]] if key[0] == "arg" else call["kwargs"][key[1]]
+    return spec["value"]
+
+
+def _all_ids(trace: Trace, call: Optional[dict]) -> list[torch.Tensor]:
+    """The token ids of every recorded forward (the real batches)."""
+    key = _ids_key(call)
+    if key is None:
+        return []
+    name = str(key[1])
+    return [dict(f["inputs"])[name] for f in _training_forwards(trace) if name in dict(f["inputs"])]
+
+
+def _majority(values: torch.Tensor) -> Optional[tuple[int, float]]:
+    if values.numel() == 0:
+        return None
+    ids, counts = values.unique(return_counts=True)
+    top = int(counts.argmax())
+    return int(ids[top]), float(counts[top]) / values.numel()
+
+
+def _side(ids: torch.Tensor, pad: int) -> Optional[str]:
+    """Where the pads of these rows sit: "right" (after the tokens), "left", or None."""
+    is_pad = ids == pad
+    rows = is_pad.any(-1)
+    if not bool(rows.any()):
+        return None
+    right = bool((is_pad[:, -1] | ~rows).all())
+    left = bool((is_pad[:, 0] | ~rows).all())
+    return "right" if right and not left else "left" if left and not right else None
+
+
+def discover_padding(trace: Trace, call: Optional[dict]) -> dict:
+    """pad_id, where it was read from, and padding side, from what the batches show."""
+    batches = _all_ids(trace, call)
+    if not batches:
+        return {}
+    found: Optional[tuple[int, str]] = None
+    forwards = _training_forwards(trace)
+    key = str(_ids_key(call)[1])
+    # 1. an attention mask given to the model: the ids where it is 0; 2. labels= set to -100 where the
+    # ids are pads (Hugging Face)
+    for other, blank, source in (("attention_mask", 0, "attention_mask"), ("labels", -100, "labels == -100")):
+        values = [inputs[key][inputs[other] == blank] for inputs in (dict(f["inputs"]) for f in forwards)
+                  if key in inputs and other in inputs and inputs[other].shape == inputs[key].shape]
+        best = _majority(torch.cat(values)) if values else None
+        if best and best[1] >= PAD_SHARE_MIN:
+            found = (best[0], source)
+            break
+    # 3. loss targets equal to the loss's ignore_index: the target of position t is input t+1
+    if found is None:
+        values = []
+        by_forward = {f["index"]: dict(f["inputs"]).get(key) for f in forwards}
+        for loss in (e.data for e in trace.events if e.kind == "loss" and "targets" in e.data):
+            targets = loss["targets"]
+            ids = by_forward.get(loss["forward"])  # the forward whose output this loss graded
+            if ids is None or ids.numel() != targets.numel():
+                continue
+            ignored = (targets.reshape(ids.shape) == loss["ignore_index"])[:, :-1]
+            values.append(ids[:, 1:][ignored])
+        best = _majority(torch.cat(values)) if values else None
+        if best and best[1] >= PAD_SHARE_MIN:
+            found = (best[0], "targets set to ignore_index")
+    # 4. rows that end (or start) in a run of one id, of differing lengths: padding nobody masks
+    if found is None:
+        found = _runs(batches)
+    if found is None:
+        return {}
+    pad, source = found
+    sides = Counter(s for s in (_side(ids, pad) for ids in batches) if s)
+    side = sides.most_common(1)[0][0] if sides else None
+    return {"pad_id": pad, "pad_id_source": source, "padding_side": side}
+
+
+def discover_packing(trace: Trace) -> dict:
+    """Whether the script trains on packed rows, as the recorded forwards show it: a document-id
+    argument, or position ids that restart inside a row (the Hugging Face flattening collator).
+    Either turns packing-isolation on (see _packing_for)."""
+    for forward in _training_forwards(trace):
+        inputs = dict(forward["inputs"])
+        positions = inputs.get("position_ids")
+        named = next((name for name in _DOCUMENT_ARGUMENTS if name in inputs), None)
+        if named:
+            return {"packed": "documents", "packed_source": f"a document-id argument ({named}=...)"}
+        if positions is not None and positions.shape[-1] > 1 and bool((positions[:, 1:] <= positions[:, :-1]).any()):
+            return {"packed": "position_ids", "packed_source": "position_ids restart inside a row"}
+    return {}
+
+
+def _runs(batches: list[torch.Tensor]) -> Optional[tuple[int, str]]:
+    for where, flip in (("end", False), ("start", True)):
+        runs = []
+        for ids in batches:
+            rows = ids.flip(-1) if flip else ids
+            for row in rows:
+                value = int(row[-1])
+                same = (row == value).flip(0).int().cumprod(0)
+                runs.append((value, int(same.sum())))
+        if not runs:
+            continue
+        value, _ = Counter(v for v, _ in runs).most_common(1)[0]
+        lengths = [n for v, n in runs if v == value and n >= PAD_RUN_MIN]
+        if len(lengths) >= PAD_RUN_ROWS_MIN * len(runs) and len(set(lengths)) > 1:
+            return value, f"runs of one id at the rows' {where}"
+    return None
+
+
+def _describe_call(call: Optional[dict], ids_key) -> str:
+    """model(ids, targets) / model(input_ids=ids, labels=..., attention_mask=...)."""
+    if call is None:
+        return "(not called)"
+    parts = []
+    for i, spec in enumerate(call["args"]):
+        parts.append("ids" if ids_key == ("arg", i) else _short(spec))
+    for name, spec in call["kwargs"].items():
+        parts.append(f"{name}=ids" if ids_key == ("kwarg", name) else f"{name}={_short(spec)}")
+    return f"model({', '.join(parts)})"
+
+
+def _short(spec: dict) -> str:
+    if spec["tensor"]:
+        return f"{spec['dtype']}{spec['shape']}"
+    if spec.get("opaque"):
+        return spec["opaque"]
+    return repr(spec["value"])
+
+
+def replay_forward(call: Optional[dict], model: torch.nn.Module, pad_id: Optional[int]) -> tuple[Optional[Callable], str]:
+    """forward(model, ids) that calls the model the way the script did, with every [B, T] argument
+    rebuilt for the probe's ids: targets and labels from the ids, masks from (ids != pad_id) (all ones
+    without a pad id), positions 0..T-1; other arguments as recorded. None (with the reason) when the
+    plain call model(ids) is the script's, or the model is a Hugging Face one, whose adapter already
+    passes attention_mask, or the call cannot be rebuilt."""
+    key = _ids_key(call)
+    if call is None or key is None:
+        return None, "no forward with token ids was recorded"
+    if type(model).__module__.startswith("transformers."):
+        return None, "Hugging Face model: called as tfdoctor calls them (input_ids, attention_mask)"
+    if key == ("arg", 0) and len(call["args"]) == 1 and not call["kwargs"]:
+        return None, "called with the ids alone"
+    shape = (call["args"][key[1]] if key[0] == "arg" else call["kwargs"][key[1]])["shape"]
+
+    def rebuild(name: str, spec: dict, ids: torch.Tensor):
+        if not spec["tensor"]:
+            return spec["value"]
+        if spec["shape"] != shape:  # not per token: passed as recorded (a fixed buffer, a flag tensor)
+            return spec["value"]
+        dtype = getattr(torch, spec["dtype"])
+        lowered = name.lower()
+        if any(w in lowered for w in _MASK_WORDS):
+            mask = ids != pad_id if pad_id is not None else torch.ones_like(ids, dtype=torch.bool)
+            return mask.to(dtype)
+        if any(w in lowered for w in _POSITION_WORDS):
+            return torch.arange(ids.shape[1], device=ids.device).expand_as(ids).to(dtype)
+        if name in _DOCUMENT_ARGUMENTS:  # a probe row is one document
+            return torch.zeros_like(ids, dtype=dtype)
+        if spec["floating"]:
+            return torch.ones_like(ids, dtype=dtype)
+        # targets / labels: the ids themselves (the logits, not the loss, are probed; pads ignored)
+        targets = ids.clone().to(dtype)
+        if pad_id is not None:
+            targets = targets.masked_fill(ids == pad_id, -100)
+        return targets
+
+    def forward(m, ids, replaced=None):
+        replaced = replaced or {}
+        args = [ids if key == ("arg", i) else rebuild(f"arg{i}", spec, ids) for i, spec in enumerate(call["args"])]
+        kwargs = {name: ids if key == ("kwarg", name) else replaced[name] if name in replaced
+                  else rebuild(name, spec, ids) for name, spec in call["kwargs"].items()}
+        return m(*args, **kwargs)
+
+    return forward, "as the script called it"
+
+
+def replay_packed(call: Optional[dict], model: torch.nn.Module, pad_id: Optional[int]) -> Optional[Callable]:
+    """packing-isolation's fn(model, ids, doc_ids, position_ids) for a model the script fed packed
+    rows by keyword (position_ids=..., doc_ids=...): the recorded call with those two replaced by the
+    probe's own. None for Hugging Face models (the position-ids convention serves them) or when the
+    call cannot be rebuilt."""
+    forward, _ = replay_forward(call, model, pad_id)
+    if forward is None:
+        return None
+    positions = [name for name in call["kwargs"] if any(w in name.lower() for w in _POSITION_WORDS)]
+    documents = [name for name in call["kwargs"] if name in _DOCUMENT_ARGUMENTS]
+
+    def packed(m, ids, doc_ids, position_ids):
+        replaced = {**{name: position_ids for name in positions}, **{name: doc_ids for name in documents}}
+        return forward(m, ids, replaced)
+
+    return packed
+
+
+def discover(run: ScriptRun) -> dict:
+    """The facts the script showed, JSON-safe (the report's "discovered")."""
+    recorder, trace = run.recorder, run.trace
+    model = unwrap(recorder.bound)
+    call = recorder.call
+    key = _ids_key(call)
+    ids = _first_ids(trace, call)
+    facts: dict[str, Any] = {
+        "script": run.name,
+        "model": type(model).__name__,
+        "model_defined_in": _defined_in(type(model)),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "wrapper": type(recorder.bound).__name__ if recorder.bound is not model else None,
+        "called_as": _describe_call(call, key),
+        "batch_shape": list(ids.shape) if ids is not None else None,
+        "vocab_size": recorder.vocab,
+        "optimizers": sorted({o["class"] for o in trace.optimizers}) or (["manual update"] if trace.manual else []),
+        "steps": trace.steps,
+        "steps_asked": run.steps_asked,
+        "seconds_to_stop": round(run.seconds, 3),
+        "ended": run.ended,
+        "stopped_at": recorder.stopped_at,
+        "checkpoint": recorder.snapshot_loaded,
+    }
+    facts.update(discover_padding(trace, call))
+    facts.update(discover_packing(trace))
+    facts.setdefault("pad_id", None)
+    facts.setdefault("padding_side", None)
+    if run.notes:
+        facts["notes"] = list(run.notes)
+    return facts
+
+
+def _defined_in(cls) -> Optional[str]:
+    import inspect
+
+    try:
+        path = inspect.getsourcefile(cls)
+        line = inspect.getsourcelines(cls)[1]
+    except (TypeError, OSError):
+        return None
+    return f"{display_path(path)}:{line}" if path else None
+
+
+def _packing_for(facts: dict, recorder, pad_id: Optional[int]):
+    """The Subject's packing for the rows the script packed: the position-ids convention for Hugging
+    Face models, the recorded call with the probe's documents and positions for the others."""
+    if not facts.get("packed"):
+        return None
+    if type(recorder.snapshot).__module__.startswith("transformers."):
+        return PACKING_BY_POSITION_IDS if facts.get("packed") == "position_ids" else None
+    return replay_packed(recorder.call, recorder.snapshot, pad_id)
+
+
+class RecordedLoop:
+    """Stands in for `train(model, batches)` when another driver already recorded the loop: the loop
+    checks judge `trace`, and nothing can call it again (the script makes its own batches)."""
+
+    def __init__(self, trace: Trace, name: str):
+        self.trace = trace
+        self.name = name
+
+    def __call__(self, model, batches):
+        raise ScriptError(f"{self.name} was recorded as a script and cannot be re-run on tfdoctor's batches")
+
+    def __repr__(self) -> str:
+        return f"RecordedLoop({self.name!r})"
+
+
+def subjects(run: ScriptRun, facts: dict, overrides: dict):
+    """The Subject the model checks run on (the snapshot, called as the script called it) and the one
+    the loop checks judge (the same, with the recorded trace as its loop). `overrides` are the
+    command's flags (vocab_size, seq_len, batch_size, pad_id, kind, padding_side); given ones win."""
+    from tfdoctor.subject import Subject
+
+    recorder = run.recorder
+    pad_id = overrides.get("pad_id", facts.get("pad_id"))
+    forward, why = replay_forward(recorder.call, recorder.snapshot, pad_id)
+    facts["probe_call"] = why
+    T = (facts.get("batch_shape") or [None, None])[1]
+    seq_len = overrides.get("seq_len") or (min(T, MAX_PROBE_SEQ_LEN) if T and T >= 2 else None)
+    fields = dict(vocab_size=overrides.get("vocab_size") or facts.get("vocab_size"), seq_len=seq_len,
+                  batch_size=overrides.get("batch_size"), pad_id=pad_id, kind=overrides.get("kind"),
+                  padding_side=overrides.get("padding_side") or facts.get("padding_side"), forward=forward,
+                  packing=overrides.get("packing") or _packing_for(facts, recorder, pad_id))
+    given = {"vocab_size": "--vocab", "seq_len": "--seq-len", "batch_size": "--batch", "pad_id": "--pad-id",
+             "kind": "--kind", "padding_side": "--padding-side", "packing": "--packing"}
+    facts["overridden"] = {flag: overrides[name] for name, flag in given.items() if overrides.get(name) is not None}
+    model_subject = Subject(recorder.snapshot, **fields)
+    loop_subject = dataclasses.replace(model_subject, train=RecordedLoop(run.trace, run.name))
+    return model_subject, loop_subject
