@@ -118,6 +118,9 @@ class Trace:
     # window -> factor by which the loop rescaled the accumulated gradients between its last backward
     # and the step (`p.grad.mul_(1 / num_tokens)`, torchtune's scale_grads); absent: not rescaled.
     grad_rescale: dict = field(default_factory=dict)
+    # A distributed run (torchrun): every rank's digest of what it did (see recording/ranks.py), rank 0
+    # first, gathered to rank 0 at the stop point (recording/distributed.py); empty in one process.
+    ranks: list = field(default_factory=list)
 
     def of(self, *kinds: str) -> list[Event]:
         return [e for e in self.events if e.kind in kinds]
