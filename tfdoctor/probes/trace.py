@@ -335,6 +335,7 @@ class _Recorder(TorchFunctionMode):
         self.advance: Callable[[int], None] = lambda n=1: None
         self.after_backward: Optional[torch.Tensor] = None  # gradient sample after the latest backward
         self.grad_rescale: dict[int, float] = {}
+        self.closure_step_pending = False  # inside `optimizer.step(closure)`, before the closure returned
 
     # ------------------------------------------------------------------ events
 
@@ -590,6 +591,45 @@ class _Recorder(TorchFunctionMode):
     def opt_pre(self, optimizer, args, kwargs):
         if not self.record:
             return
+        self.optimizers[id(optimizer)] = optimizer
+        # args are step's own: (optimizer, closure) or (optimizer,) with closure= in kwargs
+        positional = len(args) > 1
+        closure = args[1] if positional else kwargs.get("closure")
+        if not callable(closure):
+            self._record_step(optimizer)
+            return None
+        # `optimizer.step(closure)` (Lightning, LBFGS): the window's last forward and backward (and
+        # Lightning's clip) run inside the step, after this hook. The step is recorded when the
+        # closure returns, with the gradients it hands over (see _closure_step).
+        self.closure_step_pending = True
+        wrapped = self._closure_step(optimizer, closure)
+        if positional:
+            return (args[0], wrapped, *args[2:]), kwargs
+        return args, {**kwargs, "closure": wrapped}
+
+    def _closure_step(self, optimizer, closure: Callable) -> Callable:
+        recorder = self
+
+        @functools.wraps(closure)
+        def evaluated_then_stepped(*args, **kwargs):
+            if not recorder.closure_step_pending:
+                # A second evaluation within one step (LBFGS's iterations, a line search): the same
+                # batch again at trial weights, the optimizer's doing, not the loop's. Not recorded.
+                recorder.record = False
+                try:
+                    return closure(*args, **kwargs)
+                finally:
+                    recorder.record = True
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                recorder.closure_step_pending = False
+                recorder._record_step(optimizer)
+
+        return evaluated_then_stepped
+
+    def _record_step(self, optimizer) -> None:
+        """The gradients reach the optimizer step: their norm, which parameters hold one, the rates."""
         self._step_begins()
         params = [p for group in optimizer.param_groups for p in group["params"]]
         with self.quiet():
@@ -606,6 +646,11 @@ class _Recorder(TorchFunctionMode):
             finite=finite, in_scaler=bool(self.in_scaler_step), joins=joins, where=call_site())))
 
     def opt_post(self, optimizer, args, kwargs):
+        if not self.record:
+            return
+        if self.closure_step_pending:  # an optimizer that never called the closure it was given
+            self.closure_step_pending = False
+            self._record_step(optimizer)
         if self.backward_since_step or not self.stepped:
             self.window += 1
         self.stepped, self.backward_since_step = True, False

@@ -159,12 +159,13 @@ class ScriptRecorder(_Recorder):
 
     def settle(self, optimizer) -> None:
         """At the first optimizer step: the model is the outermost called module holding the most of
-        the optimizer's parameters (all of them, for a plain loop)."""
-        self.settled = True
+        the optimizer's parameters (all of them, for a plain loop). With `optimizer.step(closure)` and
+        no accumulation, nothing is called before the first step: settled again when it ends."""
         held = {id(p) for group in optimizer.param_groups for p in group["params"]}
         candidates = list(self.top.values())
         if not candidates:
             return
+        self.settled = True
         best = max(candidates, key=lambda m: (sum(id(p) in held for p in m.parameters()), m is self.bound))
         if best is not self.bound and sum(id(p) in held for p in best.parameters()):
             before = type(unwrap(self.bound)).__name__ if self.bound is not None else "nothing"
@@ -181,6 +182,8 @@ class ScriptRecorder(_Recorder):
         return super().opt_pre(optimizer, args, kwargs)
 
     def opt_post(self, optimizer, args, kwargs):
+        if self.record and not self.settled:
+            self.settle(optimizer)
         super().opt_post(optimizer, args, kwargs)
         if self.window < self.stop_after:
             return
