@@ -34,6 +34,11 @@ def audit(script: str, *args):
     return done.returncode, json.loads(done.stdout), done.stderr
 
 
+def _line(script: str, start: str) -> int:
+    lines = (ROOT / SCRIPTS / script).read_text().splitlines()
+    return next(i + 1 for i, line in enumerate(lines) if line.startswith(start))
+
+
 def statuses(report) -> dict:
     return {c["id"]: c["status"] for c in report["checks"]}
 
@@ -47,6 +52,9 @@ def test_correct_lightning_script_is_quiet_and_discovered():
     assert code == 0 and not findings(report)
     found = report["discovered"]
     assert found["model"] == "LitLM" and found["called_as"] == "model(ids)" and found["optimizers"] == ["AdamW"]
+    assert found["model_defined_in"] == f"{SCRIPTS}/lightning_correct.py:{_line('lightning_correct.py', 'class LitLM')}"
+    assert found["lightning"] == {"module": "LitLM", "audited": "the LightningModule", "strategy": "SingleDeviceStrategy",
+                                  "precision": "32-true", "accumulate_grad_batches": 2, "gradient_clip_val": 1.0}
     assert (found["pad_id"], found["pad_id_source"], found["padding_side"]) == (0, "targets set to ignore_index",
                                                                                 "right")
     assert found["steps"] == 2 and found["ended"] == "stopped"
@@ -113,8 +121,37 @@ def test_planted_lightning_bug_is_the_only_finding(script, check, status, eviden
     assert finding[:2] == (check, status) and evidence in finding[2]
 
 
-def test_lightning_module_calling_its_inner_lm_audits_that_lm():
-    code, report, _ = audit("lightning_targets_equal_inputs.py", "--only", "objective,init-loss")
+def test_ddp_strategy_wrapper_is_seen_through():
+    # strategy="ddp" wraps the LightningModule in DistributedDataParallel and runs training_step through
+    # the wrapper's forward (Lightning's forward redirection): that call is not the model's
+    code, report, _ = audit("lightning_correct.py", "--only", "init-loss,padding-mask,accumulation-scaling,zero-grad,"
+                            "token-weighting", "--", "--strategy", "ddp")
+    assert code == 0 and not findings(report)
     found = report["discovered"]
-    assert found["model"] == "TinyLM" and found["model_defined_in"] == f"{SCRIPTS}/tinylm.py:8"
-    assert statuses(report) == {"objective": "fail", "init-loss": "pass"}
+    assert found["model"] == "LitLM" and found["called_as"] == "model(ids)" and found["batch_shape"] == [4, 16]
+    assert found["lightning"]["strategy"] == "DDPStrategy" and found["steps"] == 2
+    assert set(statuses(report).values()) == {"pass"}
+
+
+@pytest.mark.parametrize("script, held", [
+    ("lightning_targets_equal_inputs.py", "training_step calls self.lm(x)"),
+    ("lightning_mean_per_micro_batch.py", "forward(x, y) returns the loss"),
+])
+def test_lightning_module_holding_its_lm_audits_that_lm(script, held):
+    code, report, _ = audit(script, "--only", "init-loss,padding-mask")
+    found = report["discovered"]
+    assert found["model"] == "TinyLM" and found["model_defined_in"] == f"{SCRIPTS}/tinylm.py:8", held
+    assert found["lightning"]["audited"] == "its .lm" and found["called_as"] == "model(ids)"
+    assert statuses(report) == {"init-loss": "pass", "padding-mask": "pass"}
+
+
+@pytest.mark.parametrize("optimizer", ["lbfgs", "adamw"])
+def test_plain_closure_loop_is_quiet_and_stopped(optimizer):
+    # LBFGS evaluates the closure 4 times per step: its iterations are not 4 accumulated micro-batches
+    code, report, stderr = audit("closure_loop.py", *SLOW_MODEL_CHECKS, "--", "--optimizer", optimizer)
+    assert code == 0 and not findings(report)
+    assert report["discovered"]["steps"] == 2 and report["discovered"]["ended"] == "stopped"
+    assert "step 1 loss" in stderr and "step 2 loss" not in stderr  # stopped inside the second step
+    checks = statuses(report)
+    assert checks["accumulation-scaling"] == "skip" and checks["zero-grad"] == "pass"
+    assert checks["clip-global-norm"] == "pass" and checks["objective"] == "pass"

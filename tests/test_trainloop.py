@@ -71,6 +71,9 @@ EXPECTED = {
     # sequence-first models fed [T, B] (item 6, the loop side)
     "time_major": SIMPLE,
     "time_major_flatten_mismatch": dict(SIMPLE, objective=W),
+    # optimizer.step(closure): the forward and backward run inside the step (LBFGS evaluates it repeatedly)
+    "lbfgs_closure": SIMPLE,
+    "closure_no_zero_grad": dict(SIMPLE, **{"zero-grad": F}),
 }
 
 # The model each family of loops trains (by file-name prefix; the fixture GPT otherwise), and the

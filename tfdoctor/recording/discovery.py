@@ -10,6 +10,7 @@ argument rebuilt for the probe's own ids.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import Counter
 from typing import Any, Callable, Optional
 
@@ -255,11 +256,33 @@ def replay_packed(call: Optional[dict], model: torch.nn.Module, pad_id: Optional
     return packed
 
 
+@dataclasses.dataclass
+class Audited:
+    """The model the checks judge: the module the script trains, or the LM it holds when its own
+    forward returns no logits. `snapshot` is its copy at the first forward, `call` how it was called."""
+
+    model: torch.nn.Module
+    snapshot: torch.nn.Module
+    call: Optional[dict]
+    held_as: Optional[str] = None  # the attribute path inside the trained module, when it is held
+
+
+def audited(recorder) -> Audited:
+    trained = unwrap(recorder.bound)
+    if recorder.returns_logits is False and recorder.inner is not None:
+        inner, call = recorder.inner
+        name = next((n for n, m in trained.named_modules() if m is inner and n), None)
+        if name is not None:
+            return Audited(inner, recorder.snapshot.get_submodule(name), call, name)
+    return Audited(trained, recorder.snapshot, recorder.call)
+
+
 def discover(run: ScriptRun) -> dict:
     """The facts the script showed, JSON-safe (the report's "discovered")."""
     recorder, trace = run.recorder, run.trace
-    model = unwrap(recorder.bound)
-    call = recorder.call
+    judged = audited(recorder)
+    model = judged.model
+    call = recorder.call  # the batches are read from the trained module's forwards
     key = _ids_key(call)
     ids = _first_ids(trace, call)
     facts: dict[str, Any] = {
@@ -267,8 +290,8 @@ def discover(run: ScriptRun) -> dict:
         "model": type(model).__name__,
         "model_defined_in": _defined_in(type(model)),
         "parameters": sum(p.numel() for p in model.parameters()),
-        "wrapper": type(recorder.bound).__name__ if recorder.bound is not model else None,
-        "called_as": _describe_call(call, key),
+        "wrapper": type(recorder.bound).__name__ if recorder.bound is not unwrap(recorder.bound) else None,
+        "called_as": _describe_call(judged.call, _ids_key(judged.call)),
         "batch_shape": list(ids.shape) if ids is not None else None,
         "vocab_size": recorder.vocab,
         "optimizers": sorted({o["class"] for o in trace.optimizers}) or (["manual update"] if trace.manual else []),
@@ -279,13 +302,37 @@ def discover(run: ScriptRun) -> dict:
         "stopped_at": recorder.stopped_at,
         "checkpoint": recorder.snapshot_loaded,
     }
+    facts.update(discover_lightning(recorder.lightning, model))
     facts.update(discover_padding(trace, call))
     facts.update(discover_packing(trace))
     facts.setdefault("pad_id", None)
     facts.setdefault("padding_side", None)
-    if run.notes:
-        facts["notes"] = list(run.notes)
+    notes = list(run.notes)
+    if judged.held_as:
+        notes.append(f"{type(unwrap(recorder.bound)).__name__}'s forward returns no logits over the vocabulary; "
+                     f"the model checks judge the {type(model).__name__} it calls as .{judged.held_as}")
+    if notes:
+        facts["notes"] = notes
     return facts
+
+
+def discover_lightning(lightning: Optional[torch.nn.Module], model: torch.nn.Module) -> dict:
+    """A Lightning script: which LightningModule stepped, whether the audited model is that module or
+    one it holds (its training_step calls `self.lm(x)`), and what the Trainer did around the loop."""
+    if lightning is None:
+        return {}
+    if model is lightning:
+        audited = "the LightningModule"
+    else:
+        audited = next((f"its .{name}" for name, m in lightning.named_modules() if m is model and name),
+                       "a module it does not hold")
+    facts: dict[str, Any] = {"module": type(lightning).__name__, "audited": audited}
+    trainer = getattr(lightning, "_trainer", None)  # the `trainer` property raises when detached
+    if trainer is not None:
+        facts.update(strategy=type(trainer.strategy).__name__, precision=str(trainer.precision),
+                     accumulate_grad_batches=trainer.accumulate_grad_batches,
+                     gradient_clip_val=trainer.gradient_clip_val)
+    return {"lightning": facts}
 
 
 def _defined_in(cls) -> Optional[str]:
@@ -295,8 +342,23 @@ def _defined_in(cls) -> Optional[str]:
         path = inspect.getsourcefile(cls)
         line = inspect.getsourcelines(cls)[1]
     except (TypeError, OSError):
-        return None
+        return _defined_in_script(cls)
     return f"{display_path(path)}:{line}" if path else None
+
+
+def _defined_in_script(cls) -> Optional[str]:
+    """A class defined in the script itself: its module was the script's __main__, gone once the script
+    stopped, so inspect cannot find it; its methods still name the file, and the file the line."""
+    import re
+
+    code = next((f.__code__ for f in vars(cls).values() if hasattr(f, "__code__")), None)
+    if code is None or not os.path.isfile(code.co_filename):
+        return None
+    with open(code.co_filename, encoding="utf-8", errors="replace") as source:
+        lines = source.read().splitlines()
+    header = re.compile(rf"\s*class\s+{re.escape(cls.__name__)}\b")
+    line = next((i + 1 for i, text in enumerate(lines[:code.co_firstlineno]) if header.match(text)), None)
+    return f"{display_path(code.co_filename)}:{line}" if line else None
 
 
 def _packing_for(facts: dict, recorder, pad_id: Optional[int]):
@@ -304,9 +366,10 @@ def _packing_for(facts: dict, recorder, pad_id: Optional[int]):
     Face models, the recorded call with the probe's documents and positions for the others."""
     if not facts.get("packed"):
         return None
-    if type(recorder.snapshot).__module__.startswith("transformers."):
+    judged = audited(recorder)
+    if type(judged.snapshot).__module__.startswith("transformers."):
         return PACKING_BY_POSITION_IDS if facts.get("packed") == "position_ids" else None
-    return replay_packed(recorder.call, recorder.snapshot, pad_id)
+    return replay_packed(judged.call, judged.snapshot, pad_id)
 
 
 class RecordedLoop:
@@ -332,7 +395,8 @@ def subjects(run: ScriptRun, facts: dict, overrides: dict):
 
     recorder = run.recorder
     pad_id = overrides.get("pad_id", facts.get("pad_id"))
-    forward, why = replay_forward(recorder.call, recorder.snapshot, pad_id)
+    judged = audited(recorder)
+    forward, why = replay_forward(judged.call, judged.snapshot, pad_id)
     facts["probe_call"] = why
     T = (facts.get("batch_shape") or [None, None])[1]
     seq_len = overrides.get("seq_len") or (min(T, MAX_PROBE_SEQ_LEN) if T and T >= 2 else None)
@@ -343,6 +407,6 @@ def subjects(run: ScriptRun, facts: dict, overrides: dict):
     given = {"vocab_size": "--vocab", "seq_len": "--seq-len", "batch_size": "--batch", "pad_id": "--pad-id",
              "kind": "--kind", "padding_side": "--padding-side", "packing": "--packing"}
     facts["overridden"] = {flag: overrides[name] for name, flag in given.items() if overrides.get(name) is not None}
-    model_subject = Subject(recorder.snapshot, **fields)
+    model_subject = Subject(judged.snapshot, **fields)
     loop_subject = dataclasses.replace(model_subject, train=RecordedLoop(run.trace, run.name))
     return model_subject, loop_subject

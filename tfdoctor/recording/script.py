@@ -38,7 +38,7 @@ import torch
 from tfdoctor.errors import LoadError
 from tfdoctor.probes.trace import Trace, _finish, _Recorder, isolated_copy
 from tfdoctor.recording.sites import call_site, raised_at
-from tfdoctor.subject import vocab_size_of
+from tfdoctor.subject import extract_logits, vocab_size_of
 
 class ScriptError(LoadError):
     """The script could not be audited: it raised, exited or ended before its first optimizer step."""
@@ -76,6 +76,30 @@ def unwrap(module: torch.nn.Module) -> torch.nn.Module:
 _WRAPPERS = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"}
 
 
+def _lightning_module_on_stack() -> Optional[torch.nn.Module]:
+    """The LightningModule whose hook is running the optimizer step (Lightning steps from inside
+    `LightningModule.optimizer_step`), or None outside Lightning. Walked once, at the first step."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, torch.nn.Module) and any(
+                c.__name__ == "LightningModule" and c.__module__.startswith(("lightning.", "pytorch_lightning."))
+                for c in type(owner).__mro__):
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def _redirected(module: torch.nn.Module) -> bool:
+    """Whether calling `module` runs Lightning's training_step rather than the model: a Lightning
+    strategy that wraps the LightningModule (DDP, FSDP) calls training_step through the wrapper's
+    forward, swapping the LightningModule's `forward` for one call (lightning.pytorch.strategies.
+    strategy._ForwardRedirection). The model's own call comes inside, from training_step."""
+    inner = getattr(module, "module", None) if type(module).__name__ in _WRAPPERS else module
+    forward = inner.__dict__.get("forward") if isinstance(inner, torch.nn.Module) else None
+    return forward is not None and "_ForwardRedirection" in getattr(forward, "__qualname__", "")
+
+
 def _describe_value(value) -> dict:
     """What one argument of the recorded forward was, enough to rebuild it for other ids."""
     if isinstance(value, torch.Tensor):
@@ -84,6 +108,10 @@ def _describe_value(value) -> dict:
     if value is None or isinstance(value, (bool, int, float, str)):
         return {"tensor": False, "value": value}
     return {"tensor": False, "value": value, "opaque": type(value).__name__}
+
+
+def _describe_call_args(args, kwargs) -> dict:
+    return {"args": [_describe_value(a) for a in args], "kwargs": {k: _describe_value(v) for k, v in kwargs.items()}}
 
 
 class ScriptRecorder(_Recorder):
@@ -103,6 +131,13 @@ class ScriptRecorder(_Recorder):
         self.rebound: Optional[str] = None
         self.stopped_at: Optional[str] = None
         self.detach: list[Callable[[], None]] = []
+        self.redirected: list[bool] = []  # per running forward of the bound model: Lightning's redirection?
+        self.lightning: Optional[torch.nn.Module] = None  # the LightningModule stepping, in a Lightning script
+        # A model whose forward returns no logits (a LightningModule's forward(x, y) -> loss) but calls an
+        # LM it holds that does: that LM and how it was called, seen during the model's first forward.
+        self.first_forward_open = False
+        self.returns_logits: Optional[bool] = None
+        self.inner: Optional[tuple[torch.nn.Module, dict]] = None
 
     # ------------------------------------------------------------------ binding
 
@@ -138,13 +173,39 @@ class ScriptRecorder(_Recorder):
     def forward_pre(self, module, args, kwargs):
         if not self.record:
             return
+        self.redirected.append(_redirected(module))
+        if self.redirected[-1]:  # Lightning calling training_step through a wrapper: the model's call is inside
+            return
         grad = torch.is_grad_enabled()
         if self.call is None and grad:
-            self.call = {"args": [_describe_value(a) for a in args],
-                         "kwargs": {k: _describe_value(v) for k, v in kwargs.items()}}
+            self.call = _describe_call_args(args, kwargs)
+            self.first_forward_open = True
         super().forward_pre(module, args, kwargs)
         if not self.in_forward > 1:
             self.events[-1].data["grad"] = grad  # an evaluation forward under no_grad is not a batch
+
+    def forward_post(self, module, args, kwargs, output):
+        if self.record and self.redirected and self.redirected.pop():
+            return
+        if self.first_forward_open and self.in_forward <= 1:
+            self.first_forward_open = False
+            self.returns_logits = self._logits(output) is not None
+        super().forward_post(module, args, kwargs, output)
+
+    def inner_call(self, module: torch.nn.Module, args, kwargs, output) -> None:
+        """A module called directly from the model's first forward: the first one with trainable
+        parameters that returns scores over the vocabulary is the LM the model runs."""
+        if self.inner is None and any(p.requires_grad for p in module.parameters()) and \
+                self._logits(output) is not None:
+            self.inner = (module, _describe_call_args(args, kwargs))
+
+    def _logits(self, output) -> Optional[torch.Tensor]:
+        try:
+            logits = extract_logits(output)
+        except Exception:  # a bare loss, an output with no logits in it
+            return None
+        ok = isinstance(logits, torch.Tensor) and logits.dim() >= 2 and logits.shape[-1] == self.vocab
+        return logits if ok else None
 
     def top_call(self, module: torch.nn.Module) -> None:
         """A module called from outside any other module's forward."""
@@ -161,6 +222,8 @@ class ScriptRecorder(_Recorder):
         """At the first optimizer step: the model is the outermost called module holding the most of
         the optimizer's parameters (all of them, for a plain loop). With `optimizer.step(closure)` and
         no accumulation, nothing is called before the first step: settled again when it ends."""
+        if self.lightning is None:
+            self.lightning = _lightning_module_on_stack()
         held = {id(p) for group in optimizer.param_groups for p in group["params"]}
         candidates = list(self.top.values())
         if not candidates:
@@ -222,12 +285,17 @@ class ScriptRecorder(_Recorder):
             @functools.wraps(call_original)
             def __call__(module, *args, **kwargs):
                 if recorder.depth == 0 and recorder.record and not recorder.busy:
+                    if _redirected(module):  # not counted: the model called inside it is the top-level call
+                        return call_original(module, *args, **kwargs)
                     recorder.top_call(module)
                 recorder.depth += 1
                 try:
-                    return call_original(module, *args, **kwargs)
+                    output = call_original(module, *args, **kwargs)
                 finally:
                     recorder.depth -= 1
+                if recorder.depth == 1 and recorder.first_forward_open:  # called by the model's own forward
+                    recorder.inner_call(module, args, kwargs, output)
+                return output
 
             @functools.wraps(load_original)
             def load_state_dict(module, *args, **kwargs):
