@@ -119,6 +119,10 @@ def test_planted_lightning_bug_is_the_only_finding(script, check, status, eviden
     assert code == (1 if status == "fail" else 0)
     (finding,) = findings(report)
     assert finding[:2] == (check, status) and evidence in finding[2]
+    if check != "token-weighting":  # judged on the loss: the finding names its line in the LightningModule
+        loss_line = _line("lightning_correct.py", "        summed = F.cross_entropy(")
+        details = next(c["details"] for c in report["checks"] if c["id"] == check)
+        assert details["location"] == f"{SCRIPTS}/lightning_correct.py:{loss_line}"
 
 
 def test_ddp_strategy_wrapper_is_seen_through():

@@ -595,6 +595,7 @@ class _Recorder(TorchFunctionMode):
         # args are step's own: (optimizer, closure) or (optimizer,) with closure= in kwargs
         positional = len(args) > 1
         closure = args[1] if positional else kwargs.get("closure")
+        self.closure_step_pending = False
         if not callable(closure):
             self._record_step(optimizer)
             return None
@@ -620,11 +621,10 @@ class _Recorder(TorchFunctionMode):
                     return closure(*args, **kwargs)
                 finally:
                     recorder.record = True
-            try:
-                return closure(*args, **kwargs)
-            finally:
-                recorder.closure_step_pending = False
-                recorder._record_step(optimizer)
+            result = closure(*args, **kwargs)  # a closure that raises aborts the step: nothing recorded
+            recorder.closure_step_pending = False
+            recorder._record_step(optimizer)
+            return result
 
         return evaluated_then_stepped
 

@@ -141,6 +141,12 @@ def discovered_lines(facts: dict) -> list[Text]:
     wrapped = f" inside {facts['wrapper']}" if facts.get("wrapper") else ""
     lines = [f"model {model} ({where}{facts.get('parameters', 0):,} parameters){wrapped}, called as "
              f"{facts.get('called_as', '?')}"]
+    lightning = facts.get("lightning")
+    if lightning:
+        trainer = ", ".join(f"{k} {lightning[k]}" for k in ("accumulate_grad_batches", "gradient_clip_val")
+                            if k in lightning)
+        lines.append(f"Lightning {lightning['module']} (audited: {lightning['audited']}), "
+                     f"{lightning.get('strategy', '?')}, precision {lightning.get('precision', '?')}, {trainer}")
     batch = facts.get("batch_shape")
     pad = facts.get("pad_id")
     pad_text = (f"pad_id {pad} (from {facts.get('pad_id_source')})" if pad is not None else "no padding seen")
