@@ -153,6 +153,16 @@ def test_loop_graded_on_its_inputs_fails_against_the_replayed_optimizer():
     assert "does not teach the next token" in result.message
 
 
+def test_lbfgs_closure_loop_is_replayed_with_a_closure():
+    # LBFGS cannot step without a closure: the reference replays it with one that backpropagates the
+    # plain next-token loss (a TypeError before), and learns where the loop graded on its inputs does not
+    assert overfit_with("lbfgs_closure").status.value == "pass"
+    result = overfit_with("lbfgs_identity_objective")
+    assert result.status.value == "fail", result.message
+    assert result.details["optimizers"] == ["LBFGS"] and result.details["reference"]["loss_drop"] >= REFERENCE_PASS_DROP
+    assert "does not teach the next token" in result.message
+
+
 @pytest.mark.parametrize("loop", ["correct", "identity_objective"])
 def test_time_budget_ends_the_check_as_a_skip_with_what_it_measured(loop):
     result = overfit_with(loop, timeout_per_check=1e-9)

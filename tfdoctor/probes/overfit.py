@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import inspect
 import random
 import sys
 import warnings
@@ -165,6 +166,12 @@ def _set_rate(group: dict, rate: float) -> None:
         group["lr"] = rate
 
 
+def _needs_closure(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer's step takes a closure it cannot do without (LBFGS)."""
+    closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+    return closure is not None and closure.default is inspect.Parameter.empty
+
+
 def replay(subject: Subject, log: StepLog, batch: LMBatch, stop: Callable[[list[float]], bool],
            advance: Callable[[int], None] = lambda n=1: None) -> list[float]:
     """Train `log.reference` on `batch` with the plain next-token loss, replaying the loop's
@@ -187,6 +194,17 @@ def replay(subject: Subject, log: StepLog, batch: LMBatch, stop: Callable[[list[
             curve.append(float(loss.detach()))
             if stop(curve):
                 return curve
+            def gradients():
+                """The reference loss backpropagated, on the parameters the loop trained only."""
+                for p in list(model.parameters()) + params:
+                    p.grad = None
+                loss = lm_loss(clone, batch)
+                loss.backward()
+                for p in params:
+                    if id(p) not in trained:
+                        p.grad = None
+                return loss
+
             loss.backward()
             for p in params:
                 if id(p) not in trained:
@@ -195,7 +213,8 @@ def replay(subject: Subject, log: StepLog, batch: LMBatch, stop: Callable[[list[
                 optimizer = log.copies[index]
                 for group, rate in zip(optimizer.param_groups, rates):
                     _set_rate(group, rate)
-                optimizer.step()
+                # LBFGS re-evaluates the loss at trial weights: its step cannot run without a closure
+                optimizer.step(gradients) if _needs_closure(optimizer) else optimizer.step()
             advance(1)
     for p in model.parameters():
         p.grad = None
