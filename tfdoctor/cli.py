@@ -54,7 +54,7 @@ class Kind(str, enum.Enum):
 
 
 def _fail_usage(error: TfdoctorError) -> None:
-    typer.echo(f"tfdoctor: error: {error.one_line()}", err=True)
+    typer.echo(f"tfdoctor: error: {_whose()}{error.one_line()}", err=True)
     raise typer.Exit(ExitCode.USAGE_ERROR)
 
 
@@ -169,7 +169,7 @@ def _finish(outcome, report, fmt: "Format", output: Optional[Path]) -> None:
     if report is not None:
         _emit(report, fmt, output)
     if outcome.ended != "done":
-        typer.echo(f"tfdoctor: error: {outcome.message}", err=True)
+        typer.echo(f"tfdoctor: error: {_whose()}{outcome.message}", err=True)
         raise typer.Exit(ExitCode.USAGE_ERROR)
     raise typer.Exit(report.exit_code())
 
@@ -208,6 +208,8 @@ def run(
     timeout: float = typer.Option(DEFAULT_TIMEOUT, "--timeout", help="seconds the whole run may take"),
     timeout_per_check: float = typer.Option(DEFAULT_TIMEOUT_PER_CHECK, "--timeout-per-check",
                                             help="seconds the script (up to its stop) and each check may take"),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="start the script as this many ranks with torchrun "
+                                                              "(gloo on a CPU) and audit the distributed run"),
 ) -> None:
     """Run an unmodified training script, record its first optimizer steps and audit them.
 
@@ -225,14 +227,21 @@ def run(
         if script is not None and not Path(script).is_file():
             raise UsageError(f"script not found: {script}", "give the path of a Python file, or -m package.module")
         _writable(output)
+        _nproc_in_range(nproc)
     except TfdoctorError as error:
         _fail_usage(error)
+    if nproc is not None and nproc > 1:
+        _launched(nproc)
     fields = _model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing)
     target = script if script is not None else f"-m {module}"
     request = dict(command="run", script=script, module=module, args=argv, steps=steps, target=target,
-                   fields=fields, only=only, skip=skip, seed=seed,
+                   fields=fields, only=only, skip=skip, seed=seed, strict=strict, timeout=timeout,
                    options={"timeout_per_check": timeout_per_check})
-    outcome = _supervised(request, fmt is Format.rich, timeout, timeout_per_check)
+    # Under torchrun rank 0 speaks for the job: the other ranks draw no bar and print no report.
+    rank = _rank()
+    outcome = _supervised(request, fmt is Format.rich and rank == 0, timeout, timeout_per_check)
+    if outcome.ended == "rank-exit":
+        raise typer.Exit(outcome.code)
     report = _report_of(outcome, f"run {target}", strict)
     if report is not None:
         from tfdoctor.registry import all_checks
@@ -250,17 +259,72 @@ def _supervised(request: dict, show_progress: bool, timeout: float, timeout_per_
     with _progress(show_progress) as start:
         outcome = supervise(request, timeout=timeout, timeout_per_check=timeout_per_check, progress=start)
     if outcome.ended == "usage-error":
+        if outcome.quiet:  # another rank's line, which rank 0 prints
+            raise typer.Exit(ExitCode.USAGE_ERROR)
         _fail_usage(UsageError(outcome.message))
     if outcome.ended == "internal-error":
         if os.environ.get("TFDOCTOR_DEBUG"):
             typer.echo(outcome.debug, err=True)
-        typer.echo(f"tfdoctor: internal error: {outcome.message} (rerun with TFDOCTOR_DEBUG=1 for the traceback)",
+        typer.echo(f"tfdoctor: internal error: {_whose()}{outcome.message} (rerun with TFDOCTOR_DEBUG=1 for the traceback)",
                    err=True)
         raise typer.Exit(ExitCode.USAGE_ERROR)
     if outcome.ended == "interrupted":
-        typer.echo(f"tfdoctor: {outcome.message}", err=True)
+        typer.echo(f"tfdoctor: {_whose()}{outcome.message}", err=True)
         raise typer.Exit(130)
     return outcome
+
+
+# More ranks than this on one machine is a typo (torchrun starts every one as a process here).
+MAX_NPROC = 64
+
+
+def _nproc_in_range(nproc: Optional[int]) -> None:
+    _positive("--nproc", nproc, 1, MAX_NPROC)
+    if nproc is not None and nproc > 1 and os.environ.get("WORLD_SIZE"):
+        raise UsageError("--nproc under torchrun: this process is already one rank of a job",
+                         "give --nproc-per-node to torchrun, or drop torchrun and keep --nproc")
+
+
+def _rank() -> int:
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def _whose() -> str:
+    """Under torchrun every rank's line lands on the same stderr: the other ranks' say whose they are."""
+    rank, size = _rank(), os.environ.get("WORLD_SIZE", "1")
+    return f"rank {rank} of {size}: " if rank != 0 else ""
+
+
+def _launched(nproc: int) -> None:
+    """--nproc N: torchrun runs this same command as N ranks; their exit code is ours."""
+    from tfdoctor.recording.launch import launch
+
+    args = sys.argv[1:]
+    args = args[args.index("run") + 1:] if "run" in args else args
+    try:
+        code = launch(nproc, _without_nproc(args))
+    except TfdoctorError as error:
+        _fail_usage(error)
+    raise typer.Exit(code)
+
+
+def _without_nproc(args: list[str]) -> list[str]:
+    """The command line again, less --nproc (before `--`: after it the arguments are the script's)."""
+    out, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return out + args[i:]
+        if arg == "--nproc":
+            i += 2
+            continue
+        if not arg.startswith("--nproc="):
+            out.append(arg)
+        i += 1
+    return out
 
 
 def _report_of(outcome, target: str, strict: bool):

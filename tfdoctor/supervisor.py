@@ -38,12 +38,14 @@ class Outcome:
     """What the worker did: its results so far, and how it ended."""
 
     results: list[Result] = field(default_factory=list)
-    ended: str = "done"  # done | usage-error | timeout | exit | vanished | internal-error | interrupted
+    ended: str = "done"  # done | usage-error | timeout | exit | vanished | internal-error | interrupted | rank-exit
     message: str = ""  # for everything but done: the one line to print
     phase: str = ""  # what was running when it ended ("loading" or a check id)
     debug: str = ""  # internal-error: the worker's traceback
     discovered: dict = field(default_factory=dict)  # `tfdoctor run`: what the script showed
     verdict: Any = None  # `tfdoctor memory TARGET`: the traced Verdict
+    code: int = 0  # rank-exit: the exit code rank 0 sent
+    quiet: bool = False  # usage-error: rank 0 says the same line, this rank says nothing
 
 
 def _phase_name(phase: str) -> str:
@@ -53,6 +55,8 @@ def _phase_name(phase: str) -> str:
         return "loading the target (import, factory, training loop)"
     if phase == "script":
         return "running the script up to its last recorded step"
+    if phase == "ranks":
+        return "waiting for rank 0 to judge the run"
     return f"check {phase}" if phase else "starting"
 
 
@@ -111,7 +115,8 @@ def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float
     finished = False
     while True:
         now = time.monotonic()
-        phase_left = _hard_limit(per_check) - (now - phase_started)
+        # Waiting for rank 0 is not a check of its own: the whole run's budget bounds it.
+        phase_left = _hard_limit(per_check) - (now - phase_started) if outcome.phase != "ranks" else timeout
         run_left = timeout - (now - started)
         if phase_left <= 0 or run_left <= 0:
             which = (f"{_phase_name(outcome.phase)} ran past its {per_check:g} s budget (--timeout-per-check)"
@@ -150,6 +155,9 @@ def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float
                 finished = True
             elif kind == "usage-error":
                 outcome.ended, outcome.message = "usage-error", event["message"]
+                outcome.quiet = bool(event.get("quiet"))
+            elif kind == "rank-exit":  # a rank other than 0: rank 0 reports, this one exits as it does
+                outcome.ended, outcome.code = "rank-exit", int(event["code"])
             elif kind == "exit":
                 where = f" at {event['where']}" if event.get("where") else ""
                 outcome.ended = "exit"

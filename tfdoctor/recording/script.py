@@ -103,6 +103,8 @@ class ScriptRecorder(_Recorder):
         self.rebound: Optional[str] = None
         self.stopped_at: Optional[str] = None
         self.detach: list[Callable[[], None]] = []
+        self.on_stop: Optional[Callable[[], None]] = None  # called at the stop point, before unwinding
+        self.stop_error: Optional[BaseException] = None
 
     # ------------------------------------------------------------------ binding
 
@@ -196,7 +198,21 @@ class ScriptRecorder(_Recorder):
 
     def stop(self) -> None:
         self.stopped_at = call_site()
+        self.meet()
         raise _StopScript()
+
+    def meet(self) -> None:
+        """A distributed run: the ranks meet here (see RankSession.gather), once."""
+        if self.on_stop is not None:
+            self.busy = True
+            try:
+                with self.quiet():
+                    self.on_stop()
+            except BaseException as error:  # raised after the script unwound, past its own handlers
+                self.stop_error = error
+            finally:
+                self.busy = False
+            self.on_stop = None
 
     def of_kind(self, kind: str):
         return (e for e in self.events if e.kind == kind)
@@ -269,13 +285,17 @@ class ScriptRun:
     steps_asked: int
     error: Optional[BaseException] = None
     notes: list[str] = field(default_factory=list)
+    session: Any = None  # a distributed run: this rank's RankSession (recording/distributed.py)
 
 
 def record_script(path: Optional[str] = None, module: Optional[str] = None, args: tuple = (),
-                  steps: int = 2) -> ScriptRun:
+                  steps: int = 2, session=None) -> ScriptRun:
     """Run the script (a file `path` or a module `module`) as __main__ with `args` until `steps`
     optimizer steps are recorded. Raises ScriptError when it ends, exits or raises before its first
-    step; a KeyboardInterrupt propagates."""
+    step; a KeyboardInterrupt propagates.
+
+    `session` (a RankSession) makes it one rank of a distributed run: the rank's own digest is
+    recorded beside the trace and gathered to rank 0 at the stop point (Trace.ranks there)."""
     if (path is None) == (module is None):
         raise ValueError("give a path or a module")
     if path is not None and not os.path.isfile(path):
@@ -300,7 +320,7 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         try:
-            with recorder.installed_process_wide():
+            with recorder.installed_process_wide(), _rank_recording(recorder, session):
                 try:
                     if path is not None:
                         runpy.run_path(path, run_name="__main__")
@@ -320,14 +340,40 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
         finally:
             sys.argv, sys.path[:] = saved_argv, saved_path
     seconds = time.perf_counter() - started
+    if recorder.stop_error is not None:
+        raise recorder.stop_error
     trace = _finish(recorder, caught)
+    if session is not None and session.digests:
+        trace.ranks = list(session.digests)
     # The script feeds itself: its micro-batches are the forwards of its model under grad mode.
     trace.batches_fed = sum(1 for e in trace.events if e.kind == "forward" and e.data.get("grad", True))
-    run = ScriptRun(trace, recorder, name, seconds, ended, steps, error)
+    run = ScriptRun(trace, recorder, name, seconds, ended, steps, error, session=session)
     _refuse_unaudited(run)
     if recorder.rebound:
         run.notes.append(recorder.rebound)
     return run
+
+
+def _rank_recording(recorder: ScriptRecorder, session):
+    """On every rank of a distributed run: what the rank checks compare (recording/ranks.py), handed
+    to rank 0 at the stop point; the script's destroy_process_group() waits until tfdoctor is done."""
+    import contextlib
+
+    if session is None:
+        return contextlib.nullcontext()
+    from tfdoctor.recording.ranks import RankRecorder
+
+    stack = contextlib.ExitStack()
+    ranks = stack.enter_context(RankRecorder(session.world.rank, session.world.size))
+    stack.enter_context(session.teardown_deferred())
+    recorder.on_stop = lambda: session.gather(ranks.digest(recorder.events, recorder.bound))
+
+    def ended_before_the_stop() -> None:  # the script ran out of steps first: the ranks meet at its end
+        if recorder.window > 0:
+            recorder.meet()
+
+    stack.callback(ended_before_the_stop)
+    return stack
 
 
 def _refuse_unaudited(run: ScriptRun) -> None:
