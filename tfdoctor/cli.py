@@ -236,28 +236,45 @@ def run(
     target = script if script is not None else f"-m {module}"
     request = dict(command="run", script=script, module=module, args=argv, steps=steps, target=target,
                    fields=fields, only=only, skip=skip, seed=seed, strict=strict, timeout=timeout,
-                   options={"timeout_per_check": timeout_per_check})
+                   options={"timeout_per_check": timeout_per_check}, release=_rank() == 0 and _distributed())
+
+    def conclude(outcome) -> None:
+        if outcome.ended == "rank-exit":
+            raise typer.Exit(outcome.code)
+        report = _report_of(outcome, f"run {target}", strict)
+        if report is not None:
+            from tfdoctor.registry import all_checks
+
+            order = {spec.id: i for i, spec in enumerate(all_checks())}  # the catalogue's order, as `check`
+            report.results.sort(key=lambda r: order.get(r.id, len(order)))
+            report.discovered = dict(outcome.discovered)
+        _finish(outcome, report, fmt, output)
+
     # Under torchrun rank 0 speaks for the job: the other ranks draw no bar and print no report.
     rank = _rank()
-    outcome = _supervised(request, fmt is Format.rich and rank == 0, timeout, timeout_per_check)
-    if outcome.ended == "rank-exit":
-        raise typer.Exit(outcome.code)
-    report = _report_of(outcome, f"run {target}", strict)
-    if report is not None:
-        from tfdoctor.registry import all_checks
-
-        order = {spec.id: i for i, spec in enumerate(all_checks())}  # the catalogue's order, as `check`
-        report.results.sort(key=lambda r: order.get(r.id, len(order)))
-        report.discovered = dict(outcome.discovered)
-    _finish(outcome, report, fmt, output)
+    _supervised(request, fmt is Format.rich and rank == 0, timeout, timeout_per_check, then=conclude)
 
 
-def _supervised(request: dict, show_progress: bool, timeout: float, timeout_per_check: float):
-    """Run the request in a supervised worker; usage errors, internal errors and Ctrl-C end here."""
+def _supervised(request: dict, show_progress: bool, timeout: float, timeout_per_check: float, then=None):
+    """Run the request in a supervised worker; usage errors, internal errors and Ctrl-C end here.
+
+    `then(outcome)` (which exits) concludes the command. Given, it runs while the worker still waits:
+    rank 0 of a distributed run prints its report before the other ranks are told its exit code,
+    since torchrun ends every rank as soon as one has exited."""
     from tfdoctor.supervisor import supervise
 
+    hold = (lambda outcome: then(_handled(outcome))) if then is not None and request.get("release") else None
     with _progress(show_progress) as start:
-        outcome = supervise(request, timeout=timeout, timeout_per_check=timeout_per_check, progress=start)
+        outcome = supervise(request, timeout=timeout, timeout_per_check=timeout_per_check, progress=start,
+                            hold=hold)
+    outcome = _handled(outcome)
+    if then is not None:
+        then(outcome)
+    return outcome
+
+
+def _handled(outcome):
+    """The outcomes every command ends the same way: each one line on stderr and its exit code."""
     if outcome.ended == "usage-error":
         if outcome.quiet:  # another rank's line, which rank 0 prints
             raise typer.Exit(ExitCode.USAGE_ERROR)
@@ -290,6 +307,10 @@ def _rank() -> int:
         return int(os.environ.get("RANK", "0"))
     except ValueError:
         return 0
+
+
+def _distributed() -> bool:
+    return os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1")
 
 
 def _whose() -> str:

@@ -10,6 +10,7 @@ torch and never runs user code, so it always exits.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import pickle
@@ -61,13 +62,19 @@ def _phase_name(phase: str) -> str:
 
 
 def supervise(request: dict, *, timeout: float, timeout_per_check: float,
-              progress: Optional[Callable] = None) -> Outcome:
+              progress: Optional[Callable] = None, hold: Optional[Callable[[Outcome], Any]] = None) -> Outcome:
     """Run `request` (see worker.run_check_request) in a worker and return its Outcome.
 
-    `progress` is a Progress (tfdoctor.context) that draws the worker's long tasks, or None."""
+    `progress` is a Progress (tfdoctor.context) that draws the worker's long tasks, or None.
+    `hold(outcome)` (with request["release"]: rank 0 of a distributed run) is called once the worker
+    has said its last word but still waits; the exit code it ends with (returned, or the code of the
+    SystemExit it raises) is then written to the worker, which sends it to the other ranks."""
     dump = tempfile.NamedTemporaryFile(prefix="tfdoctor-stack-", suffix=".txt", delete=False)
     dump.close()
-    request = {**request, "stack_dump": dump.name, "progress": progress is not None}
+    release_read = release_write = None
+    if hold is not None:
+        release_read, release_write = os.pipe()
+    request = {**request, "stack_dump": dump.name, "progress": progress is not None, "release_fd": release_read}
     read_end, write_end = os.pipe()
     env = {**os.environ, REQUEST_ENV: json.dumps(request)}
     outcome = Outcome()
@@ -75,14 +82,20 @@ def supervise(request: dict, *, timeout: float, timeout_per_check: float,
     try:
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tfdoctor.worker", str(write_end)], pass_fds=(write_end,), env=env,
+                [sys.executable, "-m", "tfdoctor.worker", str(write_end)],
+                pass_fds=(write_end,) + ((release_read,) if release_read is not None else ()), env=env,
                 stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
                 start_new_session=True,  # its own process group: DataLoader workers and all go with it
                 preexec_fn=_die_with_parent,
             )
         finally:
             os.close(write_end)
-        return _watch(outcome, proc, read_end, dump.name, timeout, timeout_per_check, progress)
+            if release_read is not None:
+                os.close(release_read)
+        outcome = _watch(outcome, proc, read_end, dump.name, timeout, timeout_per_check, progress)
+        if hold is not None and proc.poll() is None and outcome.ended in ("done", "usage-error", "internal-error"):
+            _held(hold, outcome, proc, release_write)
+        return outcome
     except KeyboardInterrupt:  # Ctrl-C reaches us alone (the worker has its own session): say where
         outcome.ended = "interrupted"
         outcome.message = f"interrupted (Ctrl-C) during {_phase_name(outcome.phase)}"
@@ -91,7 +104,31 @@ def supervise(request: dict, *, timeout: float, timeout_per_check: float,
         if proc is not None:
             _kill(proc)
         os.close(read_end)
+        if release_write is not None:
+            os.close(release_write)
         Path(dump.name).unlink(missing_ok=True)
+
+
+# After its release, how long the worker gets to send the other ranks their exit code and end.
+RELEASE_GRACE_SECONDS = 30.0
+
+
+def _held(hold: Callable[[Outcome], Any], outcome: Outcome, proc, release_write: int) -> None:
+    """Conclude (hold) while the worker waits, then release it with the exit code concluded on."""
+    code = 2
+    try:
+        code = hold(outcome)
+    except SystemExit as exit_:
+        code = exit_.code
+        raise
+    except BaseException as exc:  # click's Exit carries exit_code
+        code = getattr(exc, "exit_code", 2)
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            os.write(release_write, f"{int(code) if isinstance(code, int) else 2}\n".encode())
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=RELEASE_GRACE_SECONDS)
 
 
 def _die_with_parent() -> None:

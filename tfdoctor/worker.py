@@ -17,6 +17,7 @@ SystemExit), internal-error.
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import os
@@ -170,15 +171,19 @@ def _rank() -> int:
     return world().rank
 
 
-def _close_session(session) -> None:
-    """Rank 0 that could not judge still sends every rank its exit code (2); then the group goes."""
+def _close_session(session, release_fd) -> None:
+    """Rank 0 waits for its supervisor to have printed the report (the exit code comes back on
+    `release_fd`), then sends every rank that code; then the group goes."""
     if session is None:
         return
-    if session.world.rank == 0 and not session.code_sent:
-        try:
-            session.send_code(2)
-        except Exception:  # noqa: BLE001 - the ranks never met: nobody waits for a code
-            pass
+    if session.world.rank == 0 and session.verdict_group is not None:
+        code = 2
+        if release_fd is not None:
+            with os.fdopen(release_fd, "r") as release:
+                line = release.readline().strip()  # empty: the supervisor is gone
+            code = int(line) if line.lstrip("-").isdigit() else 2
+        with contextlib.suppress(Exception):  # a rank that died already: the others still get theirs
+            session.send_code(code)
     session.close()
 
 
@@ -233,27 +238,20 @@ def main(argv: list[str]) -> None:
         elif request.get("command") == "run":
             channel.send("phase", name="script")
             session = _rank_session(request)
-            results = []
-
-            def collect(event: str, payload) -> None:
-                if event == "result":
-                    results.append(payload)
-                listener(event, payload)
-
-            judged = run_script_request(request, listener=collect, progress=progress, session=session,
+            judged = run_script_request(request, listener=listener, progress=progress, session=session,
                                         inform=lambda facts: channel.send("discovered", facts=facts))
             if session is not None and not judged:
                 channel.send("phase", name="ranks")
                 code = session.receive_code()
                 channel.send("rank-exit", code=code, rank=session.world.rank)
-            elif session is not None:
-                from tfdoctor.result import Report
-
-                session.send_code(int(Report("", results, strict=request.get("strict", False)).exit_code()))
         else:
             run_check_request(request, listener=listener, progress=progress)
         channel.send("done")
     except TfdoctorError as error:
+        if session is not None and session.world.rank != 0 and session.verdict_group is not None:
+            # rank 0 prints the job's line: this rank ends only once it has (torchrun ends the rest then)
+            with contextlib.suppress(Exception):
+                session.receive_code()
         channel.send("usage-error", message=error.one_line(),
                      quiet=bool(getattr(error, "said_by_rank_0", False)) and _rank() != 0)
     except SystemExit as error:  # the user's code: a CI gate must not take its code for ours
@@ -265,7 +263,7 @@ def main(argv: list[str]) -> None:
         channel.send("internal-error", message=f"{type(error).__name__}: {error}",
                      traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)))
     finally:
-        _close_session(session)
+        _close_session(session, request.get("release_fd"))
         sys.stderr.flush()
     # os._exit: the user's non-daemon threads must not keep the worker (and CI) waiting.
     os._exit(code)

@@ -64,7 +64,7 @@ class RankSession:
         self.verdict_group: Any = None
         self.digests: Optional[list] = None  # rank 0: every rank's digest, rank 0 first
         self.deferred: list[tuple[tuple, dict]] = []  # the script's destroy_process_group calls
-        self.code_sent = False
+        self.own_default = False  # the script made no process group: tfdoctor made one to meet over
 
     # ------------------------------------------------------------------ at the stop point
 
@@ -73,14 +73,26 @@ class RankSession:
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
-            raise _on_every_rank(RankError(f"the script runs as rank {self.world.rank} of {self.world.size} (WORLD_SIZE="
-                            f"{self.world.size}) but never called torch.distributed.init_process_group before "
-                            "its first optimizer steps, so every rank trained alone",
-                            "call torch.distributed.init_process_group() (torchrun sets its environment) "
-                            "before building the model, or run it without --nproc / torchrun"))
+            # The ranks still meet (over a group of tfdoctor's own, from torchrun's environment), so
+            # that rank 0 alone says it and the job ends with one code.
+            with contextlib.suppress(Exception):
+                dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=self.arrival_timeout))
+                self.own_default = True
+                self._meet(digest)
+            raise _on_every_rank(RankError(
+                f"the script runs as rank {self.world.rank} of {self.world.size} (WORLD_SIZE={self.world.size}) "
+                "but never called torch.distributed.init_process_group before its first optimizer steps, so "
+                "every rank trained alone",
+                "call torch.distributed.init_process_group() (torchrun sets its environment) before building "
+                "the model, or run it without --nproc / torchrun"))
         if dist.get_world_size() != self.world.size:
             raise RankError(f"the job's process group has {dist.get_world_size()} ranks but WORLD_SIZE is "
                             f"{self.world.size}")
+        self._meet(digest)
+
+    def _meet(self, digest: dict) -> None:
+        import torch.distributed as dist
+
         try:
             self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.arrival_timeout))
             self.verdict_group = dist.new_group(backend="gloo",
@@ -115,7 +127,6 @@ class RankSession:
 
     def send_code(self, code: int) -> None:
         """Rank 0: every rank exits with this code."""
-        self.code_sent = True
         self._broadcast(code)
 
     def receive_code(self) -> int:
@@ -145,7 +156,7 @@ class RankSession:
             with contextlib.suppress(Exception):
                 if group is not None and dist.is_initialized():
                     dist.destroy_process_group(group)
-        for args, kwargs in self.deferred:
+        for args, kwargs in self.deferred + ([((), {})] if self.own_default else []):
             with contextlib.suppress(Exception):
                 dist.destroy_process_group(*args, **kwargs)
         self.deferred = []
