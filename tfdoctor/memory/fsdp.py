@@ -7,7 +7,10 @@ after a first step):
 - `ComponentBytes`, our own counter: after every aten op it sums the bytes of every tensor storage alive on
   this rank and, at each new maximum, sorts them by what holds them now (a parameter shard, an
   unsharded parameter or an all-gather buffer; a gradient or a reduce-scatter buffer; an optimizer state;
-  anything else is an activation or a backward temporary).
+  anything else is an activation or a backward temporary). A storage that nothing claims yet at the peak
+  but that becomes a gradient or a collective buffer later (a weight gradient before autograd assigns
+  it to .grad, the reduce-scatter input before the collective) is counted as what it becomes, as the
+  analytic ledger counts it.
 - torch's own `FSDPMemTracker` (torch.distributed._tools.fsdp2_mem_tracker), its peak snapshot folded into
   the same four components.
 
@@ -100,6 +103,7 @@ class ComponentBytes(TorchDispatchMode):
         self.peak_bytes = 0
         self.at_peak: dict[str, int] = dict.fromkeys(COMPONENTS, 0)
         self.peak_op = ""
+        self.unclaimed: dict[int, tuple[weakref.ref, int]] = {}  # activations at the peak, maybe claimed later
         self.fsdp_params = [p for state in _fsdp_states(model) for group in state._fsdp_param_groups
                             for p in group.fsdp_params]
         for t in self._held()[0]:
@@ -169,12 +173,32 @@ class ComponentBytes(TorchDispatchMode):
                 alive[key] = st.nbytes()
         total = sum(alive.values())
         if total <= self.peak_bytes:
+            self._claim_later()
             return
         _, where = self._held()
         by = dict.fromkeys(COMPONENTS, 0)
+        self.unclaimed = {}
         for key, nbytes in alive.items():
-            by[where.get(key) or self.comm_buffers.get(key, ACTIVATIONS)] += nbytes
+            component = where.get(key) or self.comm_buffers.get(key, ACTIVATIONS)
+            by[component] += nbytes
+            if component == ACTIVATIONS:
+                self.unclaimed[key] = (self.live[key], nbytes)
         self.peak_bytes, self.at_peak, self.peak_op = total, by, op
+
+    def _claim_later(self) -> None:
+        """Move a peak activation that has since become a gradient or a collective buffer to that component."""
+        if not self.unclaimed:
+            return
+        claimed = dict(self.comm_buffers)
+        for fp in self.fsdp_params:
+            for grad in (fp.sharded_param.grad, getattr(getattr(fp, "_unsharded_param", None), "grad", None)):
+                if grad is not None:
+                    claimed.setdefault(_storage(grad)._cdata, GRADIENTS)
+        for key in [k for k in self.unclaimed if k in claimed]:
+            ref, nbytes = self.unclaimed.pop(key)
+            if self.live.get(key) is ref:  # the same storage, not a new one at a freed address
+                self.at_peak[ACTIVATIONS] -= nbytes
+                self.at_peak[claimed[key]] += nbytes
 
 
 def _fsdp_states(model: nn.Module):
