@@ -147,6 +147,8 @@ def fsdp(full: bool) -> None:
 
     print("\nPer device under FSDP2 (rank 0): analytic --gpus N --shard vs one measured FSDP2 step")
     print("zero1 (optimizer states sharded, parameters and gradients whole) has no FSDP2 setting: not measured.")
+    print("FSDPMemTracker files a gradient under Temp until its group's reduce-scatter: its gradients and\n"
+          "activations split differently from ours at the same peak; compare its peak and parameters.")
     worst = 0.0
     for config in FSDP_GRID:
         B, T, C, L, V, att, shard, world, fake = config
