@@ -289,3 +289,44 @@ def test_ctrl_c_during_a_script_exits_130_with_one_line():
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130
     assert err.strip().splitlines()[-1].startswith("tfdoctor: interrupted (Ctrl-C) during ")
+
+
+def test_two_models_audit_the_larger_and_judge_its_loop_alone():
+    # the draft model steps every micro-batch and never clears its gradients; the LM accumulates 2
+    done = tfdoctor("run", f"{SCRIPTS}/two_models.py", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    report = as_json(done)
+    bad = [(c["id"], c["status"], c["message"]) for c in report["checks"] if c["status"] in ("fail", "error", "warn")]
+    assert not bad
+    found = report["discovered"]
+    assert found["model"] == "TinyLM" and found["steps"] == 2
+    assert found["other_models"] == [{"model": "DraftLM", "names": ["draft"], "trained_parameters": 850}]
+    assert any("--model NAME audits another: DraftLM (draft)" in note for note in found["notes"])
+    checks = by_id(report)
+    assert checks["accumulation-scaling"]["details"]["micro_batches_per_step"] == 2
+    assert checks["accumulation-scaling"]["details"]["window_sizes"] == [2, 2]
+    assert checks["zero-grad"]["status"] == "pass" and checks["scheduler-placement"]["status"] == "pass"
+
+
+@pytest.mark.parametrize("name", ["draft", "DraftLM"])
+def test_model_flag_picks_the_other_by_variable_or_class_name(name):
+    done = tfdoctor("run", f"{SCRIPTS}/two_models.py", "--format", "json", "--model", name, *LOOP_ONLY)
+    assert done.returncode == 1, done.stderr
+    report = as_json(done)
+    assert report["discovered"]["model"] == "DraftLM"
+    assert [m["model"] for m in report["discovered"]["other_models"]] == ["TinyLM"]
+    checks = by_id(report)
+    assert checks["zero-grad"]["status"] == "fail" and checks["zero-grad"]["details"]["zero_grad_calls"] == 0
+    # the LM's accumulation, clip and scheduler are not the draft's
+    assert checks["accumulation-scaling"]["status"] == "skip"
+    assert "does not clip" in checks["clip-global-norm"]["message"]
+    assert checks["scheduler-placement"]["status"] == "skip"
+
+
+def test_model_flag_that_matches_nothing_lists_the_candidates():
+    done = tfdoctor("run", f"{SCRIPTS}/two_models.py", "--format", "json", "--model", "critic")
+    assert done.returncode == 2 and done.stdout == ""
+    lines = [line for line in done.stderr.splitlines() if line.startswith("tfdoctor:")]
+    assert lines == ["tfdoctor: error: --model critic matches none of the models the script trains: TinyLM (model), "
+                     "18,016 trained parameters; DraftLM (draft), 850 trained parameters; give --model one of those "
+                     "class or variable names"], done.stderr

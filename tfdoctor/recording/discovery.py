@@ -279,13 +279,30 @@ def discover(run: ScriptRun) -> dict:
         "stopped_at": recorder.stopped_at,
         "checkpoint": recorder.snapshot_loaded,
     }
+    notes = list(run.notes)
+    facts["other_models"] = list(recorder.others)
+    if recorder.others:
+        notes.append(_several_models_note(recorder))
     facts.update(discover_padding(trace, call))
     facts.update(discover_packing(trace))
     facts.setdefault("pad_id", None)
     facts.setdefault("padding_side", None)
-    if run.notes:
-        facts["notes"] = list(run.notes)
+    if notes:
+        facts["notes"] = notes
     return facts
+
+
+def _several_models_note(recorder) -> str:
+    audited = recorder.audited
+    why = "named by --model" if recorder.wanted else "the one with the most trained parameters"
+    others = ", ".join(_model_named(m) for m in recorder.others)
+    return (f"the script trains {len(recorder.others) + 1} models, each with its own optimizer: audited "
+            f"{_model_named(audited)} ({why}); its loop checks judge its optimizer's steps alone. "
+            f"--model NAME audits another: {others}")
+
+
+def _model_named(model: dict) -> str:
+    return f"{model['model']} ({model['names'][0]})" if model["names"] else model["model"]
 
 
 def _defined_in(cls) -> Optional[str]:
