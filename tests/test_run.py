@@ -330,3 +330,46 @@ def test_model_flag_that_matches_nothing_lists_the_candidates():
     assert lines == ["tfdoctor: error: --model critic matches none of the models the script trains: TinyLM (model), "
                      "18,016 trained parameters; DraftLM (draft), 850 trained parameters; give --model one of those "
                      "class or variable names"], done.stderr
+
+
+def test_tokenizer_held_by_the_collator_gives_the_pad_id():
+    pytest.importorskip("tokenizers")
+    done = tfdoctor("run", f"{SCRIPTS}/tokenizer_pads_masked.py", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    report = as_json(done)
+    bad = [(c["id"], c["status"], c["message"]) for c in report["checks"] if c["status"] in ("fail", "error", "warn")]
+    assert not bad
+    found = report["discovered"]
+    assert (found["pad_id"], found["pad_id_source"], found["tokenizer"]) == (39, "tokenizer.pad_token_id",
+                                                                           "loader.collate_fn.tokenizer")
+    # the batches' own evidence stays beside it, and agrees
+    assert (found["batch_pad_id"], found["batch_pad_id_source"]) == (39, "targets set to ignore_index")
+    assert found["padding_side"] == "right" and "notes" not in found
+    checks = by_id(report)
+    assert checks["ignore-index"]["status"] == "pass" and checks["padding-mask"]["status"] == "pass"
+
+
+def test_only_the_tokenizer_reveals_pads_the_loss_grades():
+    pytest.importorskip("tokenizers")
+    done = tfdoctor("run", f"{SCRIPTS}/tokenizer_pads_graded.py", "--format", "json", *LOOP_ONLY)
+    assert done.returncode == 1, done.stderr
+    report = as_json(done)
+    found = report["discovered"]
+    assert (found["pad_id"], found["pad_id_source"], found["tokenizer"]) == (39, "tokenizer.pad_token_id", "tokenizer")
+    assert "batch_pad_id" not in found  # neither masked nor -100, and too few short rows for a run of pads
+    ignore = by_id(report)["ignore-index"]
+    assert ignore["status"] == "fail" and ignore["details"]["pad_id"] == 39
+    assert ignore["details"]["graded_pad_targets"] > 0
+
+
+def test_a_tokenizer_that_disagrees_with_the_batches_is_a_note():
+    pytest.importorskip("tokenizers")
+    done = tfdoctor("run", f"{SCRIPTS}/tokenizer_pads_masked.py", "--format", "json", "--only", "ignore-index",
+                    "--", "--collator-pad", "0")
+    assert done.returncode in (0, 1), done.stderr
+    found = as_json(done)["discovered"]
+    assert found["pad_id"] == 39 and (found["batch_pad_id"], found["batch_pad_id_source"]) == \
+        (0, "targets set to ignore_index")
+    assert found["notes"] == ["the tokenizer (loader.collate_fn.tokenizer) pads with 39 but the batches mark 0 as "
+                              "padding (targets set to ignore_index); judged with 39: pass --pad-id 0 if the batches "
+                              "are right"]

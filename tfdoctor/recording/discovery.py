@@ -132,9 +132,32 @@ def discover_padding(trace: Trace, call: Optional[dict]) -> dict:
     if found is None:
         return {}
     pad, source = found
+    return {"pad_id": pad, "pad_id_source": source, "padding_side": _padding_side(batches, pad)}
+
+
+def _padding_side(batches: list[torch.Tensor], pad: int) -> Optional[str]:
     sides = Counter(s for s in (_side(ids, pad) for ids in batches) if s)
-    side = sides.most_common(1)[0][0] if sides else None
-    return {"pad_id": pad, "pad_id_source": source, "padding_side": side}
+    return sides.most_common(1)[0][0] if sides else None
+
+
+def tokenizer_padding(trace: Trace, call: Optional[dict], padding: dict,
+                      tokenizers: list[tuple[str, int]]) -> tuple[dict, Optional[str]]:
+    """The pad id a visible tokenizer gives (its pad_token_id), which wins over what the batches
+    showed; the batches' own evidence is kept beside it, and a disagreement is a note. Unchanged
+    `padding` (and no note) when the script holds no tokenizer with a pad token."""
+    if not tokenizers:
+        return padding, None
+    where, pad = tokenizers[0]
+    found = {"pad_id": pad, "pad_id_source": "tokenizer.pad_token_id", "tokenizer": where,
+             "padding_side": _padding_side(_all_ids(trace, call), pad)}
+    note = None
+    if padding.get("pad_id") is not None:
+        found.update(batch_pad_id=padding["pad_id"], batch_pad_id_source=padding["pad_id_source"])
+        if padding["pad_id"] != pad:
+            note = (f"the tokenizer ({where}) pads with {pad} but the batches mark {padding['pad_id']} as padding "
+                    f"({padding['pad_id_source']}); judged with {pad}: pass --pad-id {padding['pad_id']} if the "
+                    "batches are right")
+    return found, note
 
 
 def discover_packing(trace: Trace) -> dict:
@@ -283,7 +306,10 @@ def discover(run: ScriptRun) -> dict:
     facts["other_models"] = list(recorder.others)
     if recorder.others:
         notes.append(_several_models_note(recorder))
-    facts.update(discover_padding(trace, call))
+    padding, disagreement = tokenizer_padding(trace, call, discover_padding(trace, call), recorder.tokenizers)
+    facts.update(padding)
+    if disagreement:
+        notes.append(disagreement)
     facts.update(discover_packing(trace))
     facts.setdefault("pad_id", None)
     facts.setdefault("padding_side", None)

@@ -205,6 +205,8 @@ class ScriptRecorder(_Recorder):
         """At the first optimizer step: the model is the called module with the most parameters that
         an optimizer holds (this one or any the script built), or the one `wanted` names."""
         self.settled = True
+        objects = script_objects()
+        self.tokenizers = find_tokenizers(objects)
         candidates = list(self.top.values())
         if not candidates:
             return
@@ -213,7 +215,6 @@ class ScriptRecorder(_Recorder):
         models = [m for m in candidates if trained[id(m)]]
         if not models:
             return
-        objects = script_objects()
         names = {id(m): _names_of(m, objects) for m in models}
 
         def described(m) -> dict:
@@ -238,7 +239,6 @@ class ScriptRecorder(_Recorder):
                                 "were recorded on the former")
             self.bind(best)
         self.audited = described(best)
-        self.tokenizers = find_tokenizers(objects)
 
     def _foreign(self, params) -> bool:
         """Whether these parameters are another trained model's, none of the audited one's."""
