@@ -373,3 +373,22 @@ def test_a_tokenizer_that_disagrees_with_the_batches_is_a_note():
     assert found["notes"] == ["the tokenizer (loader.collate_fn.tokenizer) pads with 39 but the batches mark 0 as "
                               "padding (targets set to ignore_index); judged with 39: pass --pad-id 0 if the batches "
                               "are right"]
+
+
+def test_seq2seq_script_is_discovered_and_judged_as_check_judges_one():
+    done = tfdoctor("run", f"{SCRIPTS}/seq2seq_reverse.py", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    report = as_json(done)
+    bad = [(c["id"], c["status"], c["message"]) for c in report["checks"] if c["status"] in ("fail", "error", "warn")]
+    assert not bad
+    found = report["discovered"]
+    assert found["called_as"] == "model(src_ids, tgt_ids)" and found["kind"] == "seq2seq"
+    assert found["decoder_ids"] == "argument 1"
+    assert (found["pad_id"], found["padding_side"]) == (0, "right")
+    checks = by_id(report)
+    # the encoder-decoder checks ran, the decoder-only ones skipped with check's reasons
+    assert checks["cross-attention-mask"]["status"] == "pass" and checks["padding-mask"]["status"] == "pass"
+    assert checks["future-leak"]["status"] == "pass" and checks["mask-direction"]["status"] == "pass"
+    assert "written for decoder-only and encoder models" in checks["padding-equivalence"]["message"]
+    # the loop's targets line up with the decoder's input (teacher forcing), not the source
+    assert checks["objective"]["status"] == "pass" and checks["objective"]["details"]["offset"] == 1
