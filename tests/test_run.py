@@ -392,3 +392,16 @@ def test_seq2seq_script_is_discovered_and_judged_as_check_judges_one():
     assert "written for decoder-only and encoder models" in checks["padding-equivalence"]["message"]
     # the loop's targets line up with the decoder's input (teacher forcing), not the source
     assert checks["objective"]["status"] == "pass" and checks["objective"]["details"]["offset"] == 1
+
+
+def test_nanogpt_check_fixture_of_the_bench_is_quiet():
+    # bench/run_vs_check.py times this beside `tfdoctor run nanogpt_train.py`: it must be the same clean audit
+    done = tfdoctor("check", "fixtures/loops/nanogpt.py:build", "--train", "fixtures/loops/nanogpt.py:train",
+                    "--train-batches", "4", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    report = as_json(done)
+    bad = [(c["id"], c["status"], c["message"]) for c in report["checks"] if c["status"] in ("fail", "error", "warn")]
+    assert not bad
+    checks = by_id(report)
+    assert checks["accumulation-scaling"]["details"]["micro_batches_per_step"] == 2
+    assert checks["unscale-before-clip"]["status"] == "pass" and checks["amp-loss-scaling"]["status"] == "pass"
