@@ -59,15 +59,18 @@ def _ids_key(call: Optional[dict]) -> Optional[tuple[str, Any]]:
     return None
 
 
-# Argument names that hold something other than the decoder's token ids.
+# Keyword arguments that hold the decoder's token ids (tgt, tgt_in, trg, decoder_input_ids), and
+# words that say an argument holds something else.
+_DECODER_WORDS = ("tgt", "trg", "decoder")
 _NOT_DECODER_WORDS = ("label", "target", "mask", "position", "token_type")
 
 
 def _decoder_key(trace: Trace, call: Optional[dict]) -> Optional[tuple[str, Any]]:
     """Where an encoder-decoder's second id tensor (the decoder input, `model(src, tgt_in)`) sits in
-    the recorded call, or None. A second [B, T] integer argument is the decoder's ids unless it is
+    the recorded call, or None. A second [B, T] integer argument (by keyword: one named tgt / trg /
+    decoder) is the decoder's ids unless it is
     what the loss grades (nanoGPT's `model(X, Y)`: the targets of that forward's loss, or ids with
-    -100 in them), a mask (only 0 and 1) or positions (each row 0..T-1)."""
+    -100 in them), a mask (only 0 and 1), or positions or document ids (rows that never decrease)."""
     key = _ids_key(call)
     if key is None or type(_value_of(call, key)).__module__.startswith("transformers."):
         return None
@@ -79,13 +82,15 @@ def _decoder_key(trace: Trace, call: Optional[dict]) -> Optional[tuple[str, Any]
         spec = call["args"][other[1]] if other[0] == "arg" else call["kwargs"][other[1]]
         if other == key or not spec["tensor"] or spec["floating"] or len(spec["shape"]) != 2:
             continue
-        if other[0] == "kwarg" and any(w in str(other[1]).lower() for w in _NOT_DECODER_WORDS):
-            continue
+        name = str(other[1]).lower()
+        if other[0] == "kwarg" and (not any(w in name for w in _DECODER_WORDS)
+                                    or any(w in name for w in _NOT_DECODER_WORDS)):
+            continue  # by keyword, only a name that says decoder (doc_ids, segment ids are not)
         ids = spec["value"]
         if bool((ids < 0).any()) or bool(((ids == 0) | (ids == 1)).all()):
             continue
-        if bool((ids == torch.arange(ids.shape[1], device=ids.device)).all()):
-            continue
+        if bool((ids[:, 1:] >= ids[:, :-1]).all()):
+            continue  # positions 0..T-1, document / segment ids: rows that never decrease
         if any(t.numel() == ids.numel() and bool((t == ids.reshape(-1).cpu()).all()) for t in graded):
             continue
         return other
