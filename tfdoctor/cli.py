@@ -189,6 +189,9 @@ def run(
                                                                       "(then every argument is the script's)"),
     steps: int = typer.Option(DEFAULT_RUN_STEPS, "--steps", help="optimizer steps to record before the script is "
                                                                  "stopped (default 2, at least 2)"),
+    model: Optional[str] = typer.Option(None, "--model", help="a script that trains several models: audit this "
+                                                              "one, by class name or the script's variable name "
+                                                              "(default: the most trained parameters)"),
     vocab: Optional[int] = typer.Option(None, "--vocab", help="vocabulary size (default: discovered)"),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="probe sequence length (default: the batches', "
                                                                   "at most 64)"),
@@ -216,6 +219,12 @@ def run(
     The script runs as __main__ (like `python SCRIPT ARGS`, or `python -m MODULE ARGS` with -m) and is
     stopped after --steps optimizer steps. The loop checks judge what it did; the model checks judge a
     copy of the model it trains, taken at its first forward, called the way the script calls it.
+
+    A script that trains several models, each with its own optimizer (an LM and a value head, a GAN's
+    pair, a draft model), gets one audited: by default the one with the most trained parameters among
+    those called before the first optimizer step; --model NAME picks another by its class name or the
+    script's variable name. The others are listed under "discovered" and their steps, backwards and
+    forwards are left out of what the loop checks judge.
     """
     argv = list(argv or [])
     try:
@@ -234,7 +243,7 @@ def run(
         _launched(nproc)
     fields = _model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing)
     target = script if script is not None else f"-m {module}"
-    request = dict(command="run", script=script, module=module, args=argv, steps=steps, target=target,
+    request = dict(command="run", script=script, module=module, args=argv, steps=steps, model=model, target=target,
                    fields=fields, only=only, skip=skip, seed=seed, strict=strict, timeout=timeout,
                    options={"timeout_per_check": timeout_per_check}, release=_rank() == 0 and _distributed())
 

@@ -103,7 +103,7 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
     torch.manual_seed(request.get("seed", 0))  # a script that seeds nothing still gives one report
     try:
         run = record_script(request.get("script"), request.get("module"), tuple(request.get("args", ())),
-                            steps=request["steps"], session=session)
+                            steps=request["steps"], model=request.get("model"), session=session)
     except ScriptError as error:
         if os.environ.get("TFDOCTOR_DEBUG") and error.__cause__ is not None:
             traceback.print_exception(error.__cause__, file=sys.stderr)
