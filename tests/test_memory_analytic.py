@@ -160,3 +160,48 @@ def test_analytic_mode_does_not_import_torch():
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+# Per device under FSDP2 (zero2/zero3): tfdoctor/memory/sharding.py and analytic._Fsdp2. Worked by hand for
+# V 4096, C 64, T 64, one block, d_ff 256, 4 devices; every dim 0 divides by 4 except none, so no padding:
+#   root shards: wte and lm_head 1024 x 64 each, wpe 16 x 64, ln_f 2 x 16 -> 132,128 floats
+#   block shards: ln_1 32, c_attn 48 x 64 + 48, c_proj 16 x 64 + 16, ln_2 32, up 64 x 64 + 64,
+#                 down 16 x 256 + 16 -> 12,496 floats
+#   shards 144,624 floats = 578,496 bytes; the root unsharded 4 x 132,128 floats = 2,114,048 bytes
+FSDP_SMALL = Config(batch=4, seq=64, d_model=64, heads=1, layers=1, vocab=4096, attention="sdpa", gpus=4)
+
+
+def test_fsdp2_shards_and_states_per_device():
+    est = estimate(dataclasses.replace(FSDP_SMALL, shard="zero3"))
+    assert est.parameter_bytes == 578_496
+    assert est.gradient_bytes == 578_496  # reduce-scattered into shards of the same size
+    assert est.optimizer_bytes == 2 * 578_496  # AdamW: exp_avg and exp_avg_sq of each shard
+
+
+def test_fsdp2_zero3_keeps_the_root_unsharded_at_the_logits_peak():
+    # FSDP2 does not reshard the root after forward: at log_softmax backward the embeddings and LM head
+    # are whole on every device beside the shards; no gradient exists yet.
+    est = estimate(dataclasses.replace(FSDP_SMALL, shard="zero3"))
+    assert est.peak_op == "log_softmax backward"
+    assert est.at_peak["parameters"] == 578_496 + 2_114_048
+    assert est.at_peak["gradients"] == 0
+    assert est.at_peak["optimizer states"] == 2 * 578_496
+
+
+def test_fsdp2_zero2_also_keeps_every_block_unsharded_until_its_backward():
+    est = estimate(dataclasses.replace(FSDP_SMALL, shard="zero2"))
+    assert est.peak_op == "log_softmax backward"
+    assert est.at_peak["parameters"] == 578_496 + 2_114_048 + 4 * 12_496 * 4
+
+
+def test_fsdp2_pads_dim_0_to_the_world_size():
+    # vocab 4095 on 4 devices: 1024 rows per shard all the same (torch.chunk, padded), so the same bytes
+    padded = estimate(dataclasses.replace(FSDP_SMALL, vocab=4095, shard="zero3"))
+    assert padded.parameter_bytes == 578_496
+
+
+def test_zero1_divides_only_the_optimizer_states():
+    alone = estimate(FSDP_SMALL)
+    zero1 = estimate(dataclasses.replace(FSDP_SMALL, shard="zero1"))
+    assert zero1.parameter_bytes == alone.parameter_bytes
+    assert zero1.optimizer_bytes == alone.optimizer_bytes // 4

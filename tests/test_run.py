@@ -289,3 +289,119 @@ def test_ctrl_c_during_a_script_exits_130_with_one_line():
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130
     assert err.strip().splitlines()[-1].startswith("tfdoctor: interrupted (Ctrl-C) during ")
+
+
+def test_two_models_audit_the_larger_and_judge_its_loop_alone():
+    # the draft model steps every micro-batch and never clears its gradients; the LM accumulates 2
+    done = tfdoctor("run", f"{SCRIPTS}/two_models.py", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    report = as_json(done)
+    bad = [(c["id"], c["status"], c["message"]) for c in report["checks"] if c["status"] in ("fail", "error", "warn")]
+    assert not bad
+    found = report["discovered"]
+    assert found["model"] == "TinyLM" and found["steps"] == 2
+    assert found["other_models"] == [{"model": "DraftLM", "names": ["draft"], "trained_parameters": 850}]
+    assert any("--model NAME audits another: DraftLM (draft)" in note for note in found["notes"])
+    checks = by_id(report)
+    assert checks["accumulation-scaling"]["details"]["micro_batches_per_step"] == 2
+    assert checks["accumulation-scaling"]["details"]["window_sizes"] == [2, 2]
+    assert checks["zero-grad"]["status"] == "pass" and checks["scheduler-placement"]["status"] == "pass"
+
+
+@pytest.mark.parametrize("name", ["draft", "DraftLM"])
+def test_model_flag_picks_the_other_by_variable_or_class_name(name):
+    done = tfdoctor("run", f"{SCRIPTS}/two_models.py", "--format", "json", "--model", name, *LOOP_ONLY)
+    assert done.returncode == 1, done.stderr
+    report = as_json(done)
+    assert report["discovered"]["model"] == "DraftLM"
+    assert [m["model"] for m in report["discovered"]["other_models"]] == ["TinyLM"]
+    checks = by_id(report)
+    assert checks["zero-grad"]["status"] == "fail" and checks["zero-grad"]["details"]["zero_grad_calls"] == 0
+    # the LM's accumulation, clip and scheduler are not the draft's
+    assert checks["accumulation-scaling"]["status"] == "skip"
+    assert "does not clip" in checks["clip-global-norm"]["message"]
+    assert checks["scheduler-placement"]["status"] == "skip"
+
+
+def test_model_flag_that_matches_nothing_lists_the_candidates():
+    done = tfdoctor("run", f"{SCRIPTS}/two_models.py", "--format", "json", "--model", "critic")
+    assert done.returncode == 2 and done.stdout == ""
+    lines = [line for line in done.stderr.splitlines() if line.startswith("tfdoctor:")]
+    assert lines == ["tfdoctor: error: --model critic matches none of the models the script trains: TinyLM (model), "
+                     "18,016 trained parameters; DraftLM (draft), 850 trained parameters; give --model one of those "
+                     "class or variable names"], done.stderr
+
+
+def test_tokenizer_held_by_the_collator_gives_the_pad_id():
+    pytest.importorskip("tokenizers")
+    done = tfdoctor("run", f"{SCRIPTS}/tokenizer_pads_masked.py", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    report = as_json(done)
+    bad = [(c["id"], c["status"], c["message"]) for c in report["checks"] if c["status"] in ("fail", "error", "warn")]
+    assert not bad
+    found = report["discovered"]
+    assert (found["pad_id"], found["pad_id_source"], found["tokenizer"]) == (39, "tokenizer.pad_token_id",
+                                                                           "loader.collate_fn.tokenizer")
+    # the batches' own evidence stays beside it, and agrees
+    assert (found["batch_pad_id"], found["batch_pad_id_source"]) == (39, "targets set to ignore_index")
+    assert found["padding_side"] == "right" and "notes" not in found
+    checks = by_id(report)
+    assert checks["ignore-index"]["status"] == "pass" and checks["padding-mask"]["status"] == "pass"
+
+
+def test_only_the_tokenizer_reveals_pads_the_loss_grades():
+    pytest.importorskip("tokenizers")
+    done = tfdoctor("run", f"{SCRIPTS}/tokenizer_pads_graded.py", "--format", "json", *LOOP_ONLY)
+    assert done.returncode == 1, done.stderr
+    report = as_json(done)
+    found = report["discovered"]
+    assert (found["pad_id"], found["pad_id_source"], found["tokenizer"]) == (39, "tokenizer.pad_token_id", "tokenizer")
+    assert "batch_pad_id" not in found  # neither masked nor -100, and too few short rows for a run of pads
+    ignore = by_id(report)["ignore-index"]
+    assert ignore["status"] == "fail" and ignore["details"]["pad_id"] == 39
+    assert ignore["details"]["graded_pad_targets"] > 0
+
+
+def test_a_tokenizer_that_disagrees_with_the_batches_is_a_note():
+    pytest.importorskip("tokenizers")
+    done = tfdoctor("run", f"{SCRIPTS}/tokenizer_pads_masked.py", "--format", "json", "--only", "ignore-index",
+                    "--", "--collator-pad", "0")
+    assert done.returncode in (0, 1), done.stderr
+    found = as_json(done)["discovered"]
+    assert found["pad_id"] == 39 and (found["batch_pad_id"], found["batch_pad_id_source"]) == \
+        (0, "targets set to ignore_index")
+    assert found["notes"] == ["the tokenizer (loader.collate_fn.tokenizer) pads with 39 but the batches mark 0 as "
+                              "padding (targets set to ignore_index); judged with 39: pass --pad-id 0 if the batches "
+                              "are right"]
+
+
+def test_seq2seq_script_is_discovered_and_judged_as_check_judges_one():
+    done = tfdoctor("run", f"{SCRIPTS}/seq2seq_reverse.py", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    report = as_json(done)
+    bad = [(c["id"], c["status"], c["message"]) for c in report["checks"] if c["status"] in ("fail", "error", "warn")]
+    assert not bad
+    found = report["discovered"]
+    assert found["called_as"] == "model(src_ids, tgt_ids)" and found["kind"] == "seq2seq"
+    assert found["decoder_ids"] == "argument 1"
+    assert (found["pad_id"], found["padding_side"]) == (0, "right")
+    checks = by_id(report)
+    # the encoder-decoder checks ran, the decoder-only ones skipped with check's reasons
+    assert checks["cross-attention-mask"]["status"] == "pass" and checks["padding-mask"]["status"] == "pass"
+    assert checks["future-leak"]["status"] == "pass" and checks["mask-direction"]["status"] == "pass"
+    assert "written for decoder-only and encoder models" in checks["padding-equivalence"]["message"]
+    # the loop's targets line up with the decoder's input (teacher forcing), not the source
+    assert checks["objective"]["status"] == "pass" and checks["objective"]["details"]["offset"] == 1
+
+
+def test_nanogpt_check_fixture_of_the_bench_is_quiet():
+    # bench/run_vs_check.py times this beside `tfdoctor run nanogpt_train.py`: it must be the same clean audit
+    done = tfdoctor("check", "fixtures/loops/nanogpt.py:build", "--train", "fixtures/loops/nanogpt.py:train",
+                    "--train-batches", "4", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    report = as_json(done)
+    bad = [(c["id"], c["status"], c["message"]) for c in report["checks"] if c["status"] in ("fail", "error", "warn")]
+    assert not bad
+    checks = by_id(report)
+    assert checks["accumulation-scaling"]["details"]["micro_batches_per_step"] == 2
+    assert checks["unscale-before-clip"]["status"] == "pass" and checks["amp-loss-scaling"]["status"] == "pass"

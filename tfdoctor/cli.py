@@ -54,7 +54,7 @@ class Kind(str, enum.Enum):
 
 
 def _fail_usage(error: TfdoctorError) -> None:
-    typer.echo(f"tfdoctor: error: {error.one_line()}", err=True)
+    typer.echo(f"tfdoctor: error: {_whose()}{error.one_line()}", err=True)
     raise typer.Exit(ExitCode.USAGE_ERROR)
 
 
@@ -169,7 +169,7 @@ def _finish(outcome, report, fmt: "Format", output: Optional[Path]) -> None:
     if report is not None:
         _emit(report, fmt, output)
     if outcome.ended != "done":
-        typer.echo(f"tfdoctor: error: {outcome.message}", err=True)
+        typer.echo(f"tfdoctor: error: {_whose()}{outcome.message}", err=True)
         raise typer.Exit(ExitCode.USAGE_ERROR)
     raise typer.Exit(report.exit_code())
 
@@ -189,6 +189,9 @@ def run(
                                                                       "(then every argument is the script's)"),
     steps: int = typer.Option(DEFAULT_RUN_STEPS, "--steps", help="optimizer steps to record before the script is "
                                                                  "stopped (default 2, at least 2)"),
+    model: Optional[str] = typer.Option(None, "--model", help="a script that trains several models: audit this "
+                                                              "one, by class name or the script's variable name "
+                                                              "(default: the most trained parameters)"),
     vocab: Optional[int] = typer.Option(None, "--vocab", help="vocabulary size (default: discovered)"),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="probe sequence length (default: the batches', "
                                                                   "at most 64)"),
@@ -208,12 +211,20 @@ def run(
     timeout: float = typer.Option(DEFAULT_TIMEOUT, "--timeout", help="seconds the whole run may take"),
     timeout_per_check: float = typer.Option(DEFAULT_TIMEOUT_PER_CHECK, "--timeout-per-check",
                                             help="seconds the script (up to its stop) and each check may take"),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="start the script as this many ranks with torchrun "
+                                                              "(gloo on a CPU) and audit the distributed run"),
 ) -> None:
     """Run an unmodified training script, record its first optimizer steps and audit them.
 
     The script runs as __main__ (like `python SCRIPT ARGS`, or `python -m MODULE ARGS` with -m) and is
     stopped after --steps optimizer steps. The loop checks judge what it did; the model checks judge a
     copy of the model it trains, taken at its first forward, called the way the script calls it.
+
+    A script that trains several models, each with its own optimizer (an LM and a value head, a GAN's
+    pair, a draft model), gets one audited: by default the one with the most trained parameters among
+    those called before the first optimizer step; --model NAME picks another by its class name or the
+    script's variable name. The others are listed under "discovered" and their steps, backwards and
+    forwards are left out of what the loop checks judge.
     """
     argv = list(argv or [])
     try:
@@ -225,42 +236,125 @@ def run(
         if script is not None and not Path(script).is_file():
             raise UsageError(f"script not found: {script}", "give the path of a Python file, or -m package.module")
         _writable(output)
+        _nproc_in_range(nproc)
     except TfdoctorError as error:
         _fail_usage(error)
+    if nproc is not None and nproc > 1:
+        _launched(nproc)
     fields = _model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing)
     target = script if script is not None else f"-m {module}"
-    request = dict(command="run", script=script, module=module, args=argv, steps=steps, target=target,
-                   fields=fields, only=only, skip=skip, seed=seed,
-                   options={"timeout_per_check": timeout_per_check})
-    outcome = _supervised(request, fmt is Format.rich, timeout, timeout_per_check)
-    report = _report_of(outcome, f"run {target}", strict)
-    if report is not None:
-        from tfdoctor.registry import all_checks
+    request = dict(command="run", script=script, module=module, args=argv, steps=steps, model=model, target=target,
+                   fields=fields, only=only, skip=skip, seed=seed, strict=strict, timeout=timeout,
+                   options={"timeout_per_check": timeout_per_check}, release=_rank() == 0 and _distributed())
 
-        order = {spec.id: i for i, spec in enumerate(all_checks())}  # the catalogue's order, as `check`
-        report.results.sort(key=lambda r: order.get(r.id, len(order)))
-        report.discovered = dict(outcome.discovered)
-    _finish(outcome, report, fmt, output)
+    def conclude(outcome) -> None:
+        if outcome.ended == "rank-exit":
+            raise typer.Exit(outcome.code)
+        report = _report_of(outcome, f"run {target}", strict)
+        if report is not None:
+            from tfdoctor.registry import all_checks
+
+            order = {spec.id: i for i, spec in enumerate(all_checks())}  # the catalogue's order, as `check`
+            report.results.sort(key=lambda r: order.get(r.id, len(order)))
+            report.discovered = dict(outcome.discovered)
+        _finish(outcome, report, fmt, output)
+
+    # Under torchrun rank 0 speaks for the job: the other ranks draw no bar and print no report.
+    rank = _rank()
+    _supervised(request, fmt is Format.rich and rank == 0, timeout, timeout_per_check, then=conclude)
 
 
-def _supervised(request: dict, show_progress: bool, timeout: float, timeout_per_check: float):
-    """Run the request in a supervised worker; usage errors, internal errors and Ctrl-C end here."""
+def _supervised(request: dict, show_progress: bool, timeout: float, timeout_per_check: float, then=None):
+    """Run the request in a supervised worker; usage errors, internal errors and Ctrl-C end here.
+
+    `then(outcome)` (which exits) concludes the command. Given, it runs while the worker still waits:
+    rank 0 of a distributed run prints its report before the other ranks are told its exit code,
+    since torchrun ends every rank as soon as one has exited."""
     from tfdoctor.supervisor import supervise
 
+    hold = (lambda outcome: then(_handled(outcome))) if then is not None and request.get("release") else None
     with _progress(show_progress) as start:
-        outcome = supervise(request, timeout=timeout, timeout_per_check=timeout_per_check, progress=start)
+        outcome = supervise(request, timeout=timeout, timeout_per_check=timeout_per_check, progress=start,
+                            hold=hold)
+    outcome = _handled(outcome)
+    if then is not None:
+        then(outcome)
+    return outcome
+
+
+def _handled(outcome):
+    """The outcomes every command ends the same way: each one line on stderr and its exit code."""
     if outcome.ended == "usage-error":
+        if outcome.quiet:  # another rank's line, which rank 0 prints
+            raise typer.Exit(ExitCode.USAGE_ERROR)
         _fail_usage(UsageError(outcome.message))
     if outcome.ended == "internal-error":
         if os.environ.get("TFDOCTOR_DEBUG"):
             typer.echo(outcome.debug, err=True)
-        typer.echo(f"tfdoctor: internal error: {outcome.message} (rerun with TFDOCTOR_DEBUG=1 for the traceback)",
+        typer.echo(f"tfdoctor: internal error: {_whose()}{outcome.message} (rerun with TFDOCTOR_DEBUG=1 for the traceback)",
                    err=True)
         raise typer.Exit(ExitCode.USAGE_ERROR)
     if outcome.ended == "interrupted":
-        typer.echo(f"tfdoctor: {outcome.message}", err=True)
+        typer.echo(f"tfdoctor: {_whose()}{outcome.message}", err=True)
         raise typer.Exit(130)
     return outcome
+
+
+# More ranks than this on one machine is a typo (torchrun starts every one as a process here).
+MAX_NPROC = 64
+
+
+def _nproc_in_range(nproc: Optional[int]) -> None:
+    _positive("--nproc", nproc, 1, MAX_NPROC)
+    if nproc is not None and nproc > 1 and os.environ.get("WORLD_SIZE"):
+        raise UsageError("--nproc under torchrun: this process is already one rank of a job",
+                         "give --nproc-per-node to torchrun, or drop torchrun and keep --nproc")
+
+
+def _rank() -> int:
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def _distributed() -> bool:
+    return os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1")
+
+
+def _whose() -> str:
+    """Under torchrun every rank's line lands on the same stderr: the other ranks' say whose they are."""
+    rank, size = _rank(), os.environ.get("WORLD_SIZE", "1")
+    return f"rank {rank} of {size}: " if rank != 0 else ""
+
+
+def _launched(nproc: int) -> None:
+    """--nproc N: torchrun runs this same command as N ranks; their exit code is ours."""
+    from tfdoctor.recording.launch import launch
+
+    args = sys.argv[1:]
+    args = args[args.index("run") + 1:] if "run" in args else args
+    try:
+        code = launch(nproc, _without_nproc(args))
+    except TfdoctorError as error:
+        _fail_usage(error)
+    raise typer.Exit(code)
+
+
+def _without_nproc(args: list[str]) -> list[str]:
+    """The command line again, less --nproc (before `--`: after it the arguments are the script's)."""
+    out, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return out + args[i:]
+        if arg == "--nproc":
+            i += 2
+            continue
+        if not arg.startswith("--nproc="):
+            out.append(arg)
+        i += 1
+    return out
 
 
 def _report_of(outcome, target: str, strict: bool):

@@ -10,6 +10,7 @@ torch and never runs user code, so it always exits.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import pickle
@@ -38,12 +39,14 @@ class Outcome:
     """What the worker did: its results so far, and how it ended."""
 
     results: list[Result] = field(default_factory=list)
-    ended: str = "done"  # done | usage-error | timeout | exit | vanished | internal-error | interrupted
+    ended: str = "done"  # done | usage-error | timeout | exit | vanished | internal-error | interrupted | rank-exit
     message: str = ""  # for everything but done: the one line to print
     phase: str = ""  # what was running when it ended ("loading" or a check id)
     debug: str = ""  # internal-error: the worker's traceback
     discovered: dict = field(default_factory=dict)  # `tfdoctor run`: what the script showed
     verdict: Any = None  # `tfdoctor memory TARGET`: the traced Verdict
+    code: int = 0  # rank-exit: the exit code rank 0 sent
+    quiet: bool = False  # usage-error: rank 0 says the same line, this rank says nothing
 
 
 def _phase_name(phase: str) -> str:
@@ -53,17 +56,25 @@ def _phase_name(phase: str) -> str:
         return "loading the target (import, factory, training loop)"
     if phase == "script":
         return "running the script up to its last recorded step"
+    if phase == "ranks":
+        return "waiting for rank 0 to judge the run"
     return f"check {phase}" if phase else "starting"
 
 
 def supervise(request: dict, *, timeout: float, timeout_per_check: float,
-              progress: Optional[Callable] = None) -> Outcome:
+              progress: Optional[Callable] = None, hold: Optional[Callable[[Outcome], Any]] = None) -> Outcome:
     """Run `request` (see worker.run_check_request) in a worker and return its Outcome.
 
-    `progress` is a Progress (tfdoctor.context) that draws the worker's long tasks, or None."""
+    `progress` is a Progress (tfdoctor.context) that draws the worker's long tasks, or None.
+    `hold(outcome)` (with request["release"]: rank 0 of a distributed run) is called once the worker
+    has said its last word but still waits; the exit code it ends with (returned, or the code of the
+    SystemExit it raises) is then written to the worker, which sends it to the other ranks."""
     dump = tempfile.NamedTemporaryFile(prefix="tfdoctor-stack-", suffix=".txt", delete=False)
     dump.close()
-    request = {**request, "stack_dump": dump.name, "progress": progress is not None}
+    release_read = release_write = None
+    if hold is not None:
+        release_read, release_write = os.pipe()
+    request = {**request, "stack_dump": dump.name, "progress": progress is not None, "release_fd": release_read}
     read_end, write_end = os.pipe()
     env = {**os.environ, REQUEST_ENV: json.dumps(request)}
     outcome = Outcome()
@@ -71,14 +82,20 @@ def supervise(request: dict, *, timeout: float, timeout_per_check: float,
     try:
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tfdoctor.worker", str(write_end)], pass_fds=(write_end,), env=env,
+                [sys.executable, "-m", "tfdoctor.worker", str(write_end)],
+                pass_fds=(write_end,) + ((release_read,) if release_read is not None else ()), env=env,
                 stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
                 start_new_session=True,  # its own process group: DataLoader workers and all go with it
                 preexec_fn=_die_with_parent,
             )
         finally:
             os.close(write_end)
-        return _watch(outcome, proc, read_end, dump.name, timeout, timeout_per_check, progress)
+            if release_read is not None:
+                os.close(release_read)
+        outcome = _watch(outcome, proc, read_end, dump.name, timeout, timeout_per_check, progress)
+        if hold is not None and proc.poll() is None and outcome.ended in ("done", "usage-error", "internal-error"):
+            _held(hold, outcome, proc, release_write)
+        return outcome
     except KeyboardInterrupt:  # Ctrl-C reaches us alone (the worker has its own session): say where
         outcome.ended = "interrupted"
         outcome.message = f"interrupted (Ctrl-C) during {_phase_name(outcome.phase)}"
@@ -87,7 +104,31 @@ def supervise(request: dict, *, timeout: float, timeout_per_check: float,
         if proc is not None:
             _kill(proc)
         os.close(read_end)
+        if release_write is not None:
+            os.close(release_write)
         Path(dump.name).unlink(missing_ok=True)
+
+
+# After its release, how long the worker gets to send the other ranks their exit code and end.
+RELEASE_GRACE_SECONDS = 30.0
+
+
+def _held(hold: Callable[[Outcome], Any], outcome: Outcome, proc, release_write: int) -> None:
+    """Conclude (hold) while the worker waits, then release it with the exit code concluded on."""
+    code = 2
+    try:
+        code = hold(outcome)
+    except SystemExit as exit_:
+        code = exit_.code
+        raise
+    except BaseException as exc:  # click's Exit carries exit_code
+        code = getattr(exc, "exit_code", 2)
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            os.write(release_write, f"{int(code) if isinstance(code, int) else 2}\n".encode())
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=RELEASE_GRACE_SECONDS)
 
 
 def _die_with_parent() -> None:
@@ -111,7 +152,8 @@ def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float
     finished = False
     while True:
         now = time.monotonic()
-        phase_left = _hard_limit(per_check) - (now - phase_started)
+        # Waiting for rank 0 is not a check of its own: the whole run's budget bounds it.
+        phase_left = _hard_limit(per_check) - (now - phase_started) if outcome.phase != "ranks" else timeout
         run_left = timeout - (now - started)
         if phase_left <= 0 or run_left <= 0:
             which = (f"{_phase_name(outcome.phase)} ran past its {per_check:g} s budget (--timeout-per-check)"
@@ -150,6 +192,9 @@ def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float
                 finished = True
             elif kind == "usage-error":
                 outcome.ended, outcome.message = "usage-error", event["message"]
+                outcome.quiet = bool(event.get("quiet"))
+            elif kind == "rank-exit":  # a rank other than 0: rank 0 reports, this one exits as it does
+                outcome.ended, outcome.code = "rank-exit", int(event["code"])
             elif kind == "exit":
                 where = f" at {event['where']}" if event.get("where") else ""
                 outcome.ended = "exit"

@@ -17,6 +17,7 @@ SystemExit), internal-error.
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import json
 import os
@@ -84,10 +85,13 @@ def run_check_request(request: dict, listener=None, progress=None):
                       listener=listener, **fields)
 
 
-def run_script_request(request: dict, listener=None, progress=None, inform=None):
+def run_script_request(request: dict, listener=None, progress=None, inform=None, session=None) -> bool:
     """`tfdoctor run`: run the script until it has taken its steps (tfdoctor/recording/script.py),
     then judge the recorded loop with the loop checks and a copy of its model, as it was at its first
-    forward, with the model checks. `inform(facts)` hears what was discovered, before any check."""
+    forward, with the model checks. `inform(facts)` hears what was discovered, before any check.
+
+    In a distributed run (`session`, a RankSession) every rank records and rank 0 alone judges:
+    returns False on the other ranks, which then only wait for rank 0's exit code."""
     import torch
 
     from tfdoctor.recording.discovery import discover, subjects
@@ -99,12 +103,16 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None)
     torch.manual_seed(request.get("seed", 0))  # a script that seeds nothing still gives one report
     try:
         run = record_script(request.get("script"), request.get("module"), tuple(request.get("args", ())),
-                            steps=request["steps"])
+                            steps=request["steps"], model=request.get("model"), session=session)
     except ScriptError as error:
         if os.environ.get("TFDOCTOR_DEBUG") and error.__cause__ is not None:
             traceback.print_exception(error.__cause__, file=sys.stderr)
         raise
+    if session is not None and session.world.rank != 0:
+        return False
     facts = discover(run)
+    if session is not None:
+        facts["world_size"] = session.world.size
     model_subject, loop_subject = subjects(run, facts, request.get("fields", {}))
     if inform is not None:
         inform(facts)
@@ -125,6 +133,7 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None)
         run_checks(loop_subject, loop_ids, **common)
     if model_ids:
         run_checks(model_subject, model_ids, **common)
+    return True
 
 
 def run_memory_request(request: dict, progress=None):
@@ -140,6 +149,42 @@ def run_memory_request(request: dict, progress=None):
     return judge_traced(subject, request["target"], request["batch"], request["seq"], request["budget_bytes"],
                         request["budget_source"], dtype=request["dtype"], optimizer=request["optimizer"],
                         gpus=request["gpus"], shard=request["shard"], progress=progress)
+
+
+def _rank_session(request: dict):
+    """One rank of a torchrun job (RANK / WORLD_SIZE set): its RankSession; None in one process. The
+    ranks wait for each other at the stop point within the script's budget, and for rank 0's verdict
+    within the whole run's."""
+    from tfdoctor.recording.distributed import RankSession, world
+
+    me = world()
+    if not me.distributed:
+        return None
+    options = request.get("options", {})
+    return RankSession(me, arrival_timeout=float(options.get("timeout_per_check", 300)),
+                       verdict_timeout=float(request.get("timeout", 600)))
+
+
+def _rank() -> int:
+    from tfdoctor.recording.distributed import world
+
+    return world().rank
+
+
+def _close_session(session, release_fd) -> None:
+    """Rank 0 waits for its supervisor to have printed the report (the exit code comes back on
+    `release_fd`), then sends every rank that code; then the group goes."""
+    if session is None:
+        return
+    if session.world.rank == 0 and session.verdict_group is not None:
+        code = 2
+        if release_fd is not None:
+            with os.fdopen(release_fd, "r") as release:
+                line = release.readline().strip()  # empty: the supervisor is gone
+            code = int(line) if line.lstrip("-").isdigit() else 2
+        with contextlib.suppress(Exception):  # a rank that died already: the others still get theirs
+            session.send_code(code)
+    session.close()
 
 
 def _move(subject, device: str):
@@ -180,6 +225,7 @@ def main(argv: list[str]) -> None:
             channel.send("result", result=payload.to_record())
 
     code = 0
+    session = None
     try:
         channel.send("phase", name="loading")
         progress = progress_over(channel) if request.get("progress") else None
@@ -191,13 +237,23 @@ def main(argv: list[str]) -> None:
             channel.send("verdict", pickled=base64.b64encode(pickle.dumps(verdict)).decode("ascii"))
         elif request.get("command") == "run":
             channel.send("phase", name="script")
-            run_script_request(request, listener=listener, progress=progress,
-                               inform=lambda facts: channel.send("discovered", facts=facts))
+            session = _rank_session(request)
+            judged = run_script_request(request, listener=listener, progress=progress, session=session,
+                                        inform=lambda facts: channel.send("discovered", facts=facts))
+            if session is not None and not judged:
+                channel.send("phase", name="ranks")
+                code = session.receive_code()
+                channel.send("rank-exit", code=code, rank=session.world.rank)
         else:
             run_check_request(request, listener=listener, progress=progress)
         channel.send("done")
     except TfdoctorError as error:
-        channel.send("usage-error", message=error.one_line())
+        if session is not None and session.world.rank != 0 and session.verdict_group is not None:
+            # rank 0 prints the job's line: this rank ends only once it has (torchrun ends the rest then)
+            with contextlib.suppress(Exception):
+                session.receive_code()
+        channel.send("usage-error", message=error.one_line(),
+                     quiet=bool(getattr(error, "said_by_rank_0", False)) and _rank() != 0)
     except SystemExit as error:  # the user's code: a CI gate must not take its code for ours
         channel.send("exit", code=error.code if isinstance(error.code, int) or error.code is None
                      else str(error.code), where=raised_at(error))
@@ -207,6 +263,7 @@ def main(argv: list[str]) -> None:
         channel.send("internal-error", message=f"{type(error).__name__}: {error}",
                      traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)))
     finally:
+        _close_session(session, request.get("release_fd"))
         sys.stderr.flush()
     # os._exit: the user's non-daemon threads must not keep the worker (and CI) waiting.
     os._exit(code)

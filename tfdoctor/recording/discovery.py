@@ -60,6 +60,48 @@ def _ids_key(call: Optional[dict]) -> Optional[tuple[str, Any]]:
     return None
 
 
+# Keyword arguments that hold the decoder's token ids (tgt, tgt_in, trg, decoder_input_ids), and
+# words that say an argument holds something else.
+_DECODER_WORDS = ("tgt", "trg", "decoder")
+_NOT_DECODER_WORDS = ("label", "target", "mask", "position", "token_type")
+
+
+def _decoder_key(trace: Trace, call: Optional[dict]) -> Optional[tuple[str, Any]]:
+    """Where an encoder-decoder's second id tensor (the decoder input, `model(src, tgt_in)`) sits in
+    the recorded call, or None. A second [B, T] integer argument (by keyword: one named tgt / trg /
+    decoder) is the decoder's ids unless it is
+    what the loss grades (nanoGPT's `model(X, Y)`: the targets of that forward's loss, or ids with
+    -100 in them), a mask (only 0 and 1), or positions or document ids (rows that never decrease)."""
+    key = _ids_key(call)
+    if key is None or type(_value_of(call, key)).__module__.startswith("transformers."):
+        return None
+    first = next((e.data for e in trace.events if e.kind == "forward" and e.data.get("grad", True)), None)
+    graded = [e.data["targets"] for e in trace.events if e.kind == "loss" and "targets" in e.data
+              and first is not None and e.data.get("forward") == first["index"]]
+    keys = [("arg", i) for i in range(len(call["args"]))] + [("kwarg", name) for name in call["kwargs"]]
+    for other in keys:
+        spec = call["args"][other[1]] if other[0] == "arg" else call["kwargs"][other[1]]
+        if other == key or not spec["tensor"] or spec["floating"] or len(spec["shape"]) != 2:
+            continue
+        name = str(other[1]).lower()
+        if other[0] == "kwarg" and (not any(w in name for w in _DECODER_WORDS)
+                                    or any(w in name for w in _NOT_DECODER_WORDS)):
+            continue  # by keyword, only a name that says decoder (doc_ids, segment ids are not)
+        ids = spec["value"]
+        if bool((ids < 0).any()) or bool(((ids == 0) | (ids == 1)).all()):
+            continue
+        if bool((ids[:, 1:] >= ids[:, :-1]).all()):
+            continue  # positions 0..T-1, document / segment ids: rows that never decrease
+        if any(t.numel() == ids.numel() and bool((t == ids.reshape(-1).cpu()).all()) for t in graded):
+            continue
+        return other
+    return None
+
+
+def _value_of(call: dict, key) -> Any:
+    return (call["args"][key[1]] if key[0] == "arg" else call["kwargs"][key[1]])["value"]
+
+
 def _first_ids(trace: Trace, call: Optional[dict]) -> Optional[torch.Tensor]:
     key = _ids_key(call)
     if key is None:
@@ -133,9 +175,32 @@ def discover_padding(trace: Trace, call: Optional[dict]) -> dict:
     if found is None:
         return {}
     pad, source = found
+    return {"pad_id": pad, "pad_id_source": source, "padding_side": _padding_side(batches, pad)}
+
+
+def _padding_side(batches: list[torch.Tensor], pad: int) -> Optional[str]:
     sides = Counter(s for s in (_side(ids, pad) for ids in batches) if s)
-    side = sides.most_common(1)[0][0] if sides else None
-    return {"pad_id": pad, "pad_id_source": source, "padding_side": side}
+    return sides.most_common(1)[0][0] if sides else None
+
+
+def tokenizer_padding(trace: Trace, call: Optional[dict], padding: dict,
+                      tokenizers: list[tuple[str, int]]) -> tuple[dict, Optional[str]]:
+    """The pad id a visible tokenizer gives (its pad_token_id), which wins over what the batches
+    showed; the batches' own evidence is kept beside it, and a disagreement is a note. Unchanged
+    `padding` (and no note) when the script holds no tokenizer with a pad token."""
+    if not tokenizers:
+        return padding, None
+    where, pad = tokenizers[0]
+    found = {"pad_id": pad, "pad_id_source": "tokenizer.pad_token_id", "tokenizer": where,
+             "padding_side": _padding_side(_all_ids(trace, call), pad)}
+    note = None
+    if padding.get("pad_id") is not None:
+        found.update(batch_pad_id=padding["pad_id"], batch_pad_id_source=padding["pad_id_source"])
+        if padding["pad_id"] != pad:
+            note = (f"the tokenizer ({where}) pads with {pad} but the batches mark {padding['pad_id']} as padding "
+                    f"({padding['pad_id_source']}); judged with {pad}: pass --pad-id {padding['pad_id']} if the "
+                    "batches are right")
+    return found, note
 
 
 def discover_packing(trace: Trace) -> dict:
@@ -171,15 +236,17 @@ def _runs(batches: list[torch.Tensor]) -> Optional[tuple[int, str]]:
     return None
 
 
-def _describe_call(call: Optional[dict], ids_key) -> str:
-    """model(ids, targets) / model(input_ids=ids, labels=..., attention_mask=...)."""
+def _describe_call(call: Optional[dict], ids_key, decoder_key=None) -> str:
+    """model(ids, targets) / model(input_ids=ids, labels=..., attention_mask=...) / an
+    encoder-decoder's model(src_ids, tgt_ids)."""
     if call is None:
         return "(not called)"
+    labels = {ids_key: "src_ids" if decoder_key else "ids", decoder_key: "tgt_ids"}
     parts = []
     for i, spec in enumerate(call["args"]):
-        parts.append("ids" if ids_key == ("arg", i) else _short(spec))
+        parts.append(labels.get(("arg", i)) or _short(spec))
     for name, spec in call["kwargs"].items():
-        parts.append(f"{name}=ids" if ids_key == ("kwarg", name) else f"{name}={_short(spec)}")
+        parts.append(f"{name}={labels.get(('kwarg', name)) or _short(spec)}")
     return f"model({', '.join(parts)})"
 
 
@@ -191,7 +258,8 @@ def _short(spec: dict) -> str:
     return repr(spec["value"])
 
 
-def replay_forward(call: Optional[dict], model: torch.nn.Module, pad_id: Optional[int]) -> tuple[Optional[Callable], str]:
+def replay_forward(call: Optional[dict], model: torch.nn.Module, pad_id: Optional[int],
+                   decoder_key=None) -> tuple[Optional[Callable], str]:
     """forward(model, ids) that calls the model the way the script did, with every [B, T] argument
     rebuilt for the probe's ids: targets and labels from the ids, masks from (ids != pad_id) (all ones
     without a pad id), positions 0..T-1; other arguments as recorded. None (with the reason) when the
@@ -204,6 +272,8 @@ def replay_forward(call: Optional[dict], model: torch.nn.Module, pad_id: Optiona
         return None, "Hugging Face model: called as tfdoctor calls them (input_ids, attention_mask)"
     if key == ("arg", 0) and len(call["args"]) == 1 and not call["kwargs"]:
         return None, "called with the ids alone"
+    if decoder_key is not None:
+        return _replay_seq2seq(call, key, decoder_key, pad_id)
     shape = (call["args"][key[1]] if key[0] == "arg" else call["kwargs"][key[1]])["shape"]
 
     def rebuild(name: str, spec: dict, ids: torch.Tensor):
@@ -236,6 +306,37 @@ def replay_forward(call: Optional[dict], model: torch.nn.Module, pad_id: Optiona
         return m(*args, **kwargs)
 
     return forward, "as the script called it"
+
+
+def _replay_seq2seq(call: dict, key, decoder_key, pad_id: Optional[int]) -> tuple[Optional[Callable], str]:
+    """An encoder-decoder's forward(model, src, tgt) as the script called it: model(src, tgt) as
+    `check` calls a seq2seq model when those are its only arguments; otherwise every other [B, *]
+    argument rebuilt from the probe's source ids (from the target ids when its name says tgt /
+    decoder): masks from (ids != pad_id), positions 0..T-1, the rest as recorded."""
+    if (key, decoder_key) == (("arg", 0), ("arg", 1)) and len(call["args"]) == 2 and not call["kwargs"]:
+        return None, "called as model(src_ids, tgt_ids), as tfdoctor calls an encoder-decoder"
+
+    def rebuild(name: str, spec: dict, src: torch.Tensor, tgt: torch.Tensor):
+        if not spec["tensor"] or len(spec["shape"]) != 2:
+            return spec["value"]
+        ids = tgt if any(w in name.lower() for w in ("tgt", "decoder", "trg")) else src
+        dtype = getattr(torch, spec["dtype"])
+        if any(w in name.lower() for w in _MASK_WORDS):
+            mask = ids != pad_id if pad_id is not None else torch.ones_like(ids, dtype=torch.bool)
+            return mask.to(dtype)
+        if any(w in name.lower() for w in _POSITION_WORDS):
+            return torch.arange(ids.shape[1], device=ids.device).expand_as(ids).to(dtype)
+        return spec["value"]
+
+    def forward(m, src, tgt):
+        given = {key: src, decoder_key: tgt}
+        args = [given.get(("arg", i)) if ("arg", i) in given else rebuild(f"arg{i}", spec, src, tgt)
+                for i, spec in enumerate(call["args"])]
+        kwargs = {name: given[("kwarg", name)] if ("kwarg", name) in given else rebuild(name, spec, src, tgt)
+                  for name, spec in call["kwargs"].items()}
+        return m(*args, **kwargs)
+
+    return forward, "as the script called it (source and target ids)"
 
 
 def replay_packed(call: Optional[dict], model: torch.nn.Module, pad_id: Optional[int]) -> Optional[Callable]:
@@ -283,7 +384,7 @@ def discover(run: ScriptRun) -> dict:
     judged = audited(recorder)
     model = judged.model
     call = recorder.call  # the batches are read from the trained module's forwards
-    key = _ids_key(call)
+    decoder = _decoder_key(trace, judged.call)  # the audited model's own call: model(src, tgt_in)?
     ids = _first_ids(trace, call)
     facts: dict[str, Any] = {
         "script": run.name,
@@ -291,7 +392,10 @@ def discover(run: ScriptRun) -> dict:
         "model_defined_in": _defined_in(type(model)),
         "parameters": sum(p.numel() for p in model.parameters()),
         "wrapper": type(recorder.bound).__name__ if recorder.bound is not unwrap(recorder.bound) else None,
-        "called_as": _describe_call(judged.call, _ids_key(judged.call)),
+        "called_as": _describe_call(judged.call, _ids_key(judged.call), decoder),
+        # two id arguments, the second not the loss's targets: an encoder-decoder, judged as one
+        "kind": "seq2seq" if decoder else None,
+        "decoder_ids": _key_name(decoder),
         "batch_shape": list(ids.shape) if ids is not None else None,
         "vocab_size": recorder.vocab,
         "optimizers": sorted({o["class"] for o in trace.optimizers}) or (["manual update"] if trace.manual else []),
@@ -303,17 +407,42 @@ def discover(run: ScriptRun) -> dict:
         "checkpoint": recorder.snapshot_loaded,
     }
     facts.update(discover_lightning(recorder.lightning, model))
-    facts.update(discover_padding(trace, call))
-    facts.update(discover_packing(trace))
-    facts.setdefault("pad_id", None)
-    facts.setdefault("padding_side", None)
     notes = list(run.notes)
     if judged.held_as:
         notes.append(f"{type(unwrap(recorder.bound)).__name__}'s forward returns no logits over the vocabulary; "
                      f"the model checks judge the {type(model).__name__} it calls as .{judged.held_as}")
+    facts["other_models"] = list(recorder.others)
+    if recorder.others:
+        notes.append(_several_models_note(recorder))
+    padding, disagreement = tokenizer_padding(trace, call, discover_padding(trace, call), recorder.tokenizers)
+    facts.update(padding)
+    if disagreement:
+        notes.append(disagreement)
+    facts.update(discover_packing(trace))
+    facts.setdefault("pad_id", None)
+    facts.setdefault("padding_side", None)
     if notes:
         facts["notes"] = notes
     return facts
+
+
+def _key_name(key) -> Optional[str]:
+    if key is None:
+        return None
+    return f"argument {key[1]}" if key[0] == "arg" else f"{key[1]}="
+
+
+def _several_models_note(recorder) -> str:
+    audited = recorder.audited
+    why = "named by --model" if recorder.wanted else "the one with the most trained parameters"
+    others = ", ".join(_model_named(m) for m in recorder.others)
+    return (f"the script trains {len(recorder.others) + 1} models, each with its own optimizer: audited "
+            f"{_model_named(audited)} ({why}); its loop checks judge its optimizer's steps alone. "
+            f"--model NAME audits another: {others}")
+
+
+def _model_named(model: dict) -> str:
+    return f"{model['model']} ({model['names'][0]})" if model["names"] else model["model"]
 
 
 def discover_lightning(lightning: Optional[torch.nn.Module], model: torch.nn.Module) -> dict:
@@ -396,12 +525,12 @@ def subjects(run: ScriptRun, facts: dict, overrides: dict):
     recorder = run.recorder
     pad_id = overrides.get("pad_id", facts.get("pad_id"))
     judged = audited(recorder)
-    forward, why = replay_forward(judged.call, judged.snapshot, pad_id)
+    forward, why = replay_forward(judged.call, judged.snapshot, pad_id, _decoder_key(run.trace, judged.call))
     facts["probe_call"] = why
     T = (facts.get("batch_shape") or [None, None])[1]
     seq_len = overrides.get("seq_len") or (min(T, MAX_PROBE_SEQ_LEN) if T and T >= 2 else None)
     fields = dict(vocab_size=overrides.get("vocab_size") or facts.get("vocab_size"), seq_len=seq_len,
-                  batch_size=overrides.get("batch_size"), pad_id=pad_id, kind=overrides.get("kind"),
+                  batch_size=overrides.get("batch_size"), pad_id=pad_id, kind=overrides.get("kind") or facts.get("kind"),
                   padding_side=overrides.get("padding_side") or facts.get("padding_side"), forward=forward,
                   packing=overrides.get("packing") or _packing_for(facts, recorder, pad_id))
     given = {"vocab_size": "--vocab", "seq_len": "--seq-len", "batch_size": "--batch", "pad_id": "--pad-id",

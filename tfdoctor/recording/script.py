@@ -29,6 +29,7 @@ import runpy
 import sys
 import time
 import warnings
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -37,7 +38,7 @@ import torch
 
 from tfdoctor.errors import LoadError
 from tfdoctor.probes.trace import Trace, _finish, _Recorder, isolated_copy
-from tfdoctor.recording.sites import call_site, raised_at
+from tfdoctor.recording.sites import call_site, raised_at, user_frames
 from tfdoctor.subject import extract_logits, vocab_size_of
 
 class ScriptError(LoadError):
@@ -115,31 +116,55 @@ def _describe_call_args(args, kwargs) -> dict:
 
 
 class ScriptRecorder(_Recorder):
-    """The loop recorder, bound to whichever model the script trains, stopping after `steps` steps."""
+    """The loop recorder, bound to whichever model the script trains, stopping after `steps` steps.
 
-    def __init__(self, steps: int):
+    A script may train several models, each with its own optimizer (an LM and a value head, a GAN's
+    pair, a draft model beside the main one). One of them is audited: `wanted` (the class name or
+    the script's variable name, `--model NAME`), else the one with the most trained parameters among
+    the models called before the first optimizer step. The others' steps, backwards, forwards,
+    clips and zero_grads are left out of the trace, so the loop checks judge the audited model's
+    loop alone; they are named in `others`."""
+
+    def __init__(self, steps: int, wanted: Optional[str] = None):
         super().__init__(_Unbound())
         self.stop_after = steps
+        self.wanted = wanted
+        self.built = weakref.WeakSet()  # every optimizer the script constructed, stepped or not yet
+        self.others: list[dict] = []  # the other trained models: class, names, trained parameters
+        self.unmatched: Optional[str] = None  # `wanted` matched no model: the line that says so
+        self.tokenizers: list[tuple[str, Any]] = []  # (where it was found, object with pad_token_id)
+        self.param_ids: set[int] = set()  # the bound model's parameters
+        self.other_ids: set[int] = set()  # the other candidates' parameters (not the bound model's)
+        self.calls: dict[int, dict] = {}  # id(module) -> its first forward under grad, described
+        self.reaching: Optional[frozenset] = None  # parameters the running backward reaches
         self.bound: Optional[torch.nn.Module] = None
         self.top: dict[int, torch.nn.Module] = {}  # top-level modules called with trainable parameters
         self.depth = 0
         self.loaded: dict[int, str] = {}  # id(module) -> where load_state_dict was called on it
         self.snapshot: Optional[torch.nn.Module] = None
         self.snapshot_loaded: Optional[str] = None  # a checkpoint loaded into the model before its copy
-        self.call: Optional[dict] = None  # the first forward of the bound model: args and kwargs described
         self.settled = False
         self.rebound: Optional[str] = None
         self.stopped_at: Optional[str] = None
         self.detach: list[Callable[[], None]] = []
-        self.redirected: list[bool] = []  # per running forward of the bound model: Lightning's redirection?
+        self.on_stop: Optional[Callable[[], None]] = None  # called at the stop point, before unwinding
+        self.stop_error: Optional[BaseException] = None
+        self.hooks: dict[int, list] = {}  # id(module) -> the forward hooks on each candidate model
+        self.audited: Optional[dict] = None  # the settled model: class, names, trained parameters
+        self.redirected: list[bool] = []  # per running hooked forward: Lightning's redirection?
         self.lightning: Optional[torch.nn.Module] = None  # the LightningModule stepping, in a Lightning script
-        # A model whose forward returns no logits (a LightningModule's forward(x, y) -> loss) but calls an
-        # LM it holds that does: that LM and how it was called, seen during the model's first forward.
-        self.first_forward_open = False
-        self.returns_logits: Optional[bool] = None
-        self.inner: Optional[tuple[torch.nn.Module, dict]] = None
+        # A candidate whose forward returns no logits (a LightningModule's forward(x, y) -> loss) but calls
+        # an LM it holds that does: per candidate, seen during its first forward under grad (`opening`).
+        self.opening: Optional[torch.nn.Module] = None
+        self.logits_returned: dict[int, bool] = {}  # id(module) -> whether its first forward returned logits
+        self.held_lm: dict[int, tuple[torch.nn.Module, dict]] = {}  # id(module) -> (the LM, its call described)
 
     # ------------------------------------------------------------------ binding
+
+    @property
+    def call(self) -> Optional[dict]:
+        """The first forward of the bound model under grad mode: args and kwargs described."""
+        return self.calls.get(id(self.bound)) if self.bound is not None else None
 
     def bind(self, module: torch.nn.Module) -> None:
         for undo in reversed(self.detach):
@@ -149,26 +174,44 @@ class ScriptRecorder(_Recorder):
         self.bound = module
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.names = {id(p): name for name, p in module.named_parameters()}
+        self._split_parameters()
+        self.after_backward = self.sampled = None  # samples of the former model's gradients
         inner = unwrap(module)
         self.vocab = vocab_size_of(inner)
         self.busy = True  # the copy's tensor calls are not the script's
+        self.unhook(module)  # the copy must not carry (nor deep-copy) the recorder's own hooks
         try:
             self.snapshot = isolated_copy(inner)[0]
             for p in self.snapshot.parameters():
                 p.grad = None
         finally:
             self.busy = False
+            self.watch(module)
         self.snapshot_loaded = next((where for m in inner.modules() for where in [self.loaded.get(id(m))]
                                      if where), None) or _pretrained(inner)
-        handles = [module.register_forward_pre_hook(self.forward_pre, with_kwargs=True),
-                   module.register_forward_hook(self.forward_post, with_kwargs=True)]
-        self.detach += [h.remove for h in handles]
         # `model.forward(x)` called directly skips module hooks: as record_loop does, the class's
         # forward is wrapped, recording only for this module and only when no hook did.
         cls = type(module)
         own = cls.__dict__.get("forward")
         cls.forward = self.direct_forward(cls.forward)
         self.detach.append(lambda: delattr(cls, "forward") if own is None else setattr(cls, "forward", own))
+
+    def _split_parameters(self) -> None:
+        self.param_ids = {id(p) for p in self.bound.parameters()} if self.bound is not None else set()
+        self.other_ids = {id(p) for m in self.top.values() if m is not self.bound
+                          for p in m.parameters()} - self.param_ids
+
+    def watch(self, module: torch.nn.Module) -> None:
+        """Every candidate's forwards are recorded, tagged with it: which one is audited is settled
+        at the first optimizer step, and the others' forwards are dropped then (keep_own_events)."""
+        if id(module) in self.hooks:
+            return
+        self.hooks[id(module)] = [module.register_forward_pre_hook(self.forward_pre, with_kwargs=True),
+                                  module.register_forward_hook(self.forward_post, with_kwargs=True)]
+
+    def unhook(self, module: torch.nn.Module) -> None:
+        for handle in self.hooks.pop(id(module), []):
+            handle.remove()
 
     def forward_pre(self, module, args, kwargs):
         if not self.record:
@@ -177,34 +220,50 @@ class ScriptRecorder(_Recorder):
         if self.redirected[-1]:  # Lightning calling training_step through a wrapper: the model's call is inside
             return
         grad = torch.is_grad_enabled()
-        if self.call is None and grad:
-            self.call = _describe_call_args(args, kwargs)
-            self.first_forward_open = True
+        if grad and id(module) not in self.calls:
+            self.calls[id(module)] = _describe_call_args(args, kwargs)
+            if self.opening is None and not self.in_forward:
+                self.opening = module
         super().forward_pre(module, args, kwargs)
+        self.events[-1].data["module"] = id(module)
         if not self.in_forward > 1:
             self.events[-1].data["grad"] = grad  # an evaluation forward under no_grad is not a batch
 
     def forward_post(self, module, args, kwargs, output):
         if self.record and self.redirected and self.redirected.pop():
             return
-        if self.first_forward_open and self.in_forward <= 1:
-            self.first_forward_open = False
-            self.returns_logits = self._logits(output) is not None
+        if module is self.opening and self.in_forward <= 1:
+            self.opening = None
+            self.logits_returned[id(module)] = self._logits(output, module) is not None
         super().forward_post(module, args, kwargs, output)
 
     def inner_call(self, module: torch.nn.Module, args, kwargs, output) -> None:
-        """A module called directly from the model's first forward: the first one with trainable
-        parameters that returns scores over the vocabulary is the LM the model runs."""
-        if self.inner is None and any(p.requires_grad for p in module.parameters()) and \
-                self._logits(output) is not None:
-            self.inner = (module, _describe_call_args(args, kwargs))
+        """A module called directly from a candidate's first forward: the first one with trainable
+        parameters that returns scores over the vocabulary is the LM the candidate runs."""
+        opening = self.opening
+        if id(opening) not in self.held_lm and any(p.requires_grad for p in module.parameters()) and \
+                self._logits(output, opening) is not None:
+            self.held_lm[id(opening)] = (module, _describe_call_args(args, kwargs))
 
-    def _logits(self, output) -> Optional[torch.Tensor]:
+    @property
+    def returns_logits(self) -> Optional[bool]:
+        """Whether the bound model's first forward returned logits (None: not seen)."""
+        return self.logits_returned.get(id(self.bound)) if self.bound is not None else None
+
+    @property
+    def inner(self) -> Optional[tuple[torch.nn.Module, dict]]:
+        """The LM the bound model called from its first forward, and how, or None."""
+        return self.held_lm.get(id(self.bound)) if self.bound is not None else None
+
+    @staticmethod
+    def _logits(output, owner: torch.nn.Module) -> Optional[torch.Tensor]:
+        """`output`'s scores over the vocabulary of `owner` (the candidate whose first forward is open)."""
         try:
             logits = extract_logits(output)
         except Exception:  # a bare loss, an output with no logits in it
             return None
-        ok = isinstance(logits, torch.Tensor) and logits.dim() >= 2 and logits.shape[-1] == self.vocab
+        vocab = vocab_size_of(unwrap(owner))
+        ok = isinstance(logits, torch.Tensor) and logits.dim() >= 2 and logits.shape[-1] == vocab
         return logits if ok else None
 
     def top_call(self, module: torch.nn.Module) -> None:
@@ -215,38 +274,182 @@ class ScriptRecorder(_Recorder):
             if not any(p.requires_grad for p in module.parameters()):
                 return  # a loss module, a frozen encoder
             self.top[id(module)] = module
+            self.watch(module)
+            self._split_parameters()
         if self.bound is None and torch.is_grad_enabled():  # an evaluation under no_grad comes first
             self.bind(module)
 
     def settle(self, optimizer) -> None:
-        """At the first optimizer step: the model is the outermost called module holding the most of
-        the optimizer's parameters (all of them, for a plain loop). With `optimizer.step(closure)` and
-        no accumulation, nothing is called before the first step: settled again when it ends."""
+        """At the first optimizer step, once a module was called: the model is the called module with
+        the most parameters that an optimizer holds (this one or any the script built), or the one
+        `wanted` names. A step that runs its loop inside (`optimizer.step(closure)`, Lightning without
+        accumulation) may come before any call: then it is settled when the closure returns, before
+        that step is recorded (_record_step)."""
         if self.lightning is None:
             self.lightning = _lightning_module_on_stack()
-        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
         candidates = list(self.top.values())
         if not candidates:
             return
         self.settled = True
-        best = max(candidates, key=lambda m: (sum(id(p) in held for p in m.parameters()), m is self.bound))
-        if best is not self.bound and sum(id(p) in held for p in best.parameters()):
-            before = type(unwrap(self.bound)).__name__ if self.bound is not None else "nothing"
-            self.rebound = (f"the first module called with trainable parameters ({before}) is not the one "
-                            f"the optimizer trains ({type(unwrap(best)).__name__}); the first micro-batches "
-                            "were recorded on the former")
+        objects = script_objects()
+        self.tokenizers = find_tokenizers(objects)
+        held = {id(p) for opt in [optimizer, *self.built] for p in _params_of(opt)}
+        trained = {id(m): sum(p.numel() for p in m.parameters() if id(p) in held) for m in candidates}
+        models = [m for m in candidates if trained[id(m)]]
+        if not models:
+            return
+        names = {id(m): _names_of(m, objects) for m in models}
+
+        def described(m) -> dict:
+            return {"model": type(unwrap(m)).__name__, "names": names[id(m)], "trained_parameters": trained[id(m)]}
+
+        if self.wanted is not None:
+            matches = [m for m in models if self.wanted == type(unwrap(m)).__name__ or self.wanted in names[id(m)]]
+            if len(matches) != 1:
+                listing = "; ".join(_listed(described(m)) for m in models)
+                how = "matches none" if not matches else f"matches {len(matches)}"
+                self.unmatched = f"--model {self.wanted} {how} of the models the script trains: {listing}"
+                self.stop()
+            best = matches[0]
+        else:
+            best = max(models, key=lambda m: (trained[id(m)], m is self.bound))
+        # A module sharing parameters with the audited one is part of it (the LM a LightningModule holds,
+        # called on its own in training_step), not another model.
+        own = {id(p) for p in best.parameters()}
+        self.others = [described(m) for m in models if m is not best and not any(id(p) in own for p in m.parameters())]
+        if best is not self.bound:
+            if not self.others:
+                before = type(unwrap(self.bound)).__name__ if self.bound is not None else "nothing"
+                self.rebound = (f"the first module called with trainable parameters ({before}) is not the one "
+                                f"the optimizer trains ({type(unwrap(best)).__name__}); the first micro-batches "
+                                "were recorded on the former")
             self.bind(best)
+        self.audited = described(best)
+
+    def _foreign(self, params) -> bool:
+        """Whether these parameters are another trained model's, none of the audited one's."""
+        if not self.other_ids:
+            return False
+        ids = {id(p) for p in params}
+        return not ids & self.param_ids and bool(ids & self.other_ids)
+
+    # ------------------------------------------------------------------ other models' calls pass unrecorded
+
+    def event(self, kind: str, **data) -> dict:
+        if kind == "backward" and self.reaching is not None:
+            data["reaches"] = self.reaching
+        return super().event(kind, **data)
+
+    def _backward(self, func, args, kwargs):
+        # Until the model is settled, or while several are trained, a backward carries the parameters
+        # it reaches: another model's backward is dropped from the trace at the end.
+        several = not self.settled or len(self.top) > 1
+        self.reaching = _reached(args[0]) if several and isinstance(args[0], torch.Tensor) else None
+        try:
+            return super()._backward(func, args, kwargs)
+        finally:
+            self.reaching = None
+
+    def clip(self, how: str, original: Callable) -> Callable:
+        recorded = super().clip(how, original)
+
+        def clipped(parameters, *args, **kwargs):
+            params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            return (original if self._foreign(params) else recorded)(params, *args, **kwargs)
+
+        clipped.__wrapped__ = original
+        return clipped
+
+    def zero_grad(self, owner: str, original: Callable) -> Callable:
+        recorded = super().zero_grad(owner, original)
+
+        def zero_grad(obj, *args, **kwargs):
+            params = _params_of(obj) if owner == "optimizer" else obj.parameters()
+            return (original if self._foreign(params) else recorded)(obj, *args, **kwargs)
+
+        zero_grad.__wrapped__ = original
+        return zero_grad
+
+    def scaler_method(self, name: str, original: Callable) -> Callable:
+        recorded = super().scaler_method(name, original)
+        if name not in ("unscale_", "step"):
+            return recorded
+
+        def method(scaler, optimizer, *args, **kwargs):
+            return (original if self._foreign(_params_of(optimizer)) else recorded)(scaler, optimizer, *args, **kwargs)
+
+        method.__wrapped__ = original
+        return method
+
+    def sched_step(self, original: Callable) -> Callable:
+        recorded = super().sched_step(original)
+
+        def step(scheduler, *args, **kwargs):
+            optimizer = getattr(scheduler, "optimizer", None)
+            foreign = optimizer is not None and self._foreign(_params_of(optimizer))
+            return (original if foreign else recorded)(scheduler, *args, **kwargs)
+
+        step.__wrapped__ = original
+        return step
+
+    def keep_own_events(self) -> None:
+        """Drop what concerns the other modules called: their forwards (and the losses and scores read
+        off them) and the backwards that reach only another model's parameters; the backward indices
+        the losses and scores carry are renumbered."""
+        self.read_unread()
+        own = id(self.bound) if self.bound is not None else None
+        dropped_forwards = {e.data["index"] for e in self.events
+                            if e.kind == "forward" and e.data.get("module") not in (None, own)}
+        dropped = {i for i, e in enumerate(self.events)
+                   if (e.kind == "forward" and e.data["index"] in dropped_forwards)
+                   or (e.kind == "backward" and self._foreign_reach(e.data.pop("reaches", None)))}
+        for i, e in enumerate(self.events):
+            if e.kind == "loss":
+                backward = e.data.get("backward")
+                if (e.data.get("forward") in dropped_forwards) if backward is None else backward in dropped:
+                    dropped.add(i)
+        if not dropped:
+            return
+        renumbered, kept = {}, []
+        for i, e in enumerate(self.events):
+            if i not in dropped:
+                renumbered[i] = len(kept)
+                kept.append(e)
+        for e in kept:
+            if e.kind == "loss" and e.data.get("backward") is not None:
+                e.data["backward"] = renumbered[e.data["backward"]]
+        scores = []
+        for entry in self.scores:
+            if entry.get("forward") in dropped_forwards or entry.get("backward") in dropped:
+                continue
+            if entry.get("backward") is not None:
+                entry["backward"] = renumbered.get(entry["backward"])
+            scores.append(entry)
+        self.events, self.scores = kept, scores
+
+    def _foreign_reach(self, reaches: Optional[frozenset]) -> bool:
+        return reaches is not None and not reaches & self.param_ids and bool(reaches & self.other_ids)
 
     # ------------------------------------------------------------------ stopping
 
     def opt_pre(self, optimizer, args, kwargs):
         if self.record and not self.settled:
             self.settle(optimizer)
+        if self._foreign(_params_of(optimizer)):
+            return None  # another model's step: not a step of the audited loop
         return super().opt_pre(optimizer, args, kwargs)
 
-    def opt_post(self, optimizer, args, kwargs):
-        if self.record and not self.settled:
+    def _record_step(self, optimizer) -> None:
+        if self.record and not self.settled:  # a closure step whose closure made the first calls
             self.settle(optimizer)
+            if self._foreign(_params_of(optimizer)):
+                self.optimizers.pop(id(optimizer), None)  # another model's step, known only now
+                return
+        super()._record_step(optimizer)
+
+    def opt_post(self, optimizer, args, kwargs):
+        if self._foreign(_params_of(optimizer)):
+            return
         super().opt_post(optimizer, args, kwargs)
         if self.window < self.stop_after:
             return
@@ -262,7 +465,21 @@ class ScriptRecorder(_Recorder):
 
     def stop(self) -> None:
         self.stopped_at = call_site()
+        self.meet()
         raise _StopScript()
+
+    def meet(self) -> None:
+        """A distributed run: the ranks meet here (see RankSession.gather), once."""
+        if self.on_stop is not None:
+            self.busy = True
+            try:
+                with self.quiet():
+                    self.on_stop()
+            except BaseException as error:  # raised after the script unwound, past its own handlers
+                self.stop_error = error
+            finally:
+                self.busy = False
+            self.on_stop = None
 
     def of_kind(self, kind: str):
         return (e for e in self.events if e.kind == kind)
@@ -281,6 +498,7 @@ class ScriptRecorder(_Recorder):
             module_cls = torch.nn.Module
             call_original = module_cls.__dict__["__call__"]
             load_original = module_cls.__dict__["load_state_dict"]
+            optimizer_init = torch.optim.Optimizer.__dict__["__init__"]
 
             @functools.wraps(call_original)
             def __call__(module, *args, **kwargs):
@@ -293,7 +511,7 @@ class ScriptRecorder(_Recorder):
                     output = call_original(module, *args, **kwargs)
                 finally:
                     recorder.depth -= 1
-                if recorder.depth == 1 and recorder.first_forward_open:  # called by the model's own forward
+                if recorder.depth == 1 and recorder.opening is not None:  # called by a candidate's first forward
                     recorder.inner_call(module, args, kwargs, output)
                 return output
 
@@ -302,19 +520,110 @@ class ScriptRecorder(_Recorder):
                 recorder.loaded.setdefault(id(module), call_site() or "a library call")
                 return load_original(module, *args, **kwargs)
 
+            @functools.wraps(optimizer_init)
+            def init_optimizer(optimizer, *args, **kwargs):
+                optimizer_init(optimizer, *args, **kwargs)
+                recorder.built.add(optimizer)  # which models are trained is known before they step
+
             module_cls.__call__ = __call__
             module_cls.load_state_dict = load_state_dict
+            torch.optim.Optimizer.__init__ = init_optimizer
             try:
                 with recorder.installed(None):
                     yield
             finally:
                 module_cls.__call__ = call_original
                 module_cls.load_state_dict = load_original
+                torch.optim.Optimizer.__init__ = optimizer_init
                 for undo in reversed(recorder.detach):
                     undo()
-                recorder.detach = []
+                for handles in recorder.hooks.values():
+                    for handle in handles:
+                        handle.remove()
+                recorder.detach, recorder.hooks = [], {}
+                recorder.keep_own_events()
 
         return installed()
+
+
+def _params_of(optimizer) -> list:
+    return [p for group in getattr(optimizer, "param_groups", ()) for p in group["params"]]
+
+
+def _reached(root: torch.Tensor) -> frozenset:
+    """ids of the leaf tensors (parameters) the autograd graph below `root` accumulates into."""
+    reached, seen = set(), set()
+    stack = [root.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)  # an AccumulateGrad node: its parameter
+        if variable is not None:
+            reached.add(id(variable))
+        stack.extend(nxt for nxt, _ in node.next_functions)
+    return frozenset(reached)
+
+
+def script_objects() -> list[tuple[str, Any]]:
+    """(name, value) the script holds right now: the locals of its own frames on the stack, innermost
+    first, then its __main__ globals (runpy puts the running script in sys.modules["__main__"])."""
+    found = [item for frame in user_frames() for item in frame.f_locals.items()]
+    main = sys.modules.get("__main__")
+    if main is not None:
+        found += list(vars(main).items())
+    return found
+
+
+def _names_of(module: torch.nn.Module, objects) -> list[str]:
+    inner = unwrap(module)
+    names = [name for name, value in objects if isinstance(value, torch.nn.Module)
+             and (value is module or unwrap(value) is inner)]
+    return list(dict.fromkeys(names))
+
+
+def _listed(model: dict) -> str:
+    names = f" ({', '.join(model['names'])})" if model["names"] else ""
+    return f"{model['model']}{names}, {model['trained_parameters']:,} trained parameters"
+
+
+# Where a tokenizer is held when the script does not name it: a Trainer (processing_class, formerly
+# tokenizer), a data collator, a DataLoader's collate_fn (a collator object).
+_TOKENIZER_HOLDERS = ("tokenizer", "processing_class", "data_collator", "collate_fn")
+
+
+def find_tokenizers(objects) -> list[tuple[str, int]]:
+    """(where, pad_token_id) of each tokenizer the script holds: an object with an integer
+    pad_token_id and an encode method (a model config carries pad_token_id too, but it is not what
+    made the batches), directly or one or two attributes down (trainer.data_collator.tokenizer)."""
+    found, seen = [], set()
+
+    def visit(name: str, value, depth: int) -> None:
+        if id(value) in seen or isinstance(value, (torch.nn.Module, torch.Tensor, type)):
+            return
+        seen.add(id(value))
+        pad = _attribute(value, "pad_token_id") if _attribute(value, "encode") is not None else None
+        if isinstance(pad, int) and not isinstance(pad, bool):
+            found.append((name, pad))
+            return
+        if depth:
+            for attr in _TOKENIZER_HOLDERS:
+                held = _attribute(value, attr)
+                if held is not None:
+                    visit(f"{name}.{attr}", held, depth - 1)
+
+    for name, value in objects:
+        if not name.startswith("__"):
+            visit(name, value, 2)
+    return found
+
+
+def _attribute(value, name: str):
+    try:
+        return getattr(value, name, None)
+    except Exception:  # a property of the user's object that raises: nothing to read there
+        return None
 
 
 def _pretrained(model) -> Optional[str]:
@@ -340,13 +649,18 @@ class ScriptRun:
     steps_asked: int
     error: Optional[BaseException] = None
     notes: list[str] = field(default_factory=list)
+    session: Any = None  # a distributed run: this rank's RankSession (recording/distributed.py)
 
 
 def record_script(path: Optional[str] = None, module: Optional[str] = None, args: tuple = (),
-                  steps: int = 2) -> ScriptRun:
+                  steps: int = 2, model: Optional[str] = None, session=None) -> ScriptRun:
     """Run the script (a file `path` or a module `module`) as __main__ with `args` until `steps`
-    optimizer steps are recorded. Raises ScriptError when it ends, exits or raises before its first
-    step; a KeyboardInterrupt propagates."""
+    optimizer steps of its model (`model`: the class or variable name of the one to audit when it
+    trains several) are recorded. Raises ScriptError when it ends, exits or raises before its first
+    step; a KeyboardInterrupt propagates.
+
+    `session` (a RankSession) makes it one rank of a distributed run: the rank's own digest is
+    recorded beside the trace and gathered to rank 0 at the stop point (Trace.ranks there)."""
     if (path is None) == (module is None):
         raise ValueError("give a path or a module")
     if path is not None and not os.path.isfile(path):
@@ -361,7 +675,7 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
             found = None
         if found is None:
             raise ScriptError(f"module not found: {module}", "run from the folder that holds it, or give a path")
-    recorder = ScriptRecorder(steps)
+    recorder = ScriptRecorder(steps, model)
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [path if path is not None else module, *args]
     if path is not None:  # `python train.py` puts the script's folder first on sys.path
@@ -371,7 +685,7 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         try:
-            with recorder.installed_process_wide():
+            with recorder.installed_process_wide(), _rank_recording(recorder, session):
                 try:
                     if path is not None:
                         runpy.run_path(path, run_name="__main__")
@@ -391,18 +705,46 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
         finally:
             sys.argv, sys.path[:] = saved_argv, saved_path
     seconds = time.perf_counter() - started
+    if recorder.stop_error is not None:
+        raise recorder.stop_error
     trace = _finish(recorder, caught)
+    if session is not None and session.digests:
+        trace.ranks = list(session.digests)
     # The script feeds itself: its micro-batches are the forwards of its model under grad mode.
     trace.batches_fed = sum(1 for e in trace.events if e.kind == "forward" and e.data.get("grad", True))
-    run = ScriptRun(trace, recorder, name, seconds, ended, steps, error)
+    run = ScriptRun(trace, recorder, name, seconds, ended, steps, error, session=session)
     _refuse_unaudited(run)
     if recorder.rebound:
         run.notes.append(recorder.rebound)
     return run
 
 
+def _rank_recording(recorder: ScriptRecorder, session):
+    """On every rank of a distributed run: what the rank checks compare (recording/ranks.py), handed
+    to rank 0 at the stop point; the script's destroy_process_group() waits until tfdoctor is done."""
+    import contextlib
+
+    if session is None:
+        return contextlib.nullcontext()
+    from tfdoctor.recording.ranks import RankRecorder
+
+    stack = contextlib.ExitStack()
+    ranks = stack.enter_context(RankRecorder(session.world.rank, session.world.size))
+    stack.enter_context(session.teardown_deferred())
+    recorder.on_stop = lambda: session.gather(ranks.digest(recorder.events, recorder.bound))
+
+    def ended_before_the_stop() -> None:  # the script ran out of steps first: the ranks meet at its end
+        if recorder.window > 0:
+            recorder.meet()
+
+    stack.callback(ended_before_the_stop)
+    return stack
+
+
 def _refuse_unaudited(run: ScriptRun) -> None:
     trace, recorder, name = run.trace, run.recorder, run.name
+    if recorder.unmatched:
+        raise ScriptError(recorder.unmatched, "give --model one of those class or variable names")
     if trace.steps:
         if recorder.bound is None:
             raise ScriptError(f"{name} stepped an optimizer but never called an nn.Module with trainable "

@@ -61,6 +61,18 @@ def call_site(skip: int = 1) -> Optional[str]:
     return None
 
 
+def user_frames(skip: int = 1):
+    """The user's frames on the stack above the caller, innermost first (what call_site looks at)."""
+    try:
+        frame = sys._getframe(skip + 1)
+    except ValueError:
+        return
+    while frame is not None:
+        if not _is_library(frame.f_code.co_filename):
+            yield frame
+        frame = frame.f_back
+
+
 def raised_at(error: BaseException) -> str:
     """"path:line in function" of the innermost user frame the exception passed through ("" if none):
     where a script raised, or called sys.exit."""

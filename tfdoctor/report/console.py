@@ -154,7 +154,8 @@ def discovered_lines(facts: dict) -> list[Text]:
     lines.append(f"batches {batch if batch else '?'}, vocab {facts.get('vocab_size')}, {pad_text}{side}")
     optimizers = ", ".join(facts.get("optimizers") or []) or "no optimizer"
     stop = f", stopped at {facts['stopped_at']}" if facts.get("stopped_at") else f" ({facts.get('ended')})"
-    lines.append(f"{optimizers}: {facts.get('steps')} optimizer step(s) recorded in "
+    ranks = f" on each of {facts['world_size']} ranks (rank 0's shown)" if facts.get("world_size") else ""
+    lines.append(f"{optimizers}: {facts.get('steps')} optimizer step(s) recorded{ranks} in "
                  f"{facts.get('seconds_to_stop', 0):.2f} s{stop}")
     if facts.get("checkpoint"):
         lines.append(f"checkpoint loaded before the first forward: {facts['checkpoint']}")
