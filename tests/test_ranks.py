@@ -267,3 +267,29 @@ def test_recorder_leaves_hooks_and_patches_as_it_found_them():
     assert state() == before
     # the subclass's own __iter__ calling super().__iter__() is one iteration, not two
     assert [len(s.iterations) for s in recorder.samplers.values()] == [1, 1]
+
+
+def test_an_optimizer_stepped_inside_another_is_left_to_the_outer_one():
+    """ZeroRedundancyOptimizer steps this rank's shard through an inner optimizer: the outer one holds
+    every parameter, and only it is checksummed (the inner one differs across ranks by design)."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+
+    class ShardStepping(torch.optim.SGD):
+        def __init__(self, params, inner):
+            super().__init__(params, lr=0.1)
+            self.optim = inner
+
+        def step(self, closure=None):
+            return self.optim.step(closure)
+
+    optimizer = ShardStepping(model.parameters(), torch.optim.SGD(model[0].parameters(), lr=0.1))
+    with RankRecorder(0, WORLD) as recorder:
+        for _ in range(2):
+            model(torch.ones(2, 3)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    found = recorder.digest([], model)["params"]
+    assert [(o["class"], len(o["names"]), len(o["states"])) for o in found] == [("ShardStepping", 4, 3)]
+    assert found[0]["names"] == ["0.weight", "0.bias", "1.weight", "1.bias"]
+    assert found[0]["states"][0] != found[0]["states"][1]  # the inner step moved the first layer
+    assert recorder.steps == 2

@@ -87,8 +87,14 @@ def _replays(digest: dict) -> list[dict]:
     return found
 
 
-def _sharded_model(digests) -> bool:
-    return any(any(o["sharded"]) for d in digests for o in d.get("params", []))
+# rank-data: the DTensor placements of a model sharded only along the data-parallel ranks (FSDP2's
+# fully_shard on a 1-D mesh); any other (Shard(1), Replicate, a 2-D mesh) may be tensor parallel,
+# whose ranks within one replica read the same batches by design.
+DATA_PARALLEL_LAYOUTS = {"(Shard(dim=0),)"}
+
+
+def _maybe_tensor_parallel(digests) -> bool:
+    return any(set(o.get("layouts", [])) - DATA_PARALLEL_LAYOUTS for d in digests for o in d.get("params", []))
 
 
 @check("rank-data", title="Each rank trains on its own batches, and each epoch in a new order", needs=("train",))
@@ -134,7 +140,7 @@ def rank_data(subject) -> Result:
         hint = ("give the DataLoader a DistributedSampler, which hands each rank its own shard: "
                 "DataLoader(dataset, sampler=DistributedSampler(dataset), batch_size=...) (and no shuffle=True "
                 "on the loader), with sampler.set_epoch(epoch) before each epoch")
-        if _sharded_model(digests):  # tensor-parallel ranks of one data-parallel replica share batches
+        if _maybe_tensor_parallel(digests):  # tensor-parallel ranks of one data-parallel replica share batches
             return Result.warned(f"{message}: expected only for tensor-parallel ranks of one replica", hint, details)
         return Result.failed(f"{message}: {len(digests)} ranks do the work of one", hint, details)
     replays = [r for d in digests for r in _replays(d)]

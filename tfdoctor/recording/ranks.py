@@ -59,6 +59,12 @@ def _sharded(p: torch.Tensor) -> bool:
     return any(cls.__name__ in SHARDED_CLASSES for cls in type(p).__mro__)
 
 
+def _layout(p: torch.Tensor) -> Optional[str]:
+    """A DTensor's placements, e.g. "(Shard(dim=0),)" for FSDP2 on a 1-D mesh; None for others."""
+    placements = getattr(p, "placements", None)
+    return str(tuple(placements)) if placements is not None and _sharded(p) else None
+
+
 def _checksums(params: list[torch.Tensor], sharded: list[bool]) -> list[Optional[list[float]]]:
     """[sum, sum of squares] in float64 per tensor (None for a sharded one), with one host sync per
     device rather than two per tensor."""
@@ -82,6 +88,7 @@ class _Optimizer:
     cls: str
     params: list[torch.Tensor]
     sharded: list[bool]
+    layouts: list[str]  # the DTensor placements among its parameters
     states: list[list] = field(default_factory=list)  # checksums before the first step, after each one
     pending: bool = False  # its step began and its post-hook has not run yet
 
@@ -120,6 +127,8 @@ class RankRecorder:
         self.loaders: dict[int, dict] = {}
         self.steps = 0  # optimizer steps taken; optimizers stepped with no forward between count once
         self.forward_since_step = False
+        self._stepping: set[int] = set()  # optimizers whose step has begun and not ended
+        self._nested: set[int] = set()  # optimizers stepped inside another's step
         self._inside: set[int] = set()  # samplers whose patched method is running (super() calls)
         self._undo: list[Callable[[], None]] = []
         self._patched: set[tuple[type, str]] = set()
@@ -176,15 +185,25 @@ class RankRecorder:
     # ------------------------------------------------------------------ optimizer steps
 
     def _step_begins(self, optimizer, args, kwargs) -> None:
+        if self._stepping or id(optimizer) in self._nested:
+            # stepped by another optimizer's step (ZeroRedundancyOptimizer steps this rank's shard of
+            # the parameters through an inner one, then broadcasts): the outer one holds them all
+            self._nested.add(id(optimizer))
+            return
+        self._stepping.add(id(optimizer))
         held = self.optimizers.get(id(optimizer))
         if held is None:
             params = [p for group in optimizer.param_groups for p in group["params"]]
             sharded = [_sharded(p) for p in params]
-            held = self.optimizers[id(optimizer)] = _Optimizer(type(optimizer).__name__, params, sharded)
+            layouts = sorted({layout for layout in map(_layout, params) if layout})
+            held = self.optimizers[id(optimizer)] = _Optimizer(type(optimizer).__name__, params, sharded, layouts)
             held.states.append(_checksums(params, sharded))
         held.pending = True
 
     def _step_ends(self, optimizer, args, kwargs) -> None:
+        if id(optimizer) in self._nested:
+            return
+        self._stepping.discard(id(optimizer))
         held = self.optimizers.get(id(optimizer))
         if held is not None:
             held.states.append(_checksums(held.params, held.sharded))
@@ -341,7 +360,7 @@ class RankRecorder:
             sharded = [s or wrapped_fsdp for s in held.sharded]
             if wrapped_fsdp:  # FSDP1 with use_orig_params: the tensors are views of this rank's shard
                 states = [[None] * len(held.params) for _ in states]
-            found.append({"class": held.cls, "sharded": sharded, "states": states,
+            found.append({"class": held.cls, "sharded": sharded, "states": states, "layouts": list(held.layouts),
                           "numel": [p.numel() for p in held.params],
                           "names": [names.get(id(p), f"param[{i}] {list(p.shape)}") for i, p in enumerate(held.params)]})
         return found
