@@ -185,9 +185,10 @@ class RankRecorder:
     # ------------------------------------------------------------------ optimizer steps
 
     def _step_begins(self, optimizer, args, kwargs) -> None:
-        if self._stepping or id(optimizer) in self._nested:
-            # stepped by another optimizer's step (ZeroRedundancyOptimizer steps this rank's shard of
-            # the parameters through an inner one, then broadcasts): the outer one holds them all
+        # Stepped inside another optimizer's step (ZeroRedundancyOptimizer steps this rank's shard of
+        # the parameters through an inner one, then broadcasts): the outer one holds them all. Its own
+        # id still open is no nesting: its previous step raised before reaching the post-hook.
+        if self._stepping - {id(optimizer)} or id(optimizer) in self._nested:
             self._nested.add(id(optimizer))
             return
         self._stepping.add(id(optimizer))
