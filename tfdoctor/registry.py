@@ -25,6 +25,7 @@ CHECK_MODULES = (
     "tfdoctor.checks.learning",
     "tfdoctor.checks.memory",
     "tfdoctor.checks.trainloop",
+    "tfdoctor.checks.ranks",
 )
 
 

@@ -1,0 +1,96 @@
+"""`tfdoctor run` on a torchrun job: every rank records, rank 0 alone reports, every rank exits with
+rank 0's code; and the ways a distributed run cannot be audited, each one line and exit 2, no hang.
+
+Two gloo processes on the CPU, through the installed command (`--nproc 2`, which starts torchrun) and
+through torchrun itself (`python -m torch.distributed.run ... -m tfdoctor run`)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+TFDOCTOR = shutil.which("tfdoctor")
+pytestmark = pytest.mark.skipif(TFDOCTOR is None, reason="tfdoctor is not installed (pip install -e .)")
+SCRIPTS = "fixtures/scripts"
+# The model checks are `check`'s own, tested there: here the run's plumbing and the loop and rank
+# checks are what is judged.
+ONLY_LOOP = ["--only", "rank-data,rank-sync,ddp-accumulation,rank-uniform,zero-grad,accumulation-scaling"]
+LIMIT = 120  # a hang would fail the test here rather than stall the suite
+
+
+def run(*args, launcher=None):
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("WORLD_SIZE", None)
+    command = [TFDOCTOR, "run", *args] if launcher is None else [*launcher, "-m", "tfdoctor", "run", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=LIMIT, env=env)
+
+
+def error_lines(done) -> list[str]:
+    return [line for line in done.stderr.splitlines() if line.startswith("tfdoctor:")]
+
+
+def test_nproc_runs_every_rank_and_rank_0_alone_reports_a_quiet_battery():
+    done = run("--nproc", "2", f"{SCRIPTS}/ddp_correct.py", "--steps", "4", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)  # one JSON document: the other rank printed nothing to stdout
+    facts = report["discovered"]
+    assert facts["world_size"] == 2
+    assert facts["wrapper"] == "DistributedDataParallel" and facts["model"] == "TinyLM"
+    assert facts["steps"] == 4 and facts["ended"] == "stopped"
+    assert not error_lines(done)
+    statuses = {c["id"]: c["status"] for c in report["checks"]}
+    # the whole battery, the rank checks judged on both ranks' digests: nothing to say on a correct job
+    assert {statuses[i] for i in ("rank-data", "rank-sync", "ddp-accumulation", "rank-uniform")} == {"pass"}
+    assert not [i for i, status in statuses.items() if status in ("warn", "fail", "error")], statuses
+
+
+def test_every_rank_exits_with_rank_0s_code_when_it_finds_a_bug():
+    done = run("--nproc", "2", f"{SCRIPTS}/ddp_rank0_clip.py", "--steps", "4", "--format", "json", *ONLY_LOOP)
+    assert done.returncode == 1, done.stderr
+    checks = {c["id"]: c for c in json.loads(done.stdout)["checks"]}
+    assert checks["rank-uniform"]["status"] == "fail" and checks["rank-sync"]["status"] == "fail"
+    assert checks["rank-uniform"]["details"]["location"].startswith("fixtures/scripts/ddp_rank0_clip.py:")
+    assert not error_lines(done)
+
+
+def test_under_torchrun_itself_one_report_and_the_same_exit_code():
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    done = run(f"{SCRIPTS}/ddp_correct.py", "--steps", "4", "--format", "json", *ONLY_LOOP, launcher=launcher)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["discovered"]["world_size"] == 2
+
+
+def test_a_script_that_never_initialises_the_process_group_is_one_line():
+    done = run("--nproc", "2", "tests/targets/ddp_bad_inputs.py", "--", "--case", "no-init")
+    assert done.returncode == 2
+    lines = error_lines(done)
+    assert len(lines) == 1, done.stderr  # rank 1 finds the same and leaves the saying to rank 0
+    assert "never called torch.distributed.init_process_group" in lines[0]
+    assert done.stdout == ""
+
+
+@pytest.mark.parametrize("case, said", [
+    ("rank-killed", "rank 1 of 2: the process running your code was killed by SIGKILL"),
+    ("rank-raises", "rank 1 of 2: tests/targets/ddp_bad_inputs.py raised FileNotFoundError: shard-1.bin at "
+                    "tests/targets/ddp_bad_inputs.py:"),
+])
+def test_a_rank_that_dies_ends_the_job_with_its_line(case, said):
+    done = run("--nproc", "2", "tests/targets/ddp_bad_inputs.py", "--format", "json", "--", "--case", case)
+    assert done.returncode == 2
+    assert any(said in line for line in error_lines(done)), done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_nproc_flag_out_of_range_or_under_torchrun_is_a_usage_error():
+    done = run("--nproc", "0", f"{SCRIPTS}/ddp_correct.py")
+    assert done.returncode == 2 and "--nproc must be at least 1" in done.stderr
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0"}
+    done = subprocess.run([TFDOCTOR, "run", "--nproc", "2", f"{SCRIPTS}/ddp_correct.py"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=LIMIT)
+    assert done.returncode == 2 and "already one rank of a job" in done.stderr
