@@ -323,6 +323,31 @@ def test_model_flag_picks_the_other_by_variable_or_class_name(name):
     assert checks["scheduler-placement"]["status"] == "skip"
 
 
+@pytest.mark.parametrize("wanted, audited, other, stopped_in", [
+    (None, "TinyLM", "DraftLM", "optimizer.step(lm_closure)"), ("draft", "DraftLM", "TinyLM", "draft_opt.step(")])
+def test_two_models_stepped_with_closures_settle_when_the_first_closure_returns(wanted, audited, other, stopped_in):
+    # Nothing is called before the first step (the draft's closure step): the models are settled when
+    # its closure returns, and a step of the model not audited is not one of the audited loop's.
+    model_flag = ["--model", wanted] if wanted else []
+    # the draft's constant rate (lr-schedule) is its own choice, not what is judged here
+    skip = [LOOP_ONLY[0], LOOP_ONLY[1] + ",lr-schedule"]
+    done = tfdoctor("run", f"{SCRIPTS}/closure_two_models.py", "--format", "json", *model_flag, *skip)
+    report = as_json(done)
+    found = report["discovered"]
+    assert (found["model"], found["steps"], found["ended"]) == (audited, 2, "stopped"), done.stderr
+    assert [m["model"] for m in found["other_models"]] == [other]
+    lines = (ROOT / SCRIPTS / "closure_two_models.py").read_text().splitlines()
+    assert stopped_in in lines[int(found["stopped_at"].rsplit(":", 1)[1]) - 1]
+    assert "step 1 loss" in done.stderr and "step 2 loss" not in done.stderr
+    checks = by_id(report)
+    bad = [(c["id"], c["status"], c["message"]) for c in report["checks"] if c["status"] in ("fail", "error", "warn")]
+    assert not bad and done.returncode == 0
+    assert checks["zero-grad"]["status"] == "pass" and checks["accumulation-scaling"]["status"] == "skip"
+    # the LM's warm-up and clip are not the draft's
+    assert checks["scheduler-placement"]["status"] == ("pass" if audited == "TinyLM" else "skip")
+    assert ("does not clip" in checks["clip-global-norm"]["message"]) == (audited == "DraftLM")
+
+
 def test_model_flag_that_matches_nothing_lists_the_candidates():
     done = tfdoctor("run", f"{SCRIPTS}/two_models.py", "--format", "json", "--model", "critic")
     assert done.returncode == 2 and done.stdout == ""
