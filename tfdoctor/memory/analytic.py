@@ -440,7 +440,7 @@ def estimate(c: Config) -> Estimate:
         led.free(p + "g_res", p + "g_in_part")
         led.live["g_x"] = led.live.pop("g_x_new")
         if fsdp:  # fires once the gradient of the block's input is whole
-            fsdp.post_backward(f"layer {i}", ["grad." + p + n for n in ("proj", "fc", "ln2", "c_proj", "c_attn", "ln1")])
+            fsdp.post_backward(f"layer {i}", [f"grad.{p}{n}" for n in ("proj", "fc", "ln2", "c_proj", "c_attn", "ln1")])
     grad("embeddings", (0 if c.tied else V * C) + T * C)
     led.mark("embedding backward")
     led.free("g_x")

@@ -30,11 +30,11 @@ still come from one trace. Imports torch; the analytic mode never imports this m
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from functools import partial
-from typing import Iterator, Optional
 
 import torch
-import torch.nn as nn
+from torch import nn
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from tfdoctor.memory import sharding
@@ -96,7 +96,7 @@ class ShardedView:
         self.recounted: dict[int, tuple[str, int, bool]] = {}  # storage -> (origin, bytes added, a gradient)
         self.buffers: dict[str, tuple[str, int, bool]] = {}  # the schedule's buffers alive
         self.peak = 0
-        self.schedule: Optional[sharding.Fsdp2Schedule] = None
+        self.schedule: sharding.Fsdp2Schedule | None = None
         if shard in FSDP2_SHARDS:
             sizes = {}
             for name, params in groups.items():

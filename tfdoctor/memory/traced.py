@@ -28,6 +28,10 @@ over the step, of the live bytes recomputed with the remedy's arithmetic:
   forward and still holds is dropped outside that block's own forward and backward, and that
   block's forward is counted again at the start of its backward (the recomputation).
 
+Under `--gpus N --shard zero1|zero2|zero3` every figure, the derived ones included, is one rank's: the
+analytic mode's FSDP2 schedule is played over the traced step (fsdp_overlay.py), and the ZeRO-3 remedy is
+a second such view of the same trace.
+
 Imports torch; the analytic mode never imports this module.
 """
 
@@ -270,10 +274,6 @@ class LiveBytes(TorchDispatchMode):
         origin = origin or self.phase
         module = self.where()
         entry = _Storage(nbytes, origin, module)
-        if self.views and self.phase == "optimizer":
-            self.live[key] = entry  # the views recount it as it is
-            for view in self.views:
-                view.step_made(tensor)
         if origin not in ("parameters", "setup", "optimizer"):
             shape = tuple(tensor.shape)
             if self.batch > 1:  # a reduction over the batch is no longer per-sample
@@ -290,6 +290,9 @@ class LiveBytes(TorchDispatchMode):
                 entry.block = self.block_of.get(self.modules[-1], -1)
         self.live[key] = entry
         self._account(entry, +1)
+        if self.views and self.phase == "optimizer":  # on a rank, the step works on shards
+            for view in self.views:
+                view.step_made(tensor)
         finalizer = weakref.finalize(storage, self._drop, key)
         finalizer.atexit = False
         if op and nbytes >= 1 << 20:
@@ -855,8 +858,8 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
                     view.shard_persistent(params, opt)
                 shift = counter.sharded.delta if counter.sharded is not None else {}
                 optimizer_bytes = counter.by_origin.get("setup", 0) + shift.get("setup", 0)
-                parameter_bytes = (sum(_storage_bytes(p) for p in params) + sum(_storage_bytes(b) for b in model.buffers())
-                                   + shift.get("parameters", 0))
+                parameter_bytes = (sum(_storage_bytes(p) for p in params) + shift.get("parameters", 0)
+                                   + sum(_storage_bytes(b) for b in model.buffers()))
                 hooks = [p.register_post_accumulate_grad_hook(counter.gradient_ready)
                          for p in params if p.requires_grad]
                 counter.start_step()
