@@ -94,3 +94,18 @@ def test_nproc_flag_out_of_range_or_under_torchrun_is_a_usage_error():
     done = subprocess.run([TFDOCTOR, "run", "--nproc", "2", f"{SCRIPTS}/ddp_correct.py"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=LIMIT)
     assert done.returncode == 2 and "already one rank of a job" in done.stderr
+
+
+def test_an_fsdp2_job_is_judged_on_its_trace_and_its_model_checks_say_why_they_skip():
+    done = run("--nproc", "2", f"{SCRIPTS}/fsdp_correct.py", "--steps", "4", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    checks = {c["id"]: c for c in report["checks"]}
+    # the rank checks compare the ranks (sharded weights are never compared), the loop checks judge
+    # the trace; the sharded model runs only with every rank, so its own checks skip, saying why
+    assert {checks[i]["status"] for i in ("rank-data", "rank-uniform", "zero-grad")} == {"pass"}
+    assert checks["rank-sync"]["status"] == "skip" and "sharded" in checks["rank-sync"]["message"]
+    assert checks["future-leak"]["status"] == "skip"
+    assert "sharded across the ranks (FSDP)" in checks["future-leak"]["message"]
+    assert not [i for i, c in checks.items() if c["status"] in ("warn", "fail", "error")]
+    assert any("sharded" in note for note in report["discovered"]["notes"])

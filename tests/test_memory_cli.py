@@ -91,3 +91,23 @@ def test_traced_batch_one_reports_a_computed_largest_batch():
     assert 1 < data["largest_batch_that_fits"] < 1 << 20
     assert data["largest_seq_that_fits"] == 64  # the fixture's positions
     assert data["remedies"] and all(r["change"].endswith("(derived)") for r in data["remedies"])
+
+
+def test_traced_shard_gives_the_per_device_figure_of_the_trace():
+    import dataclasses
+
+    from tfdoctor.loader import load_subject
+    from tfdoctor.memory.traced import trace_step
+    from tfdoctor.runner import as_subject
+    from tfdoctor.subject import vocab_size_of
+
+    done = tfdoctor("memory", FIXTURE, "--batch", "2", "--seq", "64", "--gpus", "4", "--shard", "zero3",
+                    "--budget", "64MiB", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    subject = as_subject(load_subject(FIXTURE))
+    subject = dataclasses.replace(subject, vocab_size=subject.vocab_size or vocab_size_of(subject.model))
+    expected = trace_step(subject, 2, 64, gpus=4, shard="zero3").peak_bytes
+    assert data["peak_bytes"] == data["trace"]["per_device_peak_bytes"] == expected
+    assert expected < trace_step(subject, 2, 64).peak_bytes
+    assert any("FSDP2 zero3 on 4 devices" in note for note in data["trace"]["notes"])

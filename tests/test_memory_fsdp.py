@@ -1,4 +1,4 @@
-"""The analytic per-device figures against one real FSDP2 step on a gloo group of 2 CPU processes."""
+"""The analytic and traced per-device figures against one real FSDP2 step on a gloo group of 2 CPU processes."""
 
 import json
 import socket
@@ -7,7 +7,12 @@ import sys
 
 import pytest
 
+import torch
+
 from tfdoctor.memory.analytic import Config, estimate
+from tfdoctor.memory.gpt import GPT
+from tfdoctor.memory.traced import trace_step
+from tfdoctor.subject import Subject
 
 WORKER = r"""
 import json, sys, torch, torch.distributed as dist
@@ -58,3 +63,16 @@ def test_the_old_zero_formulae_would_miss_the_unsharded_root(measured):
     rank0 = measured[0]["zero3"]
     est = estimate(Config(batch=2, seq=128, d_model=128, heads=2, layers=2, vocab=1000, gpus=2, shard="zero3"))
     assert rank0["at_peak"]["parameters"] > est.parameter_bytes + 1_000_000
+
+
+@pytest.mark.parametrize("shard", ["zero3", "zero2"])
+def test_traced_per_device_peak_matches_a_real_fsdp2_step(measured, shard):
+    # `tfdoctor memory TARGET --gpus 2 --shard ...`: the same GPT traced whole in one process on fake
+    # tensors, FSDP2 laid over it (tfdoctor/memory/fsdp_overlay.py), against rank 0 of the real job.
+    rank0 = measured[0][shard]
+    torch.manual_seed(0)
+    model = GPT(vocab=1000, d_model=128, n_head=2, n_layer=2, positions=128, attention="naive")
+    trace = trace_step(Subject(model, vocab_size=1000), 2, 128, gpus=2, shard=shard)
+    assert abs(trace.peak_bytes - rank0["peak_bytes"]) / rank0["peak_bytes"] < 0.001
+    assert trace.peak_breakdown["parameters and buffers"] == rank0["at_peak"]["parameters"]
+    assert trace.peak_breakdown["optimizer states"] == rank0["at_peak"]["optimizer states"]

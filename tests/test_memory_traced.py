@@ -260,3 +260,74 @@ def test_derive_solves_the_envelope_exactly():
     assert derive.largest_seq([(10, 0, 0, 0, 0, 0)], 1, 10, 30) is None
     assert derive.largest_quadratic({1: 10, 2: 20, 4: 40}, 1000, None) == 100
     assert derive.largest_quadratic({1: 10, 2: 10, 4: 10}, 1000, None) is None  # no placeholder cap
+
+
+# --- per device under --shard (fsdp_overlay.py): the analytic mode's FSDP2 schedule over the trace ---------
+# The model of tests/test_memory_analytic.py's hand-worked FSDP2 figures (V 4096, C 64, T 64, one block,
+# 4 devices): shards 578,496 bytes, the root unsharded 2,114,048 bytes, one block unsharded 4 x 12,496 floats.
+SHARD_SHARDS, SHARD_ROOT, SHARD_BLOCK = 578_496, 2_114_048, 4 * 12_496 * 4
+ADAMW_STEPS = 17 * 4  # AdamW's float32 `step` of each of the 17 parameters, which FSDP2 leaves whole
+
+
+def shard_subject() -> Subject:
+    torch.manual_seed(0)
+    return Subject(GPT(vocab=4096, d_model=64, n_head=1, n_layer=1, positions=64, attention="sdpa"), vocab_size=4096)
+
+
+def test_traced_zero3_holds_the_hand_worked_fsdp2_bytes():
+    trace = trace_step(shard_subject(), 4, 64, gpus=4, shard="zero3")
+    assert trace.parameter_bytes == SHARD_SHARDS  # padded dim-0 shards, no buffers in this model
+    assert trace.optimizer_bytes == 2 * SHARD_SHARDS + ADAMW_STEPS
+    # the peak is the log-softmax backward, with the root still unsharded beside the shards (the old
+    # ZeRO-3 formula, parameters / N, left the 2,114,048 bytes out)
+    assert trace.peak_op == "_log_softmax_backward_data"
+    assert trace.peak_breakdown["parameters and buffers"] == SHARD_SHARDS + SHARD_ROOT
+    analytic = estimate(Config(batch=4, seq=64, d_model=64, heads=1, layers=1, vocab=4096, attention="sdpa",
+                               gpus=4, shard="zero3"))
+    assert abs(trace.peak_bytes - analytic.peak_bytes) / analytic.peak_bytes < 0.001
+
+
+def test_traced_zero2_keeps_the_block_unsharded_and_zero1_shards_only_the_states():
+    subject = shard_subject()
+    zero2 = trace_step(subject, 4, 64, gpus=4, shard="zero2")
+    assert zero2.peak_breakdown["parameters and buffers"] == SHARD_SHARDS + SHARD_ROOT + SHARD_BLOCK
+    alone = trace_step(subject, 4, 64)
+    zero1 = trace_step(subject, 4, 64, gpus=4, shard="zero1")
+    assert zero1.parameter_bytes == alone.parameter_bytes
+    assert zero1.optimizer_bytes == (alone.optimizer_bytes - ADAMW_STEPS) // 4 + ADAMW_STEPS
+    assert zero1.peak_bytes < alone.peak_bytes
+
+
+def test_traced_sharding_leaves_the_model_as_it_was():
+    subject = shard_subject()
+    model = subject.model
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trace_step(subject, 2, 32, gpus=4, shard="zero3", zero3_gpus=8)
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_sharded_remedies_are_per_device_and_from_one_trace(monkeypatch):
+    """Under --shard, every derived remedy is one rank's figure (a sharded trace with the remedy applied
+    agrees), and the ZeRO-3 remedy is a second view of the same trace."""
+    import tfdoctor.memory.traced as traced
+
+    subject = fixture_subject()
+    real = traced.trace_step
+    main = real(subject, 8, 64, gpus=2, shard="zero2")
+    budget = int(main.peak_bytes * 0.6)
+    calls = []
+    monkeypatch.setattr(traced, "trace_step", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
+    verdict = judge_traced(subject, FIXTURE, 8, 64, budget, "test", gpus=2, shard="zero2")
+    monkeypatch.undo()
+    assert calls == [(8, 64)]
+    assert verdict.peak_bytes == main.peak_bytes
+    remedies = {r.name: r for r in verdict.remedies}
+    micro = int(remedies["gradient accumulation"].change.split()[1])
+    assert remedies["gradient accumulation"].peak_bytes == real(subject, micro, 64, gpus=2, shard="zero2").peak_bytes
+    assert remedies["ZeRO-3 / FSDP sharding"].peak_bytes == real(subject, 8, 64, gpus=2, shard="zero3").peak_bytes
+    largest = verdict.largest_batch
+    assert real(subject, largest, 64, gpus=2, shard="zero2").peak_bytes <= budget
+    assert real(subject, largest + 1, 64, gpus=2, shard="zero2").peak_bytes > budget

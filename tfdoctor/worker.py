@@ -95,7 +95,7 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
     import torch
 
     from tfdoctor.recording.discovery import discover, subjects
-    from tfdoctor.recording.script import ScriptError, record_script
+    from tfdoctor.recording.script import ScriptError, TraceOnly, record_script, unwrap
     from tfdoctor.registry import select
     from tfdoctor.result import Result
     from tfdoctor.runner import run_checks
@@ -110,6 +110,10 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
         raise
     if session is not None and session.world.rank != 0:
         return False
+    uncopied = run.recorder.uncopied
+    if uncopied is not None:  # the loop and rank checks still judge the trace; no model check runs
+        run.recorder.snapshot = TraceOnly(run.recorder.vocab, unwrap(run.recorder.bound))
+        run.notes.append(uncopied)
     facts = discover(run)
     if session is not None:
         facts["world_size"] = session.world.size
@@ -119,14 +123,19 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
     specs = select(request.get("only"), request.get("skip"))
     loop_ids = [s.id for s in specs if "train" in s.needs]
     model_ids = [s.id for s in specs if "train" not in s.needs]
-    if facts.get("checkpoint") and "init-loss" in model_ids:  # the init it judges is not the script's
-        model_ids.remove("init-loss")
-        skipped = Result.skipped(f"the script loaded trained weights before its first forward "
-                                 f"({facts['checkpoint']}): the initial loss judges an untrained model")
-        skipped.id = "init-loss"
-        skipped.title = next(s.title for s in specs if s.id == "init-loss")
+    def skip(check_id: str, reason: str) -> None:
+        model_ids.remove(check_id)
+        skipped = Result.skipped(reason)
+        skipped.id = check_id
+        skipped.title = next(s.title for s in specs if s.id == check_id)
         if listener is not None:
             listener("result", skipped)
+
+    for check_id in list(model_ids) if uncopied is not None else []:
+        skip(check_id, uncopied)
+    if facts.get("checkpoint") and "init-loss" in model_ids:  # the init it judges is not the script's
+        skip("init-loss", f"the script loaded trained weights before its first forward "
+                          f"({facts['checkpoint']}): the initial loss judges an untrained model")
     common = dict(seed=request.get("seed", 0), target=run.name, progress=progress,
                   options=request.get("options", {}), listener=listener)
     if loop_ids:

@@ -31,12 +31,12 @@ ATTENTIONS = ("naive", "sdpa")
 CHECKPOINTING = ("none", "full")
 OPTIMIZERS = ("adamw", "sgd", "none")
 SHARDS = ("none", "zero1", "zero2", "zero3")
-FSDP2_SHARDS = ("zero2", "zero3")  # modelled as FSDP2 does them (see _Fsdp2); zero1 has no FSDP2 setting
+FSDP2_SHARDS = ("zero2", "zero3")  # modelled as FSDP2 does them (sharding.Fsdp2Schedule); zero1 has no FSDP2 setting
 _MAX_SEARCH = 1 << 24  # the largest sequence or batch the fit search tries
 
-# Ledger categories, in the order the report lists them.
-PARAMETERS = "parameters"
-GRADIENTS = "gradients"
+# Ledger categories, in the order the report lists them (FSDP2's schedule files its buffers under the first two).
+PARAMETERS = sharding.PARAMETERS
+GRADIENTS = sharding.GRADIENTS
 OPTIMIZER = "optimizer states"
 SCORES = "attention scores and probabilities"
 ACTIVATIONS = "other activations"
@@ -187,102 +187,16 @@ class _Ledger:
             self.at_peak = totals
 
 
-class _Fsdp2:
-    """What FSDP2 adds to one rank's ledger at its hooks, for `fully_shard` on each block, then the root.
-
-    The ZeRO formulae (parameters, gradients, optimizer states each divided by N) miss most of it; against
-    FSDPMemTracker and our own counter on a fake process group (tfdoctor/memory/fsdp.py, torch 2.13) they
-    were 14-40% low per device on GPT-2 small at batch 1 (bench/memory_accuracy.py). What one rank holds on
-    top of its padded shards, as measured:
-    - the root group (embeddings, ln_f, LM head) unsharded from the root's all-gather to the end of
-      backward: FSDP2 does not reshard the root after forward, whatever the blocks do;
-    - a block's unsharded parameters during its forward (zero3; zero2 keeps every block's from its
-      forward to its backward) and its backward, and each all-gather buffer (the size of the unsharded
-      group) until the next group's copy-out has finished; in backward the previous block is prefetched,
-      so a block computes its backward beside the next one's all-gather buffer;
-    - unsharded gradients: a block's until its post-backward reduce-scatter, the root's (the LM head's and
-      the embeddings', V x C each) until the end of backward; each reduce-scatter's input (the group's
-      padded gradients) until the next reduce-scatter is issued, the root's until backward ends.
-    """
-
-    def __init__(self, c: Config, led: "_Ledger") -> None:
-        self.on = c.shard in FSDP2_SHARDS
-        self.zero3 = c.shard == "zero3"
-        self.led, self.N, self.L = led, c.gpus, c.layers
-        block = sharding.block_shapes(c.d_model, c.ff)
-        root = sharding.root_shapes(c.vocab, c.d_model, c.seq, c.tied)
-        self.root_full = sharding.unsharded_bytes(root, self.N)
-        self.root_shard = sharding.sharded_bytes(root, self.N)
-        self.block_full = sharding.unsharded_bytes(block, self.N)
-        self.block_shard = sharding.sharded_bytes(block, self.N)
-        self.sharded = self.root_shard + c.layers * self.block_shard  # the persistent parameter shards
-        self.gathered: str | None = None  # the all-gather buffer still alive
-        self.scattered: str | None = None  # the reduce-scatter input still alive
-
-    def _all_gather(self, group: str, nbytes: int) -> None:
-        self.led.alloc(f"all-gather {group}", nbytes, PARAMETERS)
-        self.led.mark(f"{group} all-gather")
-        self.led.alloc(f"unsharded {group}", nbytes, PARAMETERS)
-        self.led.mark(f"{group} copy-out")
-
-    def _release_gathered(self, keep: str | None = None) -> None:
-        if self.gathered is not None:
-            self.led.free(self.gathered)
-        self.gathered = keep
-
-    def root_pre_forward(self) -> None:
-        if self.on:
-            self._all_gather("root", self.root_full)
-            self.gathered = "all-gather root"
-
-    def pre_forward(self, i: int) -> None:
-        if self.on:
-            self._all_gather(f"layer {i}", self.block_full)
-            self._release_gathered(f"all-gather layer {i}")
-
-    def post_forward(self, i: int) -> None:
-        if self.on and self.zero3:
-            self.led.free(f"unsharded layer {i}")
-
-    def root_post_forward(self) -> None:
-        if self.on:
-            self._release_gathered()
-
-    def root_pre_backward(self) -> None:
-        """zero3 prefetches the last block; zero2 kept every block unsharded."""
-        if self.on and self.zero3:
-            self.led.alloc(f"all-gather layer {self.L - 1}", self.block_full, PARAMETERS)
-            self.gathered = f"all-gather layer {self.L - 1}"
-            self.led.mark(f"layer {self.L - 1} prefetch all-gather")
-
-    def pre_backward(self, i: int) -> None:
-        if not (self.on and self.zero3):
-            return
-        self.led.alloc(f"unsharded layer {i}", self.block_full, PARAMETERS)
-        self.led.mark(f"layer {i} copy-out")
-        self._release_gathered()
-        if i:
-            self.led.alloc(f"all-gather layer {i - 1}", self.block_full, PARAMETERS)
-            self.gathered = f"all-gather layer {i - 1}"
-            self.led.mark(f"layer {i - 1} prefetch all-gather")
-
-    def post_backward(self, group: str, grads: list[str], full: int, shard: int) -> None:
-        """Reshard, copy the group's gradients into the reduce-scatter input, keep the shard."""
-        led = self.led
-        led.free(f"unsharded {group}")
-        led.alloc(f"reduce-scatter {group}", full, GRADIENTS)
-        led.mark(f"{group} reduce-scatter copy-in")
-        led.free(*grads)
-        if self.scattered is not None:
-            led.free(self.scattered)
-        self.scattered = f"reduce-scatter {group}"
-        led.alloc(f"sharded grads {group}", shard, GRADIENTS)
-        led.mark(f"{group} reduce-scatter")
-
-    def end_backward(self) -> None:
-        if self.scattered is not None:
-            self.led.free(self.scattered)
-            self.scattered = None
+def _fsdp2_schedule(c: Config, led: "_Ledger") -> sharding.Fsdp2Schedule | None:
+    """FSDP2's buffers for `c` (see sharding.Fsdp2Schedule), or None when it does not shard with FSDP2."""
+    if c.shard not in FSDP2_SHARDS:
+        return None
+    block = sharding.block_shapes(c.d_model, c.ff)
+    root = sharding.root_shapes(c.vocab, c.d_model, c.seq, c.tied)
+    sizes = (sharding.unsharded_bytes(block, c.gpus), sharding.sharded_bytes(block, c.gpus))
+    groups = {sharding.ROOT: (sharding.unsharded_bytes(root, c.gpus), sharding.sharded_bytes(root, c.gpus))}
+    groups.update((f"layer {i}", sizes) for i in range(c.layers))
+    return sharding.Fsdp2Schedule(led, c.shard == "zero3", groups)
 
 
 def estimate(c: Config) -> Estimate:
@@ -302,12 +216,13 @@ def estimate(c: Config) -> Estimate:
 
     n_params = parameter_count(c)
     led = _Ledger()
-    fsdp = _Fsdp2(c, led)
+    fsdp = _fsdp2_schedule(c, led)
     shard_o = c.gpus if c.shard != "none" else 1
     states_per_param = {"adamw": 8, "sgd": 4, "none": 0}[c.optimizer]  # exp_avg(+_sq) / momentum, float32
-    if fsdp.on:  # FSDP2: padded shards of everything; gradients whole until reduce-scattered (see _Fsdp2)
-        param_bytes = fsdp.sharded
-        state_bytes = states_per_param * fsdp.sharded // 4
+    if fsdp:  # FSDP2: padded shards of everything; gradients whole until reduce-scattered (see the schedule)
+        shards = sum(shard for _, shard in fsdp.groups.values())  # the persistent parameter shards
+        param_bytes = shards
+        state_bytes = states_per_param * shards // 4
         shard_g = 1
     else:  # zero1 shards only the optimizer states
         param_bytes = n_params * 4  # float32 (master) weights
@@ -332,7 +247,8 @@ def estimate(c: Config) -> Estimate:
     # ---- forward ------------------------------------------------------------------------------
     led.phase = "forward"
     led.alloc("ids", 2 * B * T * 8, ACTIVATIONS)  # input ids and targets, int64
-    fsdp.root_pre_forward()
+    if fsdp:
+        fsdp.root_pre_forward()
     led.alloc("tok", u, ACTIVATIONS)
     led.alloc("pos", T * C * a, ACTIVATIONS)
     led.alloc("x0", u, ACTIVATIONS)
@@ -395,9 +311,11 @@ def estimate(c: Config) -> Estimate:
 
     grad_mode = train
     for i in range(L):
-        fsdp.pre_forward(i)
+        if fsdp:
+            fsdp.pre_forward(f"layer {i}")
         layer_forward(i, keep=grad_mode and not ckpt)
-        fsdp.post_forward(i)
+        if fsdp:
+            fsdp.post_forward(f"layer {i}")
         if not grad_mode:  # inference: a layer's input dies once the layer is done
             led.free(f"L{i - 1}.resid_b" if i else "x0")
     led.alloc("lnf", u, ACTIVATIONS)
@@ -405,7 +323,8 @@ def estimate(c: Config) -> Estimate:
     led.mark("ln_f")
     led.alloc("logits", logits, LOGITS)
     led.mark("LM head")
-    fsdp.root_post_forward()
+    if fsdp:
+        fsdp.root_post_forward()
     if not grad_mode:
         led.free("lnf", "stats_f", f"L{L - 1}.resid_b")
 
@@ -438,7 +357,8 @@ def estimate(c: Config) -> Estimate:
         led.mark("float() backward")
         led.free("g_logits32")
     g_logits = "g_logits" if a != 4 else "g_logits32"
-    fsdp.root_pre_backward()  # fires when the gradient of the logits is ready
+    if fsdp:
+        fsdp.root_pre_backward()  # fires when the gradient of the logits is ready
     led.alloc("g_lnf", u, TEMPORARIES)
     grad("head", V * C)
     led.mark("LM head backward")
@@ -450,7 +370,8 @@ def estimate(c: Config) -> Estimate:
 
     for i in reversed(range(L)):
         p = f"L{i}."
-        fsdp.pre_backward(i)
+        if fsdp:
+            fsdp.pre_backward(f"layer {i}")
         if ckpt:  # recompute this layer's forward, keeping what backward needs; its output is dropped
             led.phase = "backward (recompute)"
             layer_forward(i, keep=True)
@@ -518,14 +439,13 @@ def estimate(c: Config) -> Estimate:
         led.mark(f"layer {i} residual backward")
         led.free(p + "g_res", p + "g_in_part")
         led.live["g_x"] = led.live.pop("g_x_new")
-        if fsdp.on:  # fires once the gradient of the block's input is whole
-            fsdp.post_backward(f"layer {i}", ["grad." + p + n for n in ("proj", "fc", "ln2", "c_proj", "c_attn", "ln1")],
-                               fsdp.block_full, fsdp.block_shard)
+        if fsdp:  # fires once the gradient of the block's input is whole
+            fsdp.post_backward(f"layer {i}", [f"grad.{p}{n}" for n in ("proj", "fc", "ln2", "c_proj", "c_attn", "ln1")])
     grad("embeddings", (0 if c.tied else V * C) + T * C)
     led.mark("embedding backward")
     led.free("g_x")
-    if fsdp.on:
-        fsdp.post_backward("root", ["grad.head", "grad.ln_f", "grad.embeddings"], fsdp.root_full, fsdp.root_shard)
+    if fsdp:
+        fsdp.post_backward(sharding.ROOT, ["grad.head", "grad.ln_f", "grad.embeddings"])
         fsdp.end_backward()
     if a != 4:
         led.free("half weights")
@@ -536,7 +456,7 @@ def estimate(c: Config) -> Estimate:
     led.alloc("step temporaries", 2 * largest_param * 4 // shard_o, TEMPORARIES)  # AdamW's denominator etc.
     led.mark("optimizer step")
     led.free("step temporaries")
-    gradient_bytes = fsdp.sharded if fsdp.on else grad_bytes(n_params)
+    gradient_bytes = param_bytes if fsdp else grad_bytes(n_params)  # FSDP2: reduce-scattered shards
     return _finish(c, led, n_params, param_bytes, gradient_bytes, state_bytes, u, f, S, stats, lse,
                    logits, logits32)
 

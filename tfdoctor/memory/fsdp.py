@@ -1,8 +1,8 @@
 """One FSDP2 training step measured on this rank: the live tensor bytes at the step's peak, by component.
 
-This is what bench/memory_accuracy.py and the tests hold the analytic mode's `--gpus N --shard zero2|zero3`
-figures to. Two independent measurements of the same steady-state step (optimizer states allocated, as
-after a first step):
+This is what bench/memory_accuracy.py and the tests hold the analytic and traced modes'
+`--gpus N --shard zero2|zero3` figures to. Two independent measurements of the same steady-state step
+(optimizer states allocated, as after a first step):
 
 - `ComponentBytes`, our own counter: after every aten op it sums the bytes of every tensor storage alive on
   this rank and, at each new maximum, sorts them by what holds them now (a parameter shard, an

@@ -28,6 +28,10 @@ over the step, of the live bytes recomputed with the remedy's arithmetic:
   forward and still holds is dropped outside that block's own forward and backward, and that
   block's forward is counted again at the start of its backward (the recomputation).
 
+Under `--gpus N --shard zero1|zero2|zero3` every figure, the derived ones included, is one rank's: the
+analytic mode's FSDP2 schedule is played over the traced step (fsdp_overlay.py), and the ZeRO-3 remedy is
+a second such view of the same trace.
+
 Imports torch; the analytic mode never imports this module.
 """
 
@@ -105,18 +109,22 @@ class Derivation:
     checkpoint_peak: Optional[int]  # under checkpointing of each top-level block; None without blocks
     blocks: int
     seq_ambiguous: str = ""  # why the shapes cannot tell T apart ("" when they can)
+    zero3_gpus: Optional[int] = None  # the step was also watched as one rank of FSDP2 zero3 on this many devices
+    zero3_peak: Optional[int] = None  # and that rank's peak (fsdp_overlay.ShardedView)
 
     def peak_at(self, batch: int, seq: int) -> int:
         return derive.peak_at(self.points, self.batch, self.seq, batch, seq)
 
     def summary(self) -> dict[str, Any]:
         return {"points": len(self.points), "blocks": self.blocks, "seq_ambiguous": self.seq_ambiguous,
-                "mixed_precision_peak_bytes": self.mixed_peak, "checkpointing_peak_bytes": self.checkpoint_peak}
+                "mixed_precision_peak_bytes": self.mixed_peak, "checkpointing_peak_bytes": self.checkpoint_peak,
+                "zero3_gpus": self.zero3_gpus, "zero3_peak_bytes": self.zero3_peak}
 
 
 @dataclass
 class TraceResult:
-    """What one traced step measured. Bytes are per process (one device)."""
+    """What one traced step measured. Bytes are per device: the one process, or under --shard one rank
+    of the sharded job (fsdp_overlay.py)."""
 
     peak_bytes: int
     peak_phase: str
@@ -226,6 +234,10 @@ class LiveBytes(TorchDispatchMode):
         self.forward_made_peak: dict[int, int] = {}
         self.recomputed: set[int] = set()  # blocks whose backward has begun
         self.checkpoint_peak = 0
+        # One rank of a sharded job (fsdp_overlay.ShardedView): `sharded` is what the figures describe,
+        # every view (it among them) is told of the storages the step makes and frees.
+        self.views: list = []
+        self.sharded = None
 
     # -- counting ------------------------------------------------------------------------------
 
@@ -278,6 +290,9 @@ class LiveBytes(TorchDispatchMode):
                 entry.block = self.block_of.get(self.modules[-1], -1)
         self.live[key] = entry
         self._account(entry, +1)
+        if self.views and self.phase == "optimizer":  # on a rank, the step works on shards
+            for view in self.views:
+                view.step_made(tensor)
         finalizer = weakref.finalize(storage, self._drop, key)
         finalizer.atexit = False
         if op and nbytes >= 1 << 20:
@@ -298,6 +313,8 @@ class LiveBytes(TorchDispatchMode):
         entry = self.live.pop(key, None)
         if entry is not None:
             self._account(entry, -1)
+            for view in self.views:
+                view.dropped(key)
 
     def _note_large(self, tensor, nbytes: int, op: str, module: str) -> None:
         shape = list(tensor.shape)
@@ -495,24 +512,38 @@ class LiveBytes(TorchDispatchMode):
 
     def start_step(self) -> None:
         """The optimizer states exist: what follows is the step whose peak is measured."""
-        self.peak, self.phase_peaks, self.points = self.now, {}, []
+        self.peak, self.phase_peaks, self.points = self.now + self._shift(), {}, []
         self.mixed_peak = self.checkpoint_peak = 0
+        for view in self.views:
+            view.peak = self.now + view.total
+
+    def _shift(self) -> int:
+        """Bytes the described device holds beyond the traced ones (0 unsharded): all of them weights,
+        gradients, states and collective buffers, which neither the batch nor T scale."""
+        return self.sharded.total if self.sharded is not None else 0
+
+    def sample(self, op: str) -> None:
+        """A point where the peak may fall that is no aten op: a sharded view's collective."""
+        self._sample(op)
 
     def _sample(self, op: str) -> None:
-        now = self.now
+        shift = self._shift()
+        now = self.now + shift
         if now > self.phase_peaks.get(self.phase, 0):
             self.phase_peaks[self.phase] = now
         if now > self.peak:
-            self._new_peak(op)
-        point = tuple(self.groups)
+            self._new_peak(op, now)
+        point = (self.groups[0] + shift, *self.groups[1:])
         if not self.points or self.points[-1] != point:
             self.points.append(point)
-        if self.mixed and self.mixed_now + self.mixed_extra > self.mixed_peak:
-            self.mixed_peak = self.mixed_now + self.mixed_extra
+        if self.mixed and self.mixed_now + self.mixed_extra + shift > self.mixed_peak:
+            self.mixed_peak = self.mixed_now + self.mixed_extra + shift
         if self.block_of:
-            self._sample_checkpointed()
+            self._sample_checkpointed(shift)
+        for view in self.views:
+            view.observe(self.now)
 
-    def _sample_checkpointed(self) -> None:
+    def _sample_checkpointed(self, shift: int) -> None:
         """Live bytes had every top-level block been checkpointed: what the other blocks saved for
         backward is gone; entering a block's backward, its forward runs again first."""
         if self.phase == "forward":
@@ -523,7 +554,7 @@ class LiveBytes(TorchDispatchMode):
             block = self.block_of.get(self.where(), -1)
         else:
             block = -1
-        outside = self.now - self.saved_total
+        outside = self.now + shift - self.saved_total
         value = outside + (self.saved_by_block.get(block, 0) if block >= 0 else 0)
         if self.phase == "backward" and block >= 0 and block not in self.recomputed:
             # the recomputation, on top of what backward holds as it begins (less what the block made
@@ -534,8 +565,8 @@ class LiveBytes(TorchDispatchMode):
         if value > self.checkpoint_peak:
             self.checkpoint_peak = value
 
-    def _new_peak(self, op: str) -> None:
-        self.peak = self.now
+    def _new_peak(self, op: str, now: int) -> None:
+        self.peak = now
         node_name, module = "", self.where()
         if self.phase == "backward":
             node = torch._C._current_autograd_node()
@@ -543,10 +574,15 @@ class LiveBytes(TorchDispatchMode):
             grads = {p.grad.untyped_storage()._cdata: p.grad.untyped_storage().nbytes()
                      for p in self.params if p.grad is not None}
             self.peak_grad_bytes = sum(grads.values())
+            if self.sharded is not None:
+                self.peak_grad_bytes += self.sharded.gradient_delta
         else:
             self.peak_grad_bytes = 0
         self.peak_at = (self.phase, op, node_name, module)
-        self.peak_breakdown = {k: v for k, v in self.by_origin.items() if v}
+        breakdown = dict(self.by_origin)
+        for origin, extra in (self.sharded.delta.items() if self.sharded is not None else ()):
+            breakdown[origin] = breakdown.get(origin, 0) + extra
+        self.peak_breakdown = {k: v for k, v in breakdown.items() if v}
 
     def kept_by_module(self) -> list[tuple[str, int]]:
         totals: dict[str, int] = {}
@@ -746,6 +782,8 @@ def training_step(subject, batch: int, seq: int, optimizer, counter: LiveBytes, 
             counter.kept = counter.kept_by_module()  # what the forward left for backward
             counter.phase = "backward"
             loss.backward()
+            for view in counter.views:  # FSDP2's callback at the end of backward
+                view.end_backward()
             done()
             counter.phase = "optimizer"
             optimizer.step()
@@ -757,13 +795,18 @@ def training_step(subject, batch: int, seq: int, optimizer, counter: LiveBytes, 
 
 
 def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autocast_dtype=None,
-               fake: bool = True, on_phase: Optional[Callable[[], None]] = None) -> TraceResult:
+               fake: bool = True, on_phase: Optional[Callable[[], None]] = None, gpus: int = 1,
+               shard: str = "none", zero3_gpus: Optional[int] = None) -> TraceResult:
     """Trace one steady-state training step of `subject` (a resolved-enough tfdoctor Subject with
     vocab_size set) at [batch, seq]. fake=False runs it for real (the bench's ground truth) and uses
     the model's own tensors, which the step then updates. on_phase() is called as each of the
-    len(PHASES) phases ends."""
+    len(PHASES) phases ends.
+
+    shard zero1|zero2|zero3: the figures are one rank's of `gpus` (fsdp_overlay.py). zero3_gpus: also
+    watch the step as one rank of FSDP2 zero3 on that many devices (Derivation.zero3_peak)."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+    from tfdoctor.memory.fsdp_overlay import ShardedView, fsdp2_groups, fsdp2_hooks
     from tfdoctor.probes.modes import preserved_process_state
 
     model = subject.model
@@ -799,15 +842,31 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
                 for b in model.buffers():
                     counter.add(b, origin="parameters")
                 counter.params = params
+                groups = fsdp2_groups(model, top_blocks(model))
+                if shard != "none":
+                    counter.sharded = ShardedView(counter, shard, gpus, groups)
+                    counter.views.append(counter.sharded)
+                zero3_view = None
+                if zero3_gpus and optimizer != "none":
+                    zero3_view = (counter.sharded if (shard, gpus) == ("zero3", zero3_gpus)
+                                  else ShardedView(counter, "zero3", zero3_gpus, groups))
+                    if zero3_view is not counter.sharded:
+                        counter.views.append(zero3_view)
                 opt = make_optimizer(optimizer, params)
                 allocate_states(opt)
-                optimizer_bytes = counter.by_origin.get("setup", 0)
+                for view in counter.views:
+                    view.shard_persistent(params, opt)
+                shift = counter.sharded.delta if counter.sharded is not None else {}
+                optimizer_bytes = counter.by_origin.get("setup", 0) + shift.get("setup", 0)
+                parameter_bytes = (sum(_storage_bytes(p) for p in params) + shift.get("parameters", 0)
+                                   + sum(_storage_bytes(b) for b in model.buffers()))
                 hooks = [p.register_post_accumulate_grad_hook(counter.gradient_ready)
                          for p in params if p.requires_grad]
                 counter.start_step()
                 done()
                 stack.enter_context(module_stack(model, counter))
                 stack.enter_context(_NodeTagger(counter))
+                stack.enter_context(fsdp2_hooks(model, counter.views, counter))
                 if blocks:
                     stack.enter_context(torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t))
                 try:
@@ -823,14 +882,16 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
             hook.remove()
         for module, training in flags:
             module.training = training
-    parameter_bytes = sum(_storage_bytes(p) for p in params) + sum(_storage_bytes(b) for b in model.buffers())
     phase, op, node, module = counter.peak_at
     largest = sorted(counter.largest.values(), key=lambda d: -d["bytes"])[:LARGEST_KEPT]
     derivation = Derivation(
         batch=batch, seq=seq, points=counter.points,
         mixed_peak=counter.mixed_peak if counter.mixed else None,
         checkpoint_peak=counter.checkpoint_peak if blocks else None,
-        blocks=len(set(blocks.values())), seq_ambiguous=counter.seq_ambiguous)
+        blocks=len(set(blocks.values())), seq_ambiguous=counter.seq_ambiguous,
+        zero3_gpus=zero3_gpus if zero3_view is not None else None,
+        zero3_peak=zero3_view.peak if zero3_view is not None else None)
+    notes = [counter.sharded.describe()] if counter.sharded is not None else []
     return TraceResult(
         peak_bytes=counter.peak, peak_phase=phase, peak_op=op, peak_node=node, peak_module=module,
         attention_scores_bytes=counter.scores_bytes or None, logits_bytes=counter.logits_bytes,
@@ -838,7 +899,7 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
         parameter_bytes=parameter_bytes, gradient_bytes_at_peak=counter.peak_grad_bytes,
         optimizer_bytes=optimizer_bytes, phase_peaks={k: v for k, v in counter.phase_peaks.items()},
         kept_by_module=kept[:12], largest=largest, ops=counter.ops,
-        seconds=time.perf_counter() - start, batch=batch, seq=seq, derivation=derivation,
+        seconds=time.perf_counter() - start, batch=batch, seq=seq, notes=notes, derivation=derivation,
     )
 
 
@@ -907,31 +968,6 @@ SEQ_STEP_DOWNS = 3
 DEFAULT_SHARD_GPUS = 8
 
 
-def _shard_parts(trace: TraceResult, shard: str) -> int:
-    """The bytes ZeRO shards: optimizer states (zero1), and gradients (zero2), and parameters (zero3)."""
-    if shard == "none":
-        return 0
-    parts = trace.optimizer_bytes
-    if shard in ("zero2", "zero3"):
-        parts += trace.gradient_bytes_at_peak
-    if shard == "zero3":
-        parts += trace.parameter_bytes
-    return parts
-
-
-def _saving(trace: TraceResult, gpus: int, shard: str) -> int:
-    """What sharding over `gpus` devices takes off every per-device figure."""
-    if gpus <= 1:
-        return 0
-    parts = _shard_parts(trace, shard)
-    return parts - parts // gpus
-
-
-def _sharded(trace: TraceResult, gpus: int, shard: str) -> int:
-    """Per-device peak when ZeRO shards optimizer states (zero1), gradients (zero2), parameters (zero3)."""
-    return trace.peak_bytes - _saving(trace, gpus, shard)
-
-
 def _no_progress(description: str, total: int) -> Callable[..., None]:
     return lambda n=1: None
 
@@ -964,30 +1000,29 @@ def judge_traced(subject, target: str, batch: int, seq: int, budget: int, budget
                          f"pass --seq {positions} or less, or build the model with more positions")
     autocast = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
 
+    # Under --shard every figure of the trace is already one rank's (fsdp_overlay.py), the derived
+    # ones included; the ZeRO-3 remedy is a second view of the same trace.
     advance = progress(f"memory: tracing one training step at batch {batch} x seq {seq}", len(PHASES) + 1)
-    main = trace_step(subject, batch, seq, optimizer=optimizer, autocast_dtype=autocast, on_phase=advance)
+    zero3_gpus = gpus if gpus > 1 else DEFAULT_SHARD_GPUS
+    main = trace_step(subject, batch, seq, optimizer=optimizer, autocast_dtype=autocast, on_phase=advance,
+                      gpus=gpus, shard=shard, zero3_gpus=zero3_gpus if remedies else None)
     derivation = main.derivation
-    saving = _saving(main, gpus, shard)
-    peak = main.peak_bytes - saving
-    room = budget + saving  # a figure before sharding fits when it is at most this
-
-    def per_device(nbytes: int) -> int:
-        return nbytes - saving
+    peak = main.peak_bytes
 
     found: list = []
     notes: list[str] = []
-    largest_batch = derive.largest_batch(derivation.points, batch, room)
+    largest_batch = derive.largest_batch(derivation.points, batch, budget)
     largest_seq: Optional[int] = None
     wanted = remedies and (remedies_if_fits or peak > budget)
     if not derivation.seq_ambiguous:
-        largest_seq = derive.largest_seq(derivation.points, batch, seq, room, limit=positions)
+        largest_seq = derive.largest_seq(derivation.points, batch, seq, budget, limit=positions)
     if wanted:
         if derivation.mixed_peak is not None:
-            value = per_device(derivation.mixed_peak)
+            value = derivation.mixed_peak
             found.append(Remedy("mixed precision", "torch.autocast(dtype=torch.bfloat16) around the forward "
                                 "(derived)", value, value <= budget))
         if derivation.checkpoint_peak is not None:
-            value = per_device(derivation.checkpoint_peak)
+            value = derivation.checkpoint_peak
             change = ("model.gradient_checkpointing_enable()" if getattr(model, "supports_gradient_checkpointing", False)
                       else f"torch.utils.checkpoint around each of the {derivation.blocks} blocks of the nn.ModuleList")
             found.append(Remedy("activation checkpointing", change + " (derived)", value, value <= budget))
@@ -995,17 +1030,15 @@ def judge_traced(subject, target: str, batch: int, seq: int, budget: int, budget
             micro = max(1, min(largest_batch or 1, batch - 1))
             while batch % micro:
                 micro -= 1
-            value = per_device(derivation.peak_at(micro, seq))
+            value = derivation.peak_at(micro, seq)
             found.append(Remedy("gradient accumulation", f"micro-batch {micro} x {batch // micro} accumulation "
                                 "steps (derived)", value, value <= budget))
-        if optimizer != "none":
-            n = gpus if gpus > 1 else DEFAULT_SHARD_GPUS
-            parts = _shard_parts(main, "zero3")
-            value = main.peak_bytes - (parts - parts // n)
-            found.append(Remedy("ZeRO-3 / FSDP sharding", f"shard parameters, gradients and optimizer states "
-                                f"over {n} GPUs (derived)", value, value <= budget))
+        if derivation.zero3_peak is not None:
+            value = derivation.zero3_peak
+            found.append(Remedy("ZeRO-3 / FSDP sharding", f"FSDP2 fully_shard on each block, then the model, over "
+                                f"{zero3_gpus} GPUs (derived)", value, value <= budget))
         if derivation.seq_ambiguous:
-            largest_seq, remedy = _traced_shorter(subject, batch, seq, optimizer, autocast, per_device, budget,
+            largest_seq, remedy = _traced_shorter(subject, batch, seq, optimizer, autocast, (gpus, shard), budget,
                                                   positions, peak, progress)
             notes.append(f"{derivation.seq_ambiguous}, so the shapes cannot tell [.., T, T] scores from "
                          "[.., T, head size] tensors: the sequence lengths were traced")
@@ -1013,7 +1046,7 @@ def judge_traced(subject, target: str, batch: int, seq: int, budget: int, budget
                 found.append(remedy)
         elif largest_seq is not None and largest_seq < seq:
             shorter = max(largest_seq, 1)
-            value = per_device(derivation.peak_at(batch, shorter))
+            value = derivation.peak_at(batch, shorter)
             change = f"--seq {shorter}, the largest that fits (derived)" if largest_seq else \
                 "--seq 1 still does not fit (derived)"
             found.append(Remedy("shorter sequences", change, value, value <= budget, changes_training=True))
@@ -1033,10 +1066,10 @@ def judge_traced(subject, target: str, batch: int, seq: int, budget: int, budget
                    largest_batch=largest_batch, remedies=found, mode="traced", traced=trace)
 
 
-def _traced_shorter(subject, batch, seq, optimizer, autocast, per_device, budget, positions, peak, progress):
+def _traced_shorter(subject, batch, seq, optimizer, autocast, sharding, budget, positions, peak, progress):
     """The shorter-sequence remedy by tracing: a quadratic through the step at T, T/2 and T/4 places the
-    largest length that fits, and the proposal is traced (stepping down while it does not fit).
-    Returns (largest length, remedy or None)."""
+    largest length that fits, and the proposal is traced (stepping down while it does not fit), each
+    per device under `sharding` (gpus, shard). Returns (largest length, remedy or None)."""
     from tfdoctor.memory.analytic import Remedy
 
     lengths = sorted({max(1, seq // 2), max(1, seq // 4)} - {seq})
@@ -1045,7 +1078,9 @@ def _traced_shorter(subject, batch, seq, optimizer, autocast, per_device, budget
 
     def run(t: int) -> int:
         nonlocal traced
-        value = per_device(trace_step(subject, batch, t, optimizer=optimizer, autocast_dtype=autocast).peak_bytes)
+        gpus, shard = sharding
+        value = trace_step(subject, batch, t, optimizer=optimizer, autocast_dtype=autocast, gpus=gpus,
+                           shard=shard).peak_bytes
         traced += 1
         advance()
         return value

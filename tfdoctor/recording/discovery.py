@@ -373,8 +373,9 @@ def audited(recorder) -> Audited:
     if recorder.returns_logits is False and recorder.inner is not None:
         inner, call = recorder.inner
         name = next((n for n, m in trained.named_modules() if m is inner and n), None)
-        if name is not None:
-            return Audited(inner, recorder.snapshot.get_submodule(name), call, name)
+        if name is not None:  # a model that could not be copied has a stand-in, and no submodules
+            held = recorder.snapshot.get_submodule(name) if recorder.uncopied is None else recorder.snapshot
+            return Audited(inner, held, call, name)
     return Audited(trained, recorder.snapshot, recorder.call)
 
 

@@ -57,6 +57,21 @@ class _Unbound(torch.nn.Module):
         raise RuntimeError("unbound")
 
 
+class TraceOnly(torch.nn.Module):
+    """Stands in for a model that could not be copied (FSDP-sharded: it runs only with every rank):
+    the loop and rank checks judge the recorded trace and never need the model's outputs, and no
+    model check runs on it. Uniform scores over the vocabulary, of the shape the script's model gave."""
+
+    def __init__(self, vocab: int, like: torch.nn.Module):
+        super().__init__()
+        self.vocab = vocab
+        self.like = type(like).__name__
+        self.anchor = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, ids, *args, **kwargs):
+        return self.anchor + torch.zeros(*ids.shape, self.vocab)  # (B, T, V)
+
+
 def unwrap(module: torch.nn.Module) -> torch.nn.Module:
     """The user's model inside DDP / FSDP (`.module`), torch.compile (`._orig_mod`) and accelerate's
     wrappers, which forward to it."""
@@ -142,6 +157,7 @@ class ScriptRecorder(_Recorder):
         self.depth = 0
         self.loaded: dict[int, str] = {}  # id(module) -> where load_state_dict was called on it
         self.snapshot: Optional[torch.nn.Module] = None
+        self.uncopied: Optional[str] = None  # why there is no snapshot (a sharded model): model checks skip
         self.snapshot_loaded: Optional[str] = None  # a checkpoint loaded into the model before its copy
         self.settled = False
         self.rebound: Optional[str] = None
@@ -180,10 +196,11 @@ class ScriptRecorder(_Recorder):
         self.vocab = vocab_size_of(inner)
         self.busy = True  # the copy's tensor calls are not the script's
         self.unhook(module)  # the copy must not carry (nor deep-copy) the recorder's own hooks
+        self.uncopied = None
         try:
-            self.snapshot = isolated_copy(inner)[0]
-            for p in self.snapshot.parameters():
-                p.grad = None
+            self.snapshot = _snapshot(inner)
+        except Exception as error:  # noqa: BLE001 - a model that refuses a copy: its model checks skip
+            self.snapshot, self.uncopied = None, _why_uncopied(inner, error)
         finally:
             self.busy = False
             self.watch(module)
@@ -624,6 +641,38 @@ def _attribute(value, name: str):
         return getattr(value, name, None)
     except Exception:  # a property of the user's object that raises: nothing to read there
         return None
+
+
+def _snapshot(model: torch.nn.Module) -> torch.nn.Module:
+    """The copy the model checks judge: the model as it was when the script first called it."""
+    if _sharded(model):
+        raise _Sharded()
+    copy = isolated_copy(model)[0]
+    for p in copy.parameters():
+        p.grad = None
+    return copy
+
+
+class _Sharded(Exception):
+    pass
+
+
+def _sharded(model: torch.nn.Module) -> bool:
+    """FSDP (fully_shard's DTensor parameters, FSDP1's flat parameters): each rank holds a shard, and
+    the model runs only with every rank taking part in its all-gathers."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) or type(p).__name__ == "FlatParameter" for p in model.parameters())
+
+
+def _why_uncopied(model: torch.nn.Module, error: Exception) -> str:
+    """The skip reason of the model checks when the model could not be copied."""
+    if isinstance(error, _Sharded):
+        return ("the model is sharded across the ranks (FSDP): its forward needs every rank, so the model "
+                "checks cannot run it on rank 0 alone; run `tfdoctor check` on the model's factory for them")
+    text = str(error).strip().splitlines()
+    return (f"the model could not be copied to judge it apart from the script ({type(error).__name__}"
+            f"{': ' + text[0] if text else ''})")
 
 
 def _pretrained(model) -> Optional[str]:

@@ -105,6 +105,8 @@ def render_rich(verdict: Verdict, out: TextIO, width: int | None = None) -> None
                            f"{trace['seq']}, {trace['dtype']}, optimizer {trace['optimizer']}", style="head"))
         console.print(f"{trace['parameter_count']:,} parameters, {trace['ops']:,} ops traced in "
                       f"{trace['seconds']:.1f} s", style="dim")
+        for note in trace.get("notes") or []:  # per device under sharding, what was not traced
+            console.print(f"note: {note}", style="dim")
 
     table = Table(title=f"Alive at the peak: {_peak_where(verdict)}", title_justify="left", show_edge=False)
     table.add_column("what")
