@@ -109,3 +109,12 @@ def test_an_fsdp2_job_is_judged_on_its_trace_and_its_model_checks_say_why_they_s
     assert "sharded across the ranks (FSDP)" in checks["future-leak"]["message"]
     assert not [i for i, c in checks.items() if c["status"] in ("warn", "fail", "error")]
     assert any("sharded" in note for note in report["discovered"]["notes"])
+
+
+def test_one_epoch_seen_leaves_the_epoch_order_unjudged_and_says_so():
+    # ddp_no_set_epoch replays its order from the second epoch on: two steps see only the first
+    done = run("--nproc", "2", f"{SCRIPTS}/ddp_no_set_epoch.py", "--steps", "2", "--format", "json",
+               "--only", "rank-data")
+    assert done.returncode == 0, done.stderr
+    (check,) = json.loads(done.stdout)["checks"]
+    assert check["status"] == "pass" and "epoch order was not judged: one epoch seen" in check["message"]

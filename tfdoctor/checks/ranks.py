@@ -157,7 +157,10 @@ def rank_data(subject) -> Result:
             f"index, because {cause} and the shuffle is seeded with seed + epoch",
             "call sampler.set_epoch(epoch) at the start of every epoch, before iterating the DataLoader", details)
     epochs = max(details["epochs_seen"].values(), default=0)
-    orders = f", and each of the {epochs} epochs seen in a new order" if epochs > 1 else ""
+    shuffled = any(i["shuffle"] for d in digests for sampler in d.get("samplers", []) for i in sampler["iterations"])
+    orders = (f", and each of the {epochs} epochs seen in a new order" if epochs > 1
+              else "; the epoch order was not judged: one epoch seen (give --steps enough to start a second)"
+              if shuffled else "")
     return Result.passed(f"the {len(digests)} ranks trained on different batches "
                          f"({min(details['batches_per_rank'].values())} micro-batches each){orders}", details)
 
