@@ -123,6 +123,7 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
     specs = select(request.get("only"), request.get("skip"))
     loop_ids = [s.id for s in specs if "train" in s.needs]
     model_ids = [s.id for s in specs if "train" not in s.needs]
+
     def skip(check_id: str, reason: str) -> None:
         model_ids.remove(check_id)
         skipped = Result.skipped(reason)
@@ -251,8 +252,8 @@ def main(argv: list[str]) -> None:
                                         inform=lambda facts: channel.send("discovered", facts=facts))
             if session is not None and not judged:
                 channel.send("phase", name="ranks")
-                code = session.receive_code()
-                channel.send("rank-exit", code=code, rank=session.world.rank)
+                verdict = session.receive_code()  # the code this rank's tfdoctor exits with, not the worker
+                channel.send("rank-exit", code=verdict, rank=session.world.rank)
         else:
             run_check_request(request, listener=listener, progress=progress)
         channel.send("done")
