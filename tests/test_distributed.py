@@ -96,19 +96,28 @@ def test_nproc_flag_out_of_range_or_under_torchrun_is_a_usage_error():
     assert done.returncode == 2 and "already one rank of a job" in done.stderr
 
 
-def test_an_fsdp2_job_is_judged_on_its_trace_and_its_model_checks_say_why_they_skip():
+def test_an_fsdp2_job_is_judged_on_its_trace_and_on_a_whole_copy_of_its_model():
     done = run("--nproc", "2", f"{SCRIPTS}/fsdp_correct.py", "--steps", "4", "--format", "json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     checks = {c["id"]: c for c in report["checks"]}
     # the rank checks compare the ranks (sharded weights are never compared), the loop checks judge
-    # the trace; the sharded model runs only with every rank, so its own checks skip, saying why
+    # the trace, the model checks a copy gathered whole from the ranks' shards
     assert {checks[i]["status"] for i in ("rank-data", "rank-uniform", "zero-grad")} == {"pass"}
     assert checks["rank-sync"]["status"] == "skip" and "sharded" in checks["rank-sync"]["message"]
-    assert checks["future-leak"]["status"] == "skip"
-    assert "sharded across the ranks (FSDP)" in checks["future-leak"]["message"]
+    assert {checks[i]["status"] for i in ("future-leak", "mask-direction", "init-loss", "overfit-batch")} == {"pass"}
     assert not [i for i, c in checks.items() if c["status"] in ("warn", "fail", "error")]
-    assert any("sharded" in note for note in report["discovered"]["notes"])
+    facts = report["discovered"]
+    assert facts["model"] == "TinyLM" and facts["wrapper"] == "fully_shard (FSDP2)"
+
+
+def test_a_leak_in_an_fsdp2_model_is_found_on_its_gathered_copy():
+    done = run("--nproc", "2", f"{SCRIPTS}/fsdp_future_leak.py", "--steps", "2", "--format", "json",
+               "--only", "future-leak,mask-direction,zero-grad")
+    assert done.returncode == 1, done.stderr
+    checks = {c["id"]: c for c in json.loads(done.stdout)["checks"]}
+    assert checks["future-leak"]["status"] == "fail" and checks["mask-direction"]["status"] == "fail"
+    assert checks["zero-grad"]["status"] == "pass"
 
 
 def test_one_epoch_seen_leaves_the_epoch_order_unjudged_and_says_so():

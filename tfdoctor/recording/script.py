@@ -644,9 +644,20 @@ def _attribute(value, name: str):
 
 
 def _snapshot(model: torch.nn.Module) -> torch.nn.Module:
-    """The copy the model checks judge: the model as it was when the script first called it."""
+    """The copy the model checks judge: the model as it was when the script first called it. A model
+    sharded with FSDP2 is gathered whole first (on every rank, the same call: see unshard.py)."""
     if _sharded(model):
-        raise _Sharded()
+        from torch.distributed.fsdp import FSDPModule
+
+        from tfdoctor.recording.unshard import TooLarge, sharded_bytes, unsharded_copy
+
+        if not any(isinstance(m, FSDPModule) for m in model.modules()):  # FSDP1, tensor parallel
+            raise _Sharded()
+        try:
+            model = unsharded_copy(model)
+        except TooLarge:
+            raise _Sharded(f"{sharded_bytes(model) / 2 ** 30:.1f} GiB whole, more than tfdoctor gathers on "
+                           "one rank for the model checks") from None
     copy = isolated_copy(model)[0]
     for p in copy.parameters():
         p.grad = None
@@ -668,8 +679,9 @@ def _sharded(model: torch.nn.Module) -> bool:
 def _why_uncopied(model: torch.nn.Module, error: Exception) -> str:
     """The skip reason of the model checks when the model could not be copied."""
     if isinstance(error, _Sharded):
-        return ("the model is sharded across the ranks (FSDP): its forward needs every rank, so the model "
-                "checks cannot run it on rank 0 alone; run `tfdoctor check` on the model's factory for them")
+        size = f" and {error.args[0]}" if error.args else ""
+        return (f"the model is sharded across the ranks (FSDP){size}: its forward needs every rank, so the "
+                "model checks cannot run it on rank 0 alone; run `tfdoctor check` on the model's factory for them")
     text = str(error).strip().splitlines()
     return (f"the model could not be copied to judge it apart from the script ({type(error).__name__}"
             f"{': ' + text[0] if text else ''})")
