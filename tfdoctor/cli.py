@@ -241,11 +241,14 @@ def run(
         _fail_usage(error)
     if nproc is not None and nproc > 1:
         _launched(nproc)
+    from tfdoctor.recording.distributed import world
+
+    me = world()
     fields = _model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing)
     target = script if script is not None else f"-m {module}"
     request = dict(command="run", script=script, module=module, args=argv, steps=steps, model=model, target=target,
                    fields=fields, only=only, skip=skip, seed=seed, strict=strict, timeout=timeout,
-                   options={"timeout_per_check": timeout_per_check}, release=_rank() == 0 and _distributed())
+                   options={"timeout_per_check": timeout_per_check}, release=me.distributed and me.rank == 0)
 
     def conclude(outcome) -> None:
         if outcome.ended == "rank-exit":
@@ -260,8 +263,7 @@ def run(
         _finish(outcome, report, fmt, output)
 
     # Under torchrun rank 0 speaks for the job: the other ranks draw no bar and print no report.
-    rank = _rank()
-    _supervised(request, fmt is Format.rich and rank == 0, timeout, timeout_per_check, then=conclude)
+    _supervised(request, fmt is Format.rich and me.rank == 0, timeout, timeout_per_check, then=conclude)
 
 
 def _supervised(request: dict, show_progress: bool, timeout: float, timeout_per_check: float, then=None):
@@ -311,21 +313,12 @@ def _nproc_in_range(nproc: Optional[int]) -> None:
                          "give --nproc-per-node to torchrun, or drop torchrun and keep --nproc")
 
 
-def _rank() -> int:
-    try:
-        return int(os.environ.get("RANK", "0"))
-    except ValueError:
-        return 0
-
-
-def _distributed() -> bool:
-    return os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1")
-
-
 def _whose() -> str:
     """Under torchrun every rank's line lands on the same stderr: the other ranks' say whose they are."""
-    rank, size = _rank(), os.environ.get("WORLD_SIZE", "1")
-    return f"rank {rank} of {size}: " if rank != 0 else ""
+    from tfdoctor.recording.distributed import world  # no torch: reads torchrun's environment
+
+    me = world()
+    return f"rank {me.rank} of {me.size}: " if me.rank != 0 else ""
 
 
 def _launched(nproc: int) -> None:

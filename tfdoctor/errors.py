@@ -25,3 +25,9 @@ class LoadError(TfdoctorError):
 
 class SubjectError(TfdoctorError):
     """The model loaded but cannot be probed: unknown vocabulary, wrong output shape, forward raised."""
+
+
+def first_line(exc: BaseException) -> str:
+    """`Type: first line of the message`, for a one-line report of an exception tfdoctor caught."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -28,6 +28,7 @@ import traceback
 from typing import Any, Callable
 
 from tfdoctor.errors import TfdoctorError, UsageError
+from tfdoctor.recording.distributed import world
 from tfdoctor.recording.sites import raised_at
 
 REQUEST_ENV = "TFDOCTOR_WORKER_REQUEST"
@@ -165,7 +166,7 @@ def _rank_session(request: dict):
     """One rank of a torchrun job (RANK / WORLD_SIZE set): its RankSession; None in one process. The
     ranks wait for each other at the stop point within the script's budget, and for rank 0's verdict
     within the whole run's."""
-    from tfdoctor.recording.distributed import RankSession, world
+    from tfdoctor.recording.distributed import RankSession
 
     me = world()
     if not me.distributed:
@@ -173,12 +174,6 @@ def _rank_session(request: dict):
     options = request.get("options", {})
     return RankSession(me, arrival_timeout=float(options.get("timeout_per_check", 300)),
                        verdict_timeout=float(request.get("timeout", 600)))
-
-
-def _rank() -> int:
-    from tfdoctor.recording.distributed import world
-
-    return world().rank
 
 
 def _close_session(session, release_fd) -> None:
@@ -263,7 +258,7 @@ def main(argv: list[str]) -> None:
             with contextlib.suppress(Exception):
                 session.receive_code()
         channel.send("usage-error", message=error.one_line(),
-                     quiet=bool(getattr(error, "said_by_rank_0", False)) and _rank() != 0)
+                     quiet=bool(getattr(error, "said_by_rank_0", False)) and world().rank != 0)
     except SystemExit as error:  # the user's code: a CI gate must not take its code for ours
         channel.send("exit", code=error.code if isinstance(error.code, int) or error.code is None
                      else str(error.code), where=raised_at(error))

@@ -19,6 +19,7 @@ import torch
 from tfdoctor.probes.trace import Trace
 from tfdoctor.recording.script import ScriptError, ScriptRun, unwrap
 from tfdoctor.recording.sites import display_path
+from tfdoctor.recording.unshard import users_class
 from tfdoctor.subject import PACKING_POSITION_IDS as PACKING_BY_POSITION_IDS
 
 # Probe length for the model checks when the script's batches are longer: the dependency map and
@@ -379,14 +380,6 @@ def audited(recorder) -> Audited:
     return Audited(trained, recorder.snapshot, recorder.call)
 
 
-def _users_class(model) -> type:
-    """The class the user wrote: fully_shard puts an `FSDP<Class>` in front of it."""
-    from torch.distributed.fsdp import FSDPModule
-
-    cls = type(model)
-    return next(c for c in cls.__mro__ if not issubclass(c, FSDPModule)) if issubclass(cls, FSDPModule) else cls
-
-
 def discover(run: ScriptRun) -> dict:
     """The facts the script showed, JSON-safe (the report's "discovered")."""
     recorder, trace = run.recorder, run.trace
@@ -397,11 +390,11 @@ def discover(run: ScriptRun) -> dict:
     ids = _first_ids(trace, call)
     facts: dict[str, Any] = {
         "script": run.name,
-        "model": _users_class(model).__name__,
-        "model_defined_in": _defined_in(_users_class(model)),
+        "model": users_class(model).__name__,
+        "model_defined_in": _defined_in(users_class(model)),
         "parameters": sum(p.numel() for p in model.parameters()),
         "wrapper": (type(recorder.bound).__name__ if recorder.bound is not unwrap(recorder.bound)
-                    else "fully_shard (FSDP2)" if _users_class(model) is not type(model) else None),
+                    else "fully_shard (FSDP2)" if users_class(model) is not type(model) else None),
         "called_as": _describe_call(judged.call, _ids_key(judged.call), decoder),
         # two id arguments, the second not the loss's targets: an encoder-decoder, judged as one
         "kind": "seq2seq" if decoder else None,

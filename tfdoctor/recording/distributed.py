@@ -21,7 +21,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from tfdoctor.errors import LoadError
+from tfdoctor.errors import LoadError, first_line
 
 
 class RankError(LoadError):
@@ -101,7 +101,7 @@ class RankSession:
             dist.gather_object(digest, received, dst=0, group=self.group)
         except Exception as exc:  # gloo: a peer closed its connection, or did not come in time
             raise RankError(f"rank {self.world.rank} of {self.world.size} reached its stop point but the other "
-                            f"ranks did not meet it within {self.arrival_timeout:g} s ({_first_line(exc)})",
+                            f"ranks did not meet it within {self.arrival_timeout:g} s ({first_line(exc)})",
                             "every rank must take the same optimizer steps; see the other ranks' lines") from exc
         self.digests = received
 
@@ -136,7 +136,7 @@ class RankSession:
         except RankError:
             raise
         except Exception as exc:  # gloo: the peer closed its connection, or the timeout passed
-            raise RankError(f"rank 0 ended without sending its verdict ({_first_line(exc)}); its own "
+            raise RankError(f"rank 0 ended without sending its verdict ({first_line(exc)}); its own "
                             "line says why") from exc
 
     def _broadcast(self, value):
@@ -160,11 +160,6 @@ class RankSession:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group(*args, **kwargs)
         self.deferred = []
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _on_every_rank(error: RankError) -> RankError:

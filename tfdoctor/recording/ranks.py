@@ -55,14 +55,15 @@ def fingerprint(tensors) -> str:
     return h.hexdigest()
 
 
-def _sharded(p: torch.Tensor) -> bool:
+def is_shard(p: torch.Tensor) -> bool:
+    """A parameter whose value on this rank is only its shard (FSDP2's DTensors, FSDP1's flat parameters)."""
     return any(cls.__name__ in SHARDED_CLASSES for cls in type(p).__mro__)
 
 
 def _layout(p: torch.Tensor) -> Optional[str]:
     """A DTensor's placements, e.g. "(Shard(dim=0),)" for FSDP2 on a 1-D mesh; None for others."""
     placements = getattr(p, "placements", None)
-    return str(tuple(placements)) if placements is not None and _sharded(p) else None
+    return str(tuple(placements)) if placements is not None and is_shard(p) else None
 
 
 def _checksums(params: list[torch.Tensor], sharded: list[bool]) -> list[Optional[list[float]]]:
@@ -195,7 +196,7 @@ class RankRecorder:
         held = self.optimizers.get(id(optimizer))
         if held is None:
             params = [p for group in optimizer.param_groups for p in group["params"]]
-            sharded = [_sharded(p) for p in params]
+            sharded = [is_shard(p) for p in params]
             layouts = sorted({layout for layout in map(_layout, params) if layout})
             held = self.optimizers[id(optimizer)] = _Optimizer(type(optimizer).__name__, params, sharded, layouts)
             held.states.append(_checksums(params, sharded))

@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from tfdoctor.errors import LoadError
+from tfdoctor.errors import LoadError, first_line
 from tfdoctor.probes.trace import Trace, _finish, _Recorder, isolated_copy
 from tfdoctor.recording.sites import call_site, raised_at, user_frames
 from tfdoctor.subject import extract_logits, vocab_size_of
@@ -671,9 +671,9 @@ class _Sharded(Exception):
 def _sharded(model: torch.nn.Module) -> bool:
     """FSDP (fully_shard's DTensor parameters, FSDP1's flat parameters): each rank holds a shard, and
     the model runs only with every rank taking part in its all-gathers."""
-    from torch.distributed.tensor import DTensor
+    from tfdoctor.recording.ranks import is_shard
 
-    return any(isinstance(p, DTensor) or type(p).__name__ == "FlatParameter" for p in model.parameters())
+    return any(is_shard(p) for p in model.parameters())
 
 
 def _why_uncopied(model: torch.nn.Module, error: Exception) -> str:
@@ -682,9 +682,7 @@ def _why_uncopied(model: torch.nn.Module, error: Exception) -> str:
         size = f" and {error.args[0]}" if error.args else ""
         return (f"the model is sharded across the ranks (FSDP){size}: its forward needs every rank, so the "
                 "model checks cannot run it on rank 0 alone; run `tfdoctor check` on the model's factory for them")
-    text = str(error).strip().splitlines()
-    return (f"the model could not be copied to judge it apart from the script ({type(error).__name__}"
-            f"{': ' + text[0] if text else ''})")
+    return f"the model could not be copied to judge it apart from the script ({first_line(error)})"
 
 
 def _pretrained(model) -> Optional[str]:

@@ -36,10 +36,17 @@ def sharded_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+def users_class(module: torch.nn.Module) -> type:
+    """The class the user wrote: fully_shard puts an `FSDP<Class>` (and FSDPModule) in front of it."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = type(module)
+    return next(c for c in cls.__mro__ if not issubclass(c, FSDPModule)) if issubclass(cls, FSDPModule) else cls
+
+
 def unsharded_copy(model: torch.nn.Module) -> torch.nn.Module:
     """The model as plain modules holding whole tensors. A collective: every rank must call it at the
     same point. TooLarge (before any collective, the same on every rank) above MAX_UNSHARDED_BYTES."""
-    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
     size = sharded_bytes(model)
@@ -57,9 +64,7 @@ def unsharded_copy(model: torch.nn.Module) -> torch.nn.Module:
     def plain(module: torch.nn.Module) -> torch.nn.Module:
         if id(module) in made:  # a module used twice stays one module
             return made[id(module)]
-        cls = type(module)
-        if isinstance(module, FSDPModule):
-            cls = next(c for c in cls.__mro__[1:] if not issubclass(c, FSDPModule))  # FSDP<Class> -> Class
+        cls = users_class(module)
         copy = cls.__new__(cls)
         made[id(module)] = copy
         # fully_shard's per-module state sits under a `__composable_api_state_key_<uuid>` attribute
