@@ -159,7 +159,7 @@ def run_memory_request(request: dict, progress=None):
     subject = as_subject(load_subject(request["target"]), vocab_size=request.get("vocab"))
     return judge_traced(subject, request["target"], request["batch"], request["seq"], request["budget_bytes"],
                         request["budget_source"], dtype=request["dtype"], optimizer=request["optimizer"],
-                        gpus=request["gpus"], shard=request["shard"], progress=progress)
+                        gpus=request["gpus"], shard=request["shard"], progress=progress, device=request.get("device"))
 
 
 def _rank_session(request: dict):

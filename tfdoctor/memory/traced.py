@@ -52,6 +52,7 @@ from torch.utils._pytree import tree_leaves
 
 from tfdoctor.errors import SubjectError, UsageError
 from tfdoctor.memory import derive
+from tfdoctor.memory.kernels import attention_kernels, onto
 
 PHASES = ("setup", "forward", "loss", "backward", "optimizer")
 # What is alive at the peak, by the phase that created it (see TraceResult.peak_breakdown).
@@ -146,6 +147,7 @@ class TraceResult:
     seq: int = 0
     notes: list[str] = field(default_factory=list)
     derivation: Optional[Derivation] = None
+    attention: Optional[dict[str, Any]] = None  # the SDPA kernels the step ran and on which device (kernels.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -158,7 +160,7 @@ class TraceResult:
             "kept_by_module": [{"module": m, "bytes": b} for m, b in self.kept_by_module],
             "largest_tensors": list(self.largest), "ops": self.ops, "seconds": round(self.seconds, 3),
             "batch": self.batch, "seq": self.seq, "notes": list(self.notes),
-            "derivation": self.derivation.summary() if self.derivation else None,
+            "derivation": self.derivation.summary() if self.derivation else None, "attention": self.attention,
         }
 
 
@@ -297,7 +299,7 @@ class LiveBytes(TorchDispatchMode):
         finalizer.atexit = False
         if op and nbytes >= 1 << 20:
             self._note_large(tensor, nbytes, op, module)
-        if op and self.phase == "forward" and tensor.dim() >= 3 and tuple(tensor.shape[-2:]) == (self.seq, self.seq):
+        if op and self.phase == "forward" and tensor.dim() >= 3 and entry.power == 2:  # not [B, T, C] with C = T
             self.scores_bytes = max(self.scores_bytes, nbytes)
         return entry
 
@@ -796,14 +798,15 @@ def training_step(subject, batch: int, seq: int, optimizer, counter: LiveBytes, 
 
 def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autocast_dtype=None,
                fake: bool = True, on_phase: Optional[Callable[[], None]] = None, gpus: int = 1,
-               shard: str = "none", zero3_gpus: Optional[int] = None) -> TraceResult:
+               shard: str = "none", zero3_gpus: Optional[int] = None, target: Optional[str] = None) -> TraceResult:
     """Trace one steady-state training step of `subject` (a resolved-enough tfdoctor Subject with
     vocab_size set) at [batch, seq]. fake=False runs it for real (the bench's ground truth) and uses
     the model's own tensors, which the step then updates. on_phase() is called as each of the
     len(PHASES) phases ends.
 
     shard zero1|zero2|zero3: the figures are one rank's of `gpus` (fsdp_overlay.py). zero3_gpus: also
-    watch the step as one rank of FSDP2 zero3 on that many devices (Derivation.zero3_peak)."""
+    watch the step as one rank of FSDP2 zero3 on that many devices (Derivation.zero3_peak). target: the
+    device (cpu, cuda) whose attention kernels the step runs, default the weights' (kernels.py)."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     from tfdoctor.memory.fsdp_overlay import ShardedView, fsdp2_groups, fsdp2_hooks
@@ -824,6 +827,9 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
     already = next((t for t in model.parameters() if isinstance(t, FakeTensor)), None)
     if fake and already is not None:  # built under a FakeTensorMode already (e.g. too big to build for real)
         fake_mode, convert = already.fake_mode, (lambda t: t)
+    kernels, moved = attention_kernels(model, target, fake)
+    if moved:  # built on meta (or another device than the target's): traced as CPU tensors
+        convert = onto(torch.device("cpu"), fake_mode, convert)
     hooks = []
     model.train()
     try:
@@ -865,6 +871,7 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
                 counter.start_step()
                 done()
                 stack.enter_context(module_stack(model, counter))
+                stack.enter_context(kernels.on(device))  # under _NodeTagger: the kernel it wraps is the routed one
                 stack.enter_context(_NodeTagger(counter))
                 stack.enter_context(fsdp2_hooks(model, counter.views, counter))
                 if blocks:
@@ -900,7 +907,7 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
         optimizer_bytes=optimizer_bytes, phase_peaks={k: v for k, v in counter.phase_peaks.items()},
         kept_by_module=kept[:12], largest=largest, ops=counter.ops,
         seconds=time.perf_counter() - start, batch=batch, seq=seq, notes=notes, derivation=derivation,
-    )
+        attention=kernels.summary())
 
 
 def _untraceable(error: Exception, counter: "LiveBytes", fake: bool) -> SubjectError:
@@ -956,150 +963,8 @@ def checkpointed_blocks(model: nn.Module) -> Iterator[int]:
             del block.forward
 
 
-# ----------------------------------------------------------------------------------------------------
-# Judging a traced step against the budget: the same verdict and remedies as the analytic mode
+def judge_traced(*args, **kwargs):
+    """Trace, judge and derive the remedies: tfdoctor.memory.traced_verdict.judge_traced."""
+    from tfdoctor.memory.traced_verdict import judge_traced as judge
 
-# The shorter-sequence fallback (when the shapes cannot tell T apart) fits a quadratic through the
-# step at T, T/2 and T/4, then traces the proposal, stepping down by this factor while it does not fit
-# (the fit is close, not exact).
-SEQ_STEP_DOWN = 0.97
-SEQ_STEP_DOWNS = 3
-# Gradient accumulation and ZeRO-3 are shown for this many GPUs when --gpus says one.
-DEFAULT_SHARD_GPUS = 8
-
-
-def _no_progress(description: str, total: int) -> Callable[..., None]:
-    return lambda n=1: None
-
-
-def judge_traced(subject, target: str, batch: int, seq: int, budget: int, budget_source: str, *,
-                 dtype: str = "fp32", optimizer: str = "adamw", gpus: int = 1, shard: str = "none",
-                 remedies: bool = True, remedies_if_fits: bool = True, progress=None):
-    """Trace the step once, judge it, and derive the remedies from that trace (with
-    remedies_if_fits=False, only when the step does not fit: the battery's check needs them then).
-
-    progress follows tfdoctor.context.Progress: progress(description, total) -> advance(n=1); it is
-    advanced once per phase of the trace, once for the remedies, and once per extra trace.
-    """
-    from tfdoctor.memory.analytic import Remedy, Verdict
-    from tfdoctor.subject import max_positions_of, vocab_size_of
-
-    progress = progress or _no_progress
-    model = subject.model
-    if subject.vocab_size is None:
-        vocab = vocab_size_of(model)
-        if not vocab:
-            raise SubjectError("cannot tell the vocabulary size: no config.vocab_size and no nn.Embedding",
-                               "pass --vocab N")
-        import dataclasses
-
-        subject = dataclasses.replace(subject, vocab_size=vocab)
-    positions = max_positions_of(model)
-    if positions and seq > positions:
-        raise UsageError(f"--seq {seq} is longer than the model's {positions} positions",
-                         f"pass --seq {positions} or less, or build the model with more positions")
-    autocast = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-
-    # Under --shard every figure of the trace is already one rank's (fsdp_overlay.py), the derived
-    # ones included; the ZeRO-3 remedy is a second view of the same trace.
-    advance = progress(f"memory: tracing one training step at batch {batch} x seq {seq}", len(PHASES) + 1)
-    zero3_gpus = gpus if gpus > 1 else DEFAULT_SHARD_GPUS
-    main = trace_step(subject, batch, seq, optimizer=optimizer, autocast_dtype=autocast, on_phase=advance,
-                      gpus=gpus, shard=shard, zero3_gpus=zero3_gpus if remedies else None)
-    derivation = main.derivation
-    peak = main.peak_bytes
-
-    found: list = []
-    notes: list[str] = []
-    largest_batch = derive.largest_batch(derivation.points, batch, budget)
-    largest_seq: Optional[int] = None
-    wanted = remedies and (remedies_if_fits or peak > budget)
-    if not derivation.seq_ambiguous:
-        largest_seq = derive.largest_seq(derivation.points, batch, seq, budget, limit=positions)
-    if wanted:
-        if derivation.mixed_peak is not None:
-            value = derivation.mixed_peak
-            found.append(Remedy("mixed precision", "torch.autocast(dtype=torch.bfloat16) around the forward "
-                                "(derived)", value, value <= budget))
-        if derivation.checkpoint_peak is not None:
-            value = derivation.checkpoint_peak
-            change = ("model.gradient_checkpointing_enable()" if getattr(model, "supports_gradient_checkpointing", False)
-                      else f"torch.utils.checkpoint around each of the {derivation.blocks} blocks of the nn.ModuleList")
-            found.append(Remedy("activation checkpointing", change + " (derived)", value, value <= budget))
-        if batch > 1:
-            micro = max(1, min(largest_batch or 1, batch - 1))
-            while batch % micro:
-                micro -= 1
-            value = derivation.peak_at(micro, seq)
-            found.append(Remedy("gradient accumulation", f"micro-batch {micro} x {batch // micro} accumulation "
-                                "steps (derived)", value, value <= budget))
-        if derivation.zero3_peak is not None:
-            value = derivation.zero3_peak
-            found.append(Remedy("ZeRO-3 / FSDP sharding", f"FSDP2 fully_shard on each block, then the model, over "
-                                f"{zero3_gpus} GPUs (derived)", value, value <= budget))
-        if derivation.seq_ambiguous:
-            largest_seq, remedy = _traced_shorter(subject, batch, seq, optimizer, autocast, (gpus, shard), budget,
-                                                  positions, peak, progress)
-            notes.append(f"{derivation.seq_ambiguous}, so the shapes cannot tell [.., T, T] scores from "
-                         "[.., T, head size] tensors: the sequence lengths were traced")
-            if remedy is not None:
-                found.append(remedy)
-        elif largest_seq is not None and largest_seq < seq:
-            shorter = max(largest_seq, 1)
-            value = derivation.peak_at(batch, shorter)
-            change = f"--seq {shorter}, the largest that fits (derived)" if largest_seq else \
-                "--seq 1 still does not fit (derived)"
-            found.append(Remedy("shorter sequences", change, value, value <= budget, changes_training=True))
-        if main.attention_scores_bytes:
-            notes.append("fused attention (F.scaled_dot_product_attention) is a change to your model's code and "
-                         "is not traced; `tfdoctor memory --attention sdpa` estimates it")
-    elif derivation.seq_ambiguous:
-        notes.append(f"{derivation.seq_ambiguous}: the largest sequence length is not derived")
-    advance()
-    trace = main.to_dict()
-    trace.update(target=target, dtype=dtype, optimizer=optimizer, gpus=gpus, shard=shard,
-                 parameter_count=sum(p.numel() for p in model.parameters()), per_device_peak_bytes=peak,
-                 max_positions=positions)
-    trace["peak_bytes"] = peak
-    trace["notes"] = trace["notes"] + notes
-    return Verdict(estimate=None, budget_bytes=budget, budget_source=budget_source, largest_seq=largest_seq,
-                   largest_batch=largest_batch, remedies=found, mode="traced", traced=trace)
-
-
-def _traced_shorter(subject, batch, seq, optimizer, autocast, sharding, budget, positions, peak, progress):
-    """The shorter-sequence remedy by tracing: a quadratic through the step at T, T/2 and T/4 places the
-    largest length that fits, and the proposal is traced (stepping down while it does not fit), each
-    per device under `sharding` (gpus, shard). Returns (largest length, remedy or None)."""
-    from tfdoctor.memory.analytic import Remedy
-
-    lengths = sorted({max(1, seq // 2), max(1, seq // 4)} - {seq})
-    advance = progress("memory: tracing shorter sequences", len(lengths) + 1 + SEQ_STEP_DOWNS)
-    traced = 0
-
-    def run(t: int) -> int:
-        nonlocal traced
-        gpus, shard = sharding
-        value = trace_step(subject, batch, t, optimizer=optimizer, autocast_dtype=autocast, gpus=gpus,
-                           shard=shard).peak_bytes
-        traced += 1
-        advance()
-        return value
-
-    peaks = {t: run(t) for t in lengths}
-    peaks[seq] = peak
-    largest = derive.largest_quadratic(peaks, budget, limit=positions)
-    remedy = None
-    if largest < seq:
-        shorter = max(largest, 1)
-        value = run(shorter)
-        for _ in range(SEQ_STEP_DOWNS):
-            if value <= budget or shorter <= 1:
-                break
-            shorter = max(1, int(shorter * SEQ_STEP_DOWN))
-            value = run(shorter)
-        largest = shorter if value <= budget else None  # the fit was off: no length is vouched for
-        change = (f"--seq {shorter}, the largest that fits (traced)" if value <= budget else
-                  f"--seq {shorter} still does not fit (traced)")
-        remedy = Remedy("shorter sequences", change, value, value <= budget, changes_training=True)
-    advance(len(lengths) + 1 + SEQ_STEP_DOWNS - traced)
-    return largest, remedy
+    return judge(*args, **kwargs)

@@ -45,7 +45,7 @@ def to_dict(verdict: Verdict) -> dict[str, Any]:
         trace = verdict.traced
         data.update({"peak_phase": trace["peak_phase"], "peak_op": trace["peak_op"],
                      "peak_node": trace["peak_node"], "peak_module": trace["peak_module"],
-                     "breakdown": trace["peak_breakdown"], "trace": trace})
+                     "breakdown": trace["peak_breakdown"], "attention": trace.get("attention"), "trace": trace})
     if est is not None:
         data.update({"config": est.config.to_dict(), "parameter_count": est.parameter_count})
         if verdict.traced is None:
@@ -105,6 +105,8 @@ def render_rich(verdict: Verdict, out: TextIO, width: int | None = None) -> None
                            f"{trace['seq']}, {trace['dtype']}, optimizer {trace['optimizer']}", style="head"))
         console.print(f"{trace['parameter_count']:,} parameters, {trace['ops']:,} ops traced in "
                       f"{trace['seconds']:.1f} s", style="dim")
+        if trace.get("attention"):
+            console.print(describe_kernels(trace["attention"]), style="dim")
         for note in trace.get("notes") or []:  # per device under sharding, what was not traced
             console.print(f"note: {note}", style="dim")
 
@@ -200,6 +202,17 @@ def _peak_where(verdict: Verdict) -> str:
             parts.append(f"of {t['peak_module']}")
         return ", ".join(parts)
     return f"{verdict.estimate.peak_phase}, {verdict.estimate.peak_op}"
+
+
+def describe_kernels(summary: dict[str, Any]) -> str:
+    """One line: the attention kernel the trace assumed, on which device and why (memory/kernels.py)."""
+    where = summary["device"] + f" ({summary['why']}" + (
+        "; CUDA's choice on an sm80+ GPU, emulated" if summary.get("emulated") else "") + ")"
+    if not summary["sdpa_calls"]:
+        return f"attention: no F.scaled_dot_product_attention call; the model's own attention ops, traced on {where}"
+    kernels = ", ".join(f"{k['kernel']} x{k['calls']}" + (f" ({k['reason']})" if k["reason"] else "")
+                        for k in summary["kernels"])
+    return f"attention kernel on {where}: {kernels}"
 
 
 def _count(value: int) -> str:
