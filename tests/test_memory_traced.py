@@ -10,7 +10,8 @@ import torch
 
 from tfdoctor.memory.analytic import Config, estimate
 from tfdoctor.memory.gpt import GPT
-from tfdoctor.memory.traced import judge_traced, trace_step
+from tfdoctor.memory.traced import trace_step
+from tfdoctor.memory.traced_verdict import judge_traced
 from tfdoctor.runner import run_checks
 from tfdoctor.subject import Subject
 
@@ -333,3 +334,85 @@ def test_sharded_remedies_are_per_device_and_from_one_trace(monkeypatch):
     largest = verdict.largest_batch
     assert real(subject, largest, 64, gpus=2, shard="zero2").peak_bytes <= budget
     assert real(subject, largest + 1, 64, gpus=2, shard="zero2").peak_bytes > budget
+
+
+# -- the attention kernel the model runs where it trains (memory/kernels.py) -------------------------------
+
+@pytest.fixture(scope="module")
+def llama_both_ways():
+    """A tiny HF Llama configured for SDPA, built on meta and on the CPU, each traced once at [2, 128]."""
+    pytest.importorskip("transformers")
+    import llama_meta
+
+    traces = {}
+    for name in ("build", "build_cpu"):
+        model = getattr(llama_meta, name)()
+        traces[name] = trace_step(Subject(model, vocab_size=256), 2, 128)
+    traces["real"] = trace_step(Subject(model, vocab_size=256), 2, 128, fake=False)  # the CPU-built one, for real
+    return traces
+
+
+def test_meta_built_sdpa_llama_traces_as_on_the_cpu(llama_both_ways):
+    meta, cpu, real = llama_both_ways["build"], llama_both_ways["build_cpu"], llama_both_ways["real"]
+    assert meta.peak_bytes == cpu.peak_bytes == real.peak_bytes  # ratio 1.000 (the math path read 8.8x)
+    assert meta.attention_scores_bytes is None
+    assert meta.attention["device"] == "cpu" and "meta" in meta.attention["why"]
+    [kernel] = meta.attention["kernels"]
+    assert kernel["op"] == "_scaled_dot_product_flash_attention_for_cpu" and kernel["calls"] == 2
+
+
+def test_own_sdpa_model_on_meta_and_its_math_path_under_dropout():
+    import sdpa_meta
+
+    peaks = {name: trace_step(Subject(getattr(sdpa_meta, name)(), vocab_size=256), 2, 512)
+             for name in ("build", "build_cpu", "build_dropout")}
+    assert peaks["build"].peak_bytes == peaks["build_cpu"].peak_bytes
+    dropout = peaks["build_dropout"]  # the CPU's fused kernel has no dropout: math is what the CPU runs
+    [kernel] = dropout.attention["kernels"]
+    assert not kernel["fused"] and "dropout" in kernel["reason"]
+    assert dropout.attention_scores_bytes == 2 * 4 * 512 * 512 * 4
+    from tfdoctor.memory.kernels import scores_note
+
+    note = scores_note(dropout.attention, dropout.attention_scores_bytes)
+    assert "math path" in note and "dropout" in note and "not traced" not in note
+    on_gpu = trace_step(Subject(sdpa_meta.build_dropout(), vocab_size=256), 2, 512, target="cuda")
+    [kernel] = on_gpu.attention["kernels"]  # CUDA's fused kernels take dropout; float32 rules out flash
+    assert kernel["op"] == "_scaled_dot_product_efficient_attention" and on_gpu.attention["emulated"]
+    assert on_gpu.attention_scores_bytes is None and on_gpu.peak_bytes < dropout.peak_bytes
+
+
+@pytest.mark.parametrize("dtype, head, mask, gqa, expected", [
+    (torch.bfloat16, 64, False, True, "_scaled_dot_product_flash_attention"),
+    (torch.float32, 64, False, False, "_scaled_dot_product_efficient_attention"),
+    (torch.float16, 64, True, False, "_scaled_dot_product_efficient_attention"),  # flash takes no mask
+    (torch.float32, 6, False, False, "math"),  # efficient needs head sizes divisible by 4 in float32
+    (torch.bfloat16, 64, False, False, "_scaled_dot_product_flash_attention"),
+])
+def test_cuda_choice_follows_torch_gates(dtype, head, mask, gqa, expected):
+    from tfdoctor.memory.kernels import cuda_choice
+
+    q = torch.empty(2, 8, 16, head, dtype=dtype, device="meta")
+    kv = torch.empty(2, 2 if gqa else 8, 16, head, dtype=dtype, device="meta")
+    attn_mask = torch.empty(16, 16, dtype=torch.bool, device="meta") if mask else None
+    op, _ = cuda_choice(dict(query=q, key=kv, value=kv, attn_mask=attn_mask, dropout_p=0.1, is_causal=not mask,
+                             scale=None, enable_gqa=gqa))
+    assert op == expected
+
+
+def test_report_names_the_kernel_assumed():
+    import io
+    import json
+
+    import llama_meta
+    from tfdoctor.report.memory import render
+
+    pytest.importorskip("transformers")
+    verdict = judge_traced(Subject(llama_meta.build(), vocab_size=256), "llama", 2, 128, 2**40, "test",
+                           remedies=False, device="cuda")
+    rich, doc = io.StringIO(), io.StringIO()
+    render(verdict, "rich", rich, width=400)
+    render(verdict, "json", doc)
+    assert "memory-efficient attention (fused: no T x T scores) in 2 of 2 SDPA calls" in rich.getvalue()
+    attention = json.loads(doc.getvalue())["attention"]
+    assert attention["device"] == "cuda" and attention["emulated"] and attention["kernels"][0]["fused"]
+    assert not any("not traced" in note for note in verdict.traced["notes"])

@@ -152,7 +152,7 @@ def run_memory_request(request: dict, progress=None):
     import torch
 
     from tfdoctor.loader import load_subject
-    from tfdoctor.memory.traced import judge_traced
+    from tfdoctor.memory.traced_verdict import judge_traced
     from tfdoctor.runner import as_subject
 
     torch.manual_seed(0)  # as `check` does: the factory's weights are the same in every run

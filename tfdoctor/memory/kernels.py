@@ -68,8 +68,7 @@ def resolve_target(model, requested: Optional[str]) -> tuple[str, str]:
         return kind, f"--device {requested}"
     if built in TARGETS:
         return built, f"the model's weights are on {built}"
-    return "cpu", (f"the model's weights are on {built or 'no device'}: the CPU's kernels were assumed "
-                   "(--device cuda for a GPU's)")
+    return "cpu", f"the weights are on {built or 'no device'}, so the CPU's were assumed (--device cuda for a GPU's)"
 
 
 def onto(device: torch.device, fake_mode, default: Callable) -> Callable:
@@ -181,6 +180,18 @@ def cuda_choice(a: dict[str, Any]) -> tuple[str, str]:
     return "math", "; ".join(why)
 
 
+def _autocast(a: dict[str, Any]) -> None:
+    """CUDA autocast casts SDPA's floating inputs to its 16-bit dtype before the kernel is chosen; the
+    CPU autocast of the trace does it below this mode, too late for cuda_choice."""
+    device = a["query"].device.type
+    if torch.is_autocast_enabled(device):
+        low = torch.get_autocast_dtype(device)
+        for name in ("query", "key", "value", "attn_mask"):
+            t = a[name]
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != low:
+                a[name] = t.to(low)
+
+
 def _additive(mask: Optional[torch.Tensor], dtype) -> Optional[torch.Tensor]:
     """convert_boolean_attn_mask: a bool mask becomes 0 / -inf in the query's dtype."""
     if mask is None or mask.dtype != torch.bool:
@@ -209,6 +220,8 @@ def run_cuda_kernel(op: str, a: dict[str, Any]) -> torch.Tensor:
                 mask = F.pad(mask, (0, 16 - mask.shape[-1] % 16))[..., :k.shape[2]]
             elif any(s % 16 for s in mask.stride()[:3]):
                 mask = mask.contiguous()
+        if k.shape[1] != q.shape[1]:  # grouped-query: torch 2.13's meta backward wants the query's heads,
+            k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))  # as the math path
         lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         return aten._scaled_dot_product_efficient_attention(q, k, v, mask, lse, dropout, causal, scale=scale)[0]
     return aten._scaled_dot_product_attention_math(q, k, v, mask, dropout, causal, None, scale=scale,
@@ -234,6 +247,7 @@ class AttentionKernels(TorchFunctionMode):
             return func(*args, **(kwargs or {}))
         a = _arguments(args, kwargs)
         if self.emulate:
+            _autocast(a)
             op, reason = cuda_choice(a)
             out = run_cuda_kernel(op, a)
         else:

@@ -891,13 +891,7 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
             module.training = training
     phase, op, node, module = counter.peak_at
     largest = sorted(counter.largest.values(), key=lambda d: -d["bytes"])[:LARGEST_KEPT]
-    derivation = Derivation(
-        batch=batch, seq=seq, points=counter.points,
-        mixed_peak=counter.mixed_peak if counter.mixed else None,
-        checkpoint_peak=counter.checkpoint_peak if blocks else None,
-        blocks=len(set(blocks.values())), seq_ambiguous=counter.seq_ambiguous,
-        zero3_gpus=zero3_gpus if zero3_view is not None else None,
-        zero3_peak=zero3_view.peak if zero3_view is not None else None)
+    derivation = _derivation(counter, blocks, zero3_gpus, zero3_view)
     notes = [counter.sharded.describe()] if counter.sharded is not None else []
     return TraceResult(
         peak_bytes=counter.peak, peak_phase=phase, peak_op=op, peak_node=node, peak_module=module,
@@ -908,6 +902,16 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
         kept_by_module=kept[:12], largest=largest, ops=counter.ops,
         seconds=time.perf_counter() - start, batch=batch, seq=seq, notes=notes, derivation=derivation,
         attention=kernels.summary())
+
+
+def _derivation(counter: LiveBytes, blocks: dict[str, int], zero3_gpus, zero3_view) -> Derivation:
+    return Derivation(
+        batch=counter.batch, seq=counter.seq, points=counter.points,
+        mixed_peak=counter.mixed_peak if counter.mixed else None,
+        checkpoint_peak=counter.checkpoint_peak if blocks else None,
+        blocks=len(set(blocks.values())), seq_ambiguous=counter.seq_ambiguous,
+        zero3_gpus=zero3_gpus if zero3_view is not None else None,
+        zero3_peak=zero3_view.peak if zero3_view is not None else None)
 
 
 def _untraceable(error: Exception, counter: "LiveBytes", fake: bool) -> SubjectError:
@@ -961,10 +965,3 @@ def checkpointed_blocks(model: nn.Module) -> Iterator[int]:
     finally:
         for block in wrapped:
             del block.forward
-
-
-def judge_traced(*args, **kwargs):
-    """Trace, judge and derive the remedies: tfdoctor.memory.traced_verdict.judge_traced."""
-    from tfdoctor.memory.traced_verdict import judge_traced as judge
-
-    return judge(*args, **kwargs)

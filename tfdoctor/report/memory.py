@@ -97,18 +97,7 @@ def render_rich(verdict: Verdict, out: TextIO, width: int | None = None) -> None
             text.append("█" * (cells - budget_at - 1), style="bar.over")
         return text
 
-    if trace is None:
-        console.print(Text(f"tfdoctor memory (analytic): {est.config.describe()}", style="head"))
-        console.print(f"{est.parameter_count:,} parameters", style="dim")
-    else:
-        console.print(Text(f"tfdoctor memory (traced): {trace['target']} at batch {trace['batch']} x seq "
-                           f"{trace['seq']}, {trace['dtype']}, optimizer {trace['optimizer']}", style="head"))
-        console.print(f"{trace['parameter_count']:,} parameters, {trace['ops']:,} ops traced in "
-                      f"{trace['seconds']:.1f} s", style="dim")
-        if trace.get("attention"):
-            console.print(describe_kernels(trace["attention"]), style="dim")
-        for note in trace.get("notes") or []:  # per device under sharding, what was not traced
-            console.print(f"note: {note}", style="dim")
+    _header(console, verdict)
 
     table = Table(title=f"Alive at the peak: {_peak_where(verdict)}", title_justify="left", show_edge=False)
     table.add_column("what")
@@ -192,6 +181,25 @@ def render_rich(verdict: Verdict, out: TextIO, width: int | None = None) -> None
     console.print(ANALYTIC_NOTE if trace is None else TRACED_NOTE, style="dim")
 
 
+def _header(console, verdict: Verdict) -> None:
+    """What was estimated or traced: the model, the shape, and for a trace the attention kernel it ran."""
+    from rich.text import Text
+
+    est, trace = verdict.estimate, verdict.traced
+    if trace is None:
+        console.print(Text(f"tfdoctor memory (analytic): {est.config.describe()}", style="head"))
+        console.print(f"{est.parameter_count:,} parameters", style="dim")
+        return
+    console.print(Text(f"tfdoctor memory (traced): {trace['target']} at batch {trace['batch']} x seq "
+                       f"{trace['seq']}, {trace['dtype']}, optimizer {trace['optimizer']}", style="head"))
+    console.print(f"{trace['parameter_count']:,} parameters, {trace['ops']:,} ops traced in "
+                  f"{trace['seconds']:.1f} s", style="dim")
+    if trace.get("attention"):
+        console.print(describe_kernels(trace["attention"]), style="dim")
+    for note in trace.get("notes") or []:  # per device under sharding, what was not traced
+        console.print(f"note: {note}", style="dim")
+
+
 def _peak_where(verdict: Verdict) -> str:
     if verdict.traced is not None:
         t = verdict.traced
@@ -206,13 +214,13 @@ def _peak_where(verdict: Verdict) -> str:
 
 def describe_kernels(summary: dict[str, Any]) -> str:
     """One line: the attention kernel the trace assumed, on which device and why (memory/kernels.py)."""
-    where = summary["device"] + f" ({summary['why']}" + (
-        "; CUDA's choice on an sm80+ GPU, emulated" if summary.get("emulated") else "") + ")"
+    where = f"the kernels of {summary['device']}" + (
+        ", as CUDA picks them on an sm80+ GPU (emulated)" if summary.get("emulated") else "") + f": {summary['why']}"
     if not summary["sdpa_calls"]:
-        return f"attention: no F.scaled_dot_product_attention call; the model's own attention ops, traced on {where}"
-    kernels = ", ".join(f"{k['kernel']} x{k['calls']}" + (f" ({k['reason']})" if k["reason"] else "")
-                        for k in summary["kernels"])
-    return f"attention kernel on {where}: {kernels}"
+        return f"attention: no F.scaled_dot_product_attention call, the model's own ops were traced ({where})"
+    kernels = ", ".join(f"{k['kernel']} in {k['calls']} of {summary['sdpa_calls']} SDPA calls" +
+                        (f" ({k['reason']})" if k["reason"] else "") for k in summary["kernels"])
+    return f"attention: {kernels} ({where})"
 
 
 def _count(value: int) -> str:
