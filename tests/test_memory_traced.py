@@ -342,10 +342,11 @@ def test_sharded_remedies_are_per_device_and_from_one_trace(monkeypatch):
 def llama_both_ways():
     """A tiny HF Llama configured for SDPA, built on meta and on the CPU, each traced once at [2, 128]."""
     pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
     import llama_meta
 
     traces = {}
-    for name in ("build", "build_cpu"):
+    for name in ("build", "build_empty", "build_cpu"):  # build_empty: accelerate's init_empty_weights
         model = getattr(llama_meta, name)()
         traces[name] = trace_step(Subject(model, vocab_size=256), 2, 128)
     traces["real"] = trace_step(Subject(model, vocab_size=256), 2, 128, fake=False)  # the CPU-built one, for real
@@ -355,6 +356,7 @@ def llama_both_ways():
 def test_meta_built_sdpa_llama_traces_as_on_the_cpu(llama_both_ways):
     meta, cpu, real = llama_both_ways["build"], llama_both_ways["build_cpu"], llama_both_ways["real"]
     assert meta.peak_bytes == cpu.peak_bytes == real.peak_bytes  # ratio 1.000 (the math path read 8.8x)
+    assert llama_both_ways["build_empty"].peak_bytes == cpu.peak_bytes
     assert meta.attention_scores_bytes is None
     assert meta.attention["device"] == "cpu" and "meta" in meta.attention["why"]
     [kernel] = meta.attention["kernels"]
@@ -403,10 +405,10 @@ def test_report_names_the_kernel_assumed():
     import io
     import json
 
+    pytest.importorskip("transformers")
     import llama_meta
     from tfdoctor.report.memory import render
 
-    pytest.importorskip("transformers")
     verdict = judge_traced(Subject(llama_meta.build(), vocab_size=256), "llama", 2, 128, 2**40, "test",
                            remedies=False, device="cuda")
     rich, doc = io.StringIO(), io.StringIO()

@@ -48,16 +48,14 @@ _HALF = (torch.float16, torch.bfloat16)
 _CPU_FLASH_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
-def weights_device(model) -> str:
-    """The device type the model's weights (or buffers) are on; "" when it has none."""
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        return tensor.device.type
-    return ""
+def weights_devices(model) -> set[str]:
+    """The device types the model's parameters and buffers are on (accelerate's init_empty_weights leaves
+    the buffers on the CPU and the parameters on meta)."""
+    return {t.device.type for t in list(model.parameters()) + list(model.buffers())}
 
 
 def resolve_target(model, requested: Optional[str]) -> tuple[str, str]:
     """(the device type whose kernels are traced, why that one)."""
-    built = weights_device(model)
     if requested:
         try:
             kind = torch.device(requested).type
@@ -66,9 +64,11 @@ def resolve_target(model, requested: Optional[str]) -> tuple[str, str]:
         if kind not in TARGETS:
             raise UsageError(f"--device {requested!r} is not cpu or cuda[:N]", "pass --device cpu or --device cuda")
         return kind, f"--device {requested}"
-    if built in TARGETS:
-        return built, f"the model's weights are on {built}"
-    return "cpu", f"the weights are on {built or 'no device'}, so the CPU's were assumed (--device cuda for a GPU's)"
+    built = sorted(weights_devices(model))
+    if len(built) == 1 and built[0] in TARGETS:
+        return built[0], f"the model's weights are on {built[0]}"
+    return "cpu", f"the weights are on {' and '.join(built) or 'no device'}, so the CPU's were assumed " \
+                  "(--device cuda for a GPU's)"
 
 
 def onto(device: torch.device, fake_mode, default: Callable) -> Callable:
@@ -88,7 +88,7 @@ def attention_kernels(model, requested: Optional[str], fake: bool) -> tuple["Att
     """The watcher for trace_step, and whether the weights must move to CPU fake tensors: when traced on
     fake tensors and they are not on the target (meta, or CPU weights traced for a GPU)."""
     target, why = resolve_target(model, requested if fake else None)
-    return AttentionKernels(target, why), fake and weights_device(model) != target
+    return AttentionKernels(target, why), fake and weights_devices(model) - {target} != set()
 
 
 class _FirstFused(TorchDispatchMode):
