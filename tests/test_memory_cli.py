@@ -119,5 +119,5 @@ def test_device_cuda_traces_a_meta_model_with_cudas_kernels():
                     "--device", "cuda", "--budget", "1GiB", "--format", "json")
     assert done.returncode == 0, done.stderr
     attention = json.loads(done.stdout)["attention"]
-    assert attention["device"] == "cuda" and attention["why"] == "--device cuda"
+    assert attention["device"] == "cuda" and attention["why"] == "set by --device cuda"
     assert [k["op"] for k in attention["kernels"]] == ["_scaled_dot_product_flash_attention"]

@@ -414,7 +414,8 @@ def test_report_names_the_kernel_assumed():
     rich, doc = io.StringIO(), io.StringIO()
     render(verdict, "rich", rich, width=400)
     render(verdict, "json", doc)
-    assert "memory-efficient attention (fused: no T x T scores) in 2 of 2 SDPA calls" in rich.getvalue()
+    assert "attention on cuda (CUDA's choice on an sm80+ GPU, emulated): memory-efficient attention (fused: no T x T " \
+           "scores) in 2 of 2 SDPA calls" in rich.getvalue()
     attention = json.loads(doc.getvalue())["attention"]
     assert attention["device"] == "cuda" and attention["emulated"] and attention["kernels"][0]["fused"]
     assert not any("not traced" in note for note in verdict.traced["notes"])

@@ -63,11 +63,11 @@ def resolve_target(model, requested: Optional[str]) -> tuple[str, str]:
             kind = requested
         if kind not in TARGETS:
             raise UsageError(f"--device {requested!r} is not cpu or cuda[:N]", "pass --device cpu or --device cuda")
-        return kind, f"--device {requested}"
+        return kind, f"set by --device {requested}"
     built = sorted(weights_devices(model))
     if len(built) == 1 and built[0] in TARGETS:
         return built[0], f"the model's weights are on {built[0]}"
-    return "cpu", f"the weights are on {' and '.join(built) or 'no device'}, so the CPU's were assumed " \
+    return "cpu", f"the weights are on {' and '.join(built) or 'no device'}, so the CPU's kernels were assumed " \
                   "(--device cuda for a GPU's)"
 
 
@@ -282,4 +282,4 @@ def scores_note(summary: Optional[dict[str, Any]], scores_bytes: Optional[int]) 
     calls = sum(k["calls"] for k in math_calls)
     reasons = "; ".join(sorted({k["reason"] for k in math_calls if k["reason"]}))
     return (f"{calls} of {summary['sdpa_calls']} F.scaled_dot_product_attention calls take the math path on "
-            f"{summary['device']}, which stores the [.., T, T] scores" + (f": {reasons}" if reasons else ""))
+            f"{summary['device']} and store the [.., T, T] scores" + (f" ({reasons})" if reasons else ""))

@@ -214,13 +214,13 @@ def _peak_where(verdict: Verdict) -> str:
 
 def describe_kernels(summary: dict[str, Any]) -> str:
     """One line: the attention kernel the trace assumed, on which device and why (memory/kernels.py)."""
-    where = f"the kernels of {summary['device']}" + (
-        ", as CUDA picks them on an sm80+ GPU (emulated)" if summary.get("emulated") else "") + f": {summary['why']}"
+    where = f"attention on {summary['device']}" + (
+        " (CUDA's choice on an sm80+ GPU, emulated)" if summary.get("emulated") else "")
     if not summary["sdpa_calls"]:
-        return f"attention: no F.scaled_dot_product_attention call, the model's own ops were traced ({where})"
+        return f"{where}: no F.scaled_dot_product_attention call, the model's own ops were traced; {summary['why']}"
     kernels = ", ".join(f"{k['kernel']} in {k['calls']} of {summary['sdpa_calls']} SDPA calls" +
                         (f" ({k['reason']})" if k["reason"] else "") for k in summary["kernels"])
-    return f"attention: {kernels} ({where})"
+    return f"{where}: {kernels}; {summary['why']}"
 
 
 def _count(value: int) -> str:
