@@ -161,7 +161,9 @@ def test_remedies_are_derived_from_one_trace(monkeypatch):
     assert all(r.change.endswith("(derived)") for r in verdict.remedies)
     micro = int(remedies["gradient accumulation"].change.split()[1])
     shorter = int(remedies["shorter sequences"].change.split()[1].rstrip(","))
-    with traced.checkpointed_blocks(subject.model):
+    from tfdoctor.memory.blocks import checkpointed_blocks
+
+    with checkpointed_blocks(subject.model):
         checkpointed = trace_step(subject, 8, 64).peak_bytes
     again = {"mixed precision": trace_step(subject, 8, 64, autocast_dtype=torch.bfloat16).peak_bytes,
              "activation checkpointing": checkpointed,
@@ -389,6 +391,7 @@ def test_own_sdpa_model_on_meta_and_its_math_path_under_dropout():
     (torch.float16, 64, True, False, "_scaled_dot_product_efficient_attention"),  # flash takes no mask
     (torch.float32, 6, False, False, "math"),  # efficient needs head sizes divisible by 4 in float32
     (torch.bfloat16, 64, False, False, "_scaled_dot_product_flash_attention"),
+    (torch.float32, 64, False, True, "math"),  # grouped KV heads: flash (16-bit only) or math, never efficient
 ])
 def test_cuda_choice_follows_torch_gates(dtype, head, mask, gqa, expected):
     from tfdoctor.memory.kernels import cuda_choice
@@ -402,6 +405,8 @@ def test_cuda_choice_follows_torch_gates(dtype, head, mask, gqa, expected):
 
 
 def test_report_names_the_kernel_assumed():
+    """HF Llama (grouped KV heads) in float32 for a GPU: flash needs 16 bits, memory-efficient takes no grouped
+    heads, so CUDA runs the math path, and the Rich and JSON reports say so and why."""
     import io
     import json
 
@@ -414,8 +419,13 @@ def test_report_names_the_kernel_assumed():
     rich, doc = io.StringIO(), io.StringIO()
     render(verdict, "rich", rich, width=400)
     render(verdict, "json", doc)
-    assert "attention on cuda (CUDA's choice on an sm80+ GPU, emulated): memory-efficient attention (fused: no T x T " \
-           "scores) in 2 of 2 SDPA calls" in rich.getvalue()
+    assert ("attention on cuda (CUDA's choice on an sm80+ GPU, emulated): math path (stores the T x T scores) in 2 "
+            "of 2 SDPA calls (flash attention needs float16 or bfloat16") in rich.getvalue()
     attention = json.loads(doc.getvalue())["attention"]
-    assert attention["device"] == "cuda" and attention["emulated"] and attention["kernels"][0]["fused"]
-    assert not any("not traced" in note for note in verdict.traced["notes"])
+    assert attention["device"] == "cuda" and attention["emulated"] and not attention["kernels"][0]["fused"]
+    assert "grouped" in attention["kernels"][0]["reason"]
+    assert any("under --dtype bf16 they could take flash attention" in note for note in verdict.traced["notes"])
+    bf16 = judge_traced(Subject(llama_meta.build(), vocab_size=256), "llama", 2, 128, 2**40, "test",
+                        remedies=False, device="cuda", dtype="bf16")
+    assert [k["op"] for k in bf16.traced["attention"]["kernels"]] == ["_scaled_dot_product_flash_attention"]
+    assert bf16.traced["attention_scores_bytes"] is None

@@ -16,7 +16,8 @@ target device (resolve_target):
   priority, flash, then memory-efficient, then math, through the gates of torch's sdp_utils.cpp that
   shapes and dtypes decide (cuda_choice). The fused ops' own meta functions make their outputs
   (logsumexp included) and autograd their backward. cuDNN attention, first on H100-class GPUs with a
-  recent cuDNN, keeps the same output and logsumexp as flash.
+  recent cuDNN, keeps the same output and logsumexp as flash. Grouped key/value heads (enable_gqa) run
+  on flash and math only (torch 2.13's documentation of F.scaled_dot_product_attention).
 - weights already on the target (a real or fake CUDA model on a GPU machine): torch's own dispatch.
 
 Imports torch; the analytic mode never imports this module.
@@ -171,6 +172,8 @@ def cuda_choice(a: dict[str, Any]) -> tuple[str, str]:
         why.append("memory-efficient SDPA is switched off")
     elif q.dtype not in _HALF + (torch.float32,):
         why.append(f"memory-efficient attention has no {q.dtype} kernel")
+    elif k.shape[1] != q.shape[1]:  # torch 2.13: "GQA works only for flash attention and math on CUDA"
+        why.append("memory-efficient attention takes no grouped key/value heads (enable_gqa)")
     elif q.shape[-1] != k.shape[-1] or q.shape[-1] % align or v.shape[-1] % align:
         why.append(f"memory-efficient attention needs head sizes divisible by {align}")
     elif any(t.stride(-1) != 1 for t in (q, k, v)):
@@ -220,8 +223,6 @@ def run_cuda_kernel(op: str, a: dict[str, Any]) -> torch.Tensor:
                 mask = F.pad(mask, (0, 16 - mask.shape[-1] % 16))[..., :k.shape[2]]
             elif any(s % 16 for s in mask.stride()[:3]):
                 mask = mask.contiguous()
-        if k.shape[1] != q.shape[1]:  # grouped-query: torch 2.13's meta backward wants the query's heads,
-            k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) for t in (k, v))  # as the math path
         lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         return aten._scaled_dot_product_efficient_attention(q, k, v, mask, lse, dropout, causal, scale=scale)[0]
     return aten._scaled_dot_product_attention_math(q, k, v, mask, dropout, causal, None, scale=scale,
@@ -281,5 +282,9 @@ def scores_note(summary: Optional[dict[str, Any]], scores_bytes: Optional[int]) 
         return ""
     calls = sum(k["calls"] for k in math_calls)
     reasons = "; ".join(sorted({k["reason"] for k in math_calls if k["reason"]}))
-    return (f"{calls} of {summary['sdpa_calls']} F.scaled_dot_product_attention calls take the math path on "
+    note = (f"{calls} of {summary['sdpa_calls']} F.scaled_dot_product_attention calls take the math path on "
             f"{summary['device']} and store the [.., T, T] scores" + (f" ({reasons})" if reasons else ""))
+    if summary["device"] == "cuda" and "float16 or bfloat16" in reasons:  # autocast changes CUDA's choice
+        note += ("; under --dtype bf16 they could take flash attention: trace that, since the mixed-precision "
+                 "remedy derived from this trace keeps the math path")
+    return note

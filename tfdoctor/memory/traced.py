@@ -32,6 +32,9 @@ Under `--gpus N --shard zero1|zero2|zero3` every figure, the derived ones includ
 analytic mode's FSDP2 schedule is played over the traced step (fsdp_overlay.py), and the ZeRO-3 remedy is
 a second such view of the same trace.
 
+The step runs the attention kernels of the device the model trains on, whatever device its factory built
+it on (kernels.py); traced_verdict.py judges the step against the budget and derives the remedies.
+
 Imports torch; the analytic mode never imports this module.
 """
 
@@ -41,7 +44,7 @@ import contextlib
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -52,6 +55,7 @@ from torch.utils._pytree import tree_leaves
 
 from tfdoctor.errors import SubjectError, UsageError
 from tfdoctor.memory import derive
+from tfdoctor.memory.blocks import block_map, module_stack, swapped_tensors, top_blocks
 from tfdoctor.memory.kernels import attention_kernels, onto
 
 PHASES = ("setup", "forward", "loss", "backward", "optimizer")
@@ -652,85 +656,6 @@ def _module_pattern(name: str) -> str:
     return ".".join("*" if part.isdigit() else part for part in name.split(".")) if name else name
 
 
-def top_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The children of every nn.ModuleList not inside another such child: the layers of nearly
-    every Transformer (an encoder-decoder has two lists), not the heads or experts within a layer."""
-    found: list[tuple[str, nn.Module]] = []
-    for name, holder in model.named_modules():
-        if not isinstance(holder, nn.ModuleList):
-            continue
-        if any(name == root or name.startswith(root + ".") for root, _ in found):
-            continue
-        for index, block in enumerate(holder):
-            found.append((f"{name}.{index}" if name else str(index), block))
-    return found
-
-
-def _block_map(model: nn.Module) -> dict[str, int]:
-    """Every module name inside a top-level block -> the block's index."""
-    mapping: dict[str, int] = {}
-    for index, (root, block) in enumerate(top_blocks(model)):
-        for sub_name, _ in block.named_modules():
-            mapping[f"{root}.{sub_name}" if sub_name else root] = index
-    return mapping
-
-
-@contextlib.contextmanager
-def module_stack(model: nn.Module, counter: LiveBytes) -> Iterator[None]:
-    names = {id(m): name for name, m in model.named_modules() if name}
-    roots = {id(block): index for index, (_, block) in enumerate(top_blocks(model))} if counter.block_of else {}
-
-    def push(module, args):
-        name = names.get(id(module))
-        if name is not None:
-            counter.modules.append(name)
-
-    def pop(module, args, output):
-        name = names.get(id(module))
-        if name is not None and counter.modules and counter.modules[-1] == name:
-            counter.modules.pop()
-        index = roots.get(id(module))
-        if index is not None and counter.phase == "forward":
-            counter.block_returned(index, output)
-
-    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-
-    handles = [register_module_forward_pre_hook(push), register_module_forward_hook(pop)]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-        counter.modules.clear()
-
-
-@contextlib.contextmanager
-def swapped_tensors(model: nn.Module, convert) -> Iterator[list[nn.Parameter]]:
-    """Every parameter and buffer of `model` replaced by `convert(tensor)` for the block, sharing
-    kept (a tied weight stays one tensor), and the originals put back in `finally`."""
-    saved: list[tuple[dict, str, Any]] = []
-    made: dict[int, Any] = {}
-    params: list[nn.Parameter] = []
-    try:
-        for module in model.modules():
-            for table in (module._parameters, module._buffers):
-                for name, tensor in list(table.items()):
-                    if tensor is None:
-                        continue
-                    saved.append((table, name, tensor))
-                    if id(tensor) not in made:
-                        new = convert(tensor.detach())
-                        if isinstance(tensor, nn.Parameter):
-                            new = nn.Parameter(new, requires_grad=tensor.requires_grad)
-                            params.append(new)
-                        made[id(tensor)] = new
-                    table[name] = made[id(tensor)]
-        yield params
-    finally:
-        for table, name, tensor in reversed(saved):
-            table[name] = tensor
-
-
 def make_optimizer(name: str, params: list[nn.Parameter]):
     trainable = [p for p in params if p.requires_grad]
     if name == "none" or not trainable:
@@ -819,7 +744,7 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
         raise SubjectError("cannot tell the vocabulary size", "pass --vocab N or Subject(vocab_size=N)")
     start = time.perf_counter()
     done = on_phase or (lambda: None)
-    blocks = _block_map(model) if optimizer != "none" else {}
+    blocks = block_map(model) if optimizer != "none" else {}
     counter = LiveBytes(batch, seq, mixed=autocast_dtype is None, blocks=blocks)
     flags = [(m, m.training) for m in model.modules()]
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
@@ -944,24 +869,3 @@ def _storage_bytes(tensor) -> int:
         return 0
 
 
-@contextlib.contextmanager
-def checkpointed_blocks(model: nn.Module) -> Iterator[int]:
-    """Wrap each top-level block (see top_blocks) in non-reentrant activation checkpointing for the
-    block; the instance attribute goes in `finally`. The bench traces this to hold the derived
-    checkpointing peak to account."""
-    from torch.utils.checkpoint import checkpoint
-
-    wrapped = []
-    try:
-        for _, block in top_blocks(model):
-            original = block.forward
-
-            def forward(*args, _original=original, **kwargs):
-                return checkpoint(_original, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
-
-            block.forward = forward
-            wrapped.append(block)
-        yield len(wrapped)
-    finally:
-        for block in wrapped:
-            del block.forward

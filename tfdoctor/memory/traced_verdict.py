@@ -107,9 +107,9 @@ def judge_traced(subject, target: str, batch: int, seq: int, budget: int, budget
             change = f"--seq {shorter}, the largest that fits (derived)" if largest_seq else \
                 "--seq 1 still does not fit (derived)"
             found.append(Remedy("shorter sequences", change, value, value <= budget, changes_training=True))
-        notes += [note] if (note := scores_note(main.attention, main.attention_scores_bytes)) else []
     elif derivation.seq_ambiguous:
         notes.append(f"{derivation.seq_ambiguous}: the largest sequence length is not derived")
+    notes += [note] if (note := scores_note(main.attention, main.attention_scores_bytes)) else []
     advance()
     trace = main.to_dict()
     trace.update(target=target, dtype=dtype, optimizer=optimizer, gpus=gpus, shard=shard,
