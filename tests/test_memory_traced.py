@@ -368,18 +368,18 @@ def test_meta_built_sdpa_llama_traces_as_on_the_cpu(llama_both_ways):
 def test_own_sdpa_model_on_meta_and_its_math_path_under_dropout():
     import sdpa_meta
 
-    peaks = {name: trace_step(Subject(getattr(sdpa_meta, name)(), vocab_size=256), 2, 512)
+    peaks = {name: trace_step(Subject(getattr(sdpa_meta, name)(), vocab_size=256), 2, 256)
              for name in ("build", "build_cpu", "build_dropout")}
     assert peaks["build"].peak_bytes == peaks["build_cpu"].peak_bytes
     dropout = peaks["build_dropout"]  # the CPU's fused kernel has no dropout: math is what the CPU runs
     [kernel] = dropout.attention["kernels"]
     assert not kernel["fused"] and "dropout" in kernel["reason"]
-    assert dropout.attention_scores_bytes == 2 * 4 * 512 * 512 * 4
+    assert dropout.attention_scores_bytes == 2 * 4 * 256 * 256 * 4
     from tfdoctor.memory.kernels import scores_note
 
     note = scores_note(dropout.attention, dropout.attention_scores_bytes)
     assert "math path" in note and "dropout" in note and "not traced" not in note
-    on_gpu = trace_step(Subject(sdpa_meta.build_dropout(), vocab_size=256), 2, 512, target="cuda")
+    on_gpu = trace_step(Subject(sdpa_meta.build_dropout(), vocab_size=256), 2, 256, target="cuda")
     [kernel] = on_gpu.attention["kernels"]  # CUDA's fused kernels take dropout; float32 rules out flash
     assert kernel["op"] == "_scaled_dot_product_efficient_attention" and on_gpu.attention["emulated"]
     assert on_gpu.attention_scores_bytes is None and on_gpu.peak_bytes < dropout.peak_bytes
@@ -414,8 +414,8 @@ def test_report_names_the_kernel_assumed():
     import llama_meta
     from tfdoctor.report.memory import render
 
-    verdict = judge_traced(Subject(llama_meta.build(), vocab_size=256), "llama", 2, 128, 2**40, "test",
-                           remedies=False, device="cuda")
+    verdict = judge_traced(Subject(llama_meta.build(), vocab_size=256), "llama", 2, 64, 2**20, "test",
+                           device="cuda")
     rich, doc = io.StringIO(), io.StringIO()
     render(verdict, "rich", rich, width=400)
     render(verdict, "json", doc)
@@ -424,8 +424,11 @@ def test_report_names_the_kernel_assumed():
     attention = json.loads(doc.getvalue())["attention"]
     assert attention["device"] == "cuda" and attention["emulated"] and not attention["kernels"][0]["fused"]
     assert "grouped" in attention["kernels"][0]["reason"]
-    assert any("under --dtype bf16 they could take flash attention" in note for note in verdict.traced["notes"])
-    bf16 = judge_traced(Subject(llama_meta.build(), vocab_size=256), "llama", 2, 128, 2**40, "test",
+    assert any("under bf16 autocast (--dtype bf16) they could take flash attention" in note
+               for note in verdict.traced["notes"])
+    bf16 = judge_traced(Subject(llama_meta.build(), vocab_size=256), "llama", 2, 64, 2**40, "test",
                         remedies=False, device="cuda", dtype="bf16")
     assert [k["op"] for k in bf16.traced["attention"]["kernels"]] == ["_scaled_dot_product_flash_attention"]
     assert bf16.traced["attention_scores_bytes"] is None
+    mixed = next(r for r in verdict.remedies if r.name == "mixed precision")  # traced: bf16 changes the kernel
+    assert mixed.change.endswith("(traced: 16 bits let CUDA fuse attention)") and mixed.peak_bytes == bf16.peak_bytes

@@ -267,6 +267,12 @@ class AttentionKernels(TorchFunctionMode):
                 "kernels": kernels}
 
 
+def changes_kernel(summary: Optional[dict[str, Any]]) -> bool:
+    """Would bf16 autocast change the kernel? On an emulated GPU, a math path taken for want of 16 bits."""
+    return bool(summary) and summary["device"] == "cuda" and any(
+        not k["fused"] and "float16 or bfloat16" in k["reason"] for k in summary["kernels"])
+
+
 def scores_note(summary: Optional[dict[str, Any]], scores_bytes: Optional[int]) -> str:
     """What the report says of attention scores the trace stored ("" when it stored none): the model's
     own attention ops, or SDPA calls on their math path and why."""
@@ -284,7 +290,6 @@ def scores_note(summary: Optional[dict[str, Any]], scores_bytes: Optional[int]) 
     reasons = "; ".join(sorted({k["reason"] for k in math_calls if k["reason"]}))
     note = (f"{calls} of {summary['sdpa_calls']} F.scaled_dot_product_attention calls take the math path on "
             f"{summary['device']} and store the [.., T, T] scores" + (f" ({reasons})" if reasons else ""))
-    if summary["device"] == "cuda" and "float16 or bfloat16" in reasons:  # autocast changes CUDA's choice
-        note += ("; under --dtype bf16 they could take flash attention: trace that, since the mixed-precision "
-                 "remedy derived from this trace keeps the math path")
+    if changes_kernel(summary):
+        note += "; under bf16 autocast (--dtype bf16) they could take flash attention"
     return note

@@ -12,7 +12,7 @@ import torch
 
 from tfdoctor.errors import SubjectError, UsageError
 from tfdoctor.memory import derive
-from tfdoctor.memory.kernels import scores_note
+from tfdoctor.memory.kernels import changes_kernel, scores_note
 from tfdoctor.memory.traced import PHASES, trace_step
 
 # The shorter-sequence fallback (when the shapes cannot tell T apart) fits a quadratic through the
@@ -75,9 +75,7 @@ def judge_traced(subject, target: str, batch: int, seq: int, budget: int, budget
         largest_seq = derive.largest_seq(derivation.points, batch, seq, budget, limit=positions)
     if wanted:
         if derivation.mixed_peak is not None:
-            value = derivation.mixed_peak
-            found.append(Remedy("mixed precision", "torch.autocast(dtype=torch.bfloat16) around the forward "
-                                "(derived)", value, value <= budget))
+            found.append(_mixed_precision(subject, main, budget, optimizer, (gpus, shard, device)))
         if derivation.checkpoint_peak is not None:
             value = derivation.checkpoint_peak
             change = ("model.gradient_checkpointing_enable()" if getattr(model, "supports_gradient_checkpointing", False)
@@ -119,6 +117,21 @@ def judge_traced(subject, target: str, batch: int, seq: int, budget: int, budget
     trace["notes"] = trace["notes"] + notes
     return Verdict(estimate=None, budget_bytes=budget, budget_source=budget_source, largest_seq=largest_seq,
                    largest_batch=largest_batch, remedies=found, mode="traced", traced=trace)
+
+
+def _mixed_precision(subject, main, budget: int, optimizer: str, sharding):
+    """The bf16 autocast remedy: derived from the trace, or traced again where it changes the kernel, as
+    on a GPU whose SDPA calls take the math path in float32 only for want of 16 bits (kernels.py)."""
+    from tfdoctor.memory.analytic import Remedy
+
+    change = "torch.autocast(dtype=torch.bfloat16) around the forward"
+    if not changes_kernel(main.attention):
+        value = main.derivation.mixed_peak
+        return Remedy("mixed precision", change + " (derived)", value, value <= budget)
+    gpus, shard, device = sharding
+    value = trace_step(subject, main.batch, main.seq, optimizer=optimizer, autocast_dtype=torch.bfloat16, gpus=gpus,
+                       shard=shard, target=device).peak_bytes
+    return Remedy("mixed precision", change + " (traced: 16 bits let CUDA fuse attention)", value, value <= budget)
 
 
 def _traced_shorter(subject, batch, seq, optimizer, autocast, sharding, budget, positions, peak, progress):
