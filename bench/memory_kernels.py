@@ -7,7 +7,7 @@ built on the CPU and traced, the same model built on meta and traced, and the ke
 Then TinyLlama-1.1B's shape at 8,192 tokens, traced from meta only (it is never allocated), for the CPU
 and for a GPU (--device cuda: CUDA's choice emulated), fp32 and bf16 autocast, against 80 GiB.
 
-    python bench/memory_kernels.py          # about a minute on 2 cores
+    python bench/memory_kernels.py          # about two minutes on 2 cores
     python bench/memory_kernels.py --quick  # without the 1.1B traces
 """
 
