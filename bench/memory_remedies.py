@@ -74,7 +74,9 @@ sys.path.insert(0, sys.argv[4])
 import torch
 from tfdoctor.loader import load_subject
 from tfdoctor.runner import as_subject
-from tfdoctor.memory.traced import checkpointed_blocks, judge_traced, trace_step
+from tfdoctor.memory.blocks import checkpointed_blocks
+from tfdoctor.memory.traced import trace_step
+from tfdoctor.memory.traced_verdict import judge_traced
 target, B, T = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 torch.set_num_threads(2)
 subject = as_subject(load_subject(target))

@@ -111,3 +111,13 @@ def test_traced_shard_gives_the_per_device_figure_of_the_trace():
     assert data["peak_bytes"] == data["trace"]["per_device_peak_bytes"] == expected
     assert expected < trace_step(subject, 2, 64).peak_bytes
     assert any("FSDP2 zero3 on 4 devices" in note for note in data["trace"]["notes"])
+
+
+def test_device_cuda_traces_a_meta_model_with_cudas_kernels():
+    """--device reaches the trace (the worker): a meta-built SDPA model runs CUDA's flash kernel under bf16."""
+    done = tfdoctor("memory", "fixtures/sdpa_meta.py:build", "--batch", "2", "--seq", "128", "--dtype", "bf16",
+                    "--device", "cuda", "--budget", "1GiB", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    attention = json.loads(done.stdout)["attention"]
+    assert attention["device"] == "cuda" and attention["why"] == "set by --device cuda"
+    assert [k["op"] for k in attention["kernels"]] == ["_scaled_dot_product_flash_attention"]

@@ -10,7 +10,8 @@ import torch
 
 from tfdoctor.memory.analytic import Config, estimate
 from tfdoctor.memory.gpt import GPT
-from tfdoctor.memory.traced import judge_traced, trace_step
+from tfdoctor.memory.traced import trace_step
+from tfdoctor.memory.traced_verdict import judge_traced
 from tfdoctor.runner import run_checks
 from tfdoctor.subject import Subject
 
@@ -144,11 +145,12 @@ def test_largest_batch_at_batch_one_is_a_traced_fact():
 
 def test_remedies_are_derived_from_one_trace(monkeypatch):
     import tfdoctor.memory.traced as traced
+    import tfdoctor.memory.traced_verdict as traced_verdict
 
     subject = fixture_subject()
     calls = []
     real = traced.trace_step
-    monkeypatch.setattr(traced, "trace_step", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
+    monkeypatch.setattr(traced_verdict, "trace_step", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
     main = real(subject, 8, 64)
     budget = int(main.peak_bytes * 0.55)
     verdict = judge_traced(subject, FIXTURE, 8, 64, budget, "test")
@@ -159,7 +161,9 @@ def test_remedies_are_derived_from_one_trace(monkeypatch):
     assert all(r.change.endswith("(derived)") for r in verdict.remedies)
     micro = int(remedies["gradient accumulation"].change.split()[1])
     shorter = int(remedies["shorter sequences"].change.split()[1].rstrip(","))
-    with traced.checkpointed_blocks(subject.model):
+    from tfdoctor.memory.blocks import checkpointed_blocks
+
+    with checkpointed_blocks(subject.model):
         checkpointed = trace_step(subject, 8, 64).peak_bytes
     again = {"mixed precision": trace_step(subject, 8, 64, autocast_dtype=torch.bfloat16).peak_bytes,
              "activation checkpointing": checkpointed,
@@ -313,13 +317,14 @@ def test_sharded_remedies_are_per_device_and_from_one_trace(monkeypatch):
     """Under --shard, every derived remedy is one rank's figure (a sharded trace with the remedy applied
     agrees), and the ZeRO-3 remedy is a second view of the same trace."""
     import tfdoctor.memory.traced as traced
+    import tfdoctor.memory.traced_verdict as traced_verdict
 
     subject = fixture_subject()
     real = traced.trace_step
     main = real(subject, 8, 64, gpus=2, shard="zero2")
     budget = int(main.peak_bytes * 0.6)
     calls = []
-    monkeypatch.setattr(traced, "trace_step", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
+    monkeypatch.setattr(traced_verdict, "trace_step", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
     verdict = judge_traced(subject, FIXTURE, 8, 64, budget, "test", gpus=2, shard="zero2")
     monkeypatch.undo()
     assert calls == [(8, 64)]
@@ -331,3 +336,99 @@ def test_sharded_remedies_are_per_device_and_from_one_trace(monkeypatch):
     largest = verdict.largest_batch
     assert real(subject, largest, 64, gpus=2, shard="zero2").peak_bytes <= budget
     assert real(subject, largest + 1, 64, gpus=2, shard="zero2").peak_bytes > budget
+
+
+# -- the attention kernel the model runs where it trains (memory/kernels.py) -------------------------------
+
+@pytest.fixture(scope="module")
+def llama_both_ways():
+    """A tiny HF Llama configured for SDPA, built on meta and on the CPU, each traced once at [2, 128]."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    import llama_meta
+
+    traces = {}
+    for name in ("build", "build_empty", "build_cpu"):  # build_empty: accelerate's init_empty_weights
+        model = getattr(llama_meta, name)()
+        traces[name] = trace_step(Subject(model, vocab_size=256), 2, 128)
+    traces["real"] = trace_step(Subject(model, vocab_size=256), 2, 128, fake=False)  # the CPU-built one, for real
+    return traces
+
+
+def test_meta_built_sdpa_llama_traces_as_on_the_cpu(llama_both_ways):
+    meta, cpu, real = llama_both_ways["build"], llama_both_ways["build_cpu"], llama_both_ways["real"]
+    assert meta.peak_bytes == cpu.peak_bytes == real.peak_bytes  # ratio 1.000 (the math path read 8.8x)
+    assert llama_both_ways["build_empty"].peak_bytes == cpu.peak_bytes
+    assert meta.attention_scores_bytes is None
+    assert meta.attention["device"] == "cpu" and "meta" in meta.attention["why"]
+    [kernel] = meta.attention["kernels"]
+    assert kernel["op"] == "_scaled_dot_product_flash_attention_for_cpu" and kernel["calls"] == 2
+
+
+def test_own_sdpa_model_on_meta_and_its_math_path_under_dropout():
+    import sdpa_meta
+
+    peaks = {name: trace_step(Subject(getattr(sdpa_meta, name)(), vocab_size=256), 2, 256)
+             for name in ("build", "build_cpu", "build_dropout")}
+    assert peaks["build"].peak_bytes == peaks["build_cpu"].peak_bytes
+    dropout = peaks["build_dropout"]  # the CPU's fused kernel has no dropout: math is what the CPU runs
+    [kernel] = dropout.attention["kernels"]
+    assert not kernel["fused"] and "dropout" in kernel["reason"]
+    assert dropout.attention_scores_bytes == 2 * 4 * 256 * 256 * 4
+    from tfdoctor.memory.kernels import scores_note
+
+    note = scores_note(dropout.attention, dropout.attention_scores_bytes)
+    assert "math path" in note and "dropout" in note and "not traced" not in note
+    on_gpu = trace_step(Subject(sdpa_meta.build_dropout(), vocab_size=256), 2, 256, target="cuda")
+    [kernel] = on_gpu.attention["kernels"]  # CUDA's fused kernels take dropout; float32 rules out flash
+    assert kernel["op"] == "_scaled_dot_product_efficient_attention" and on_gpu.attention["emulated"]
+    assert on_gpu.attention_scores_bytes is None and on_gpu.peak_bytes < dropout.peak_bytes
+
+
+@pytest.mark.parametrize("dtype, head, mask, gqa, expected", [
+    (torch.bfloat16, 64, False, True, "_scaled_dot_product_flash_attention"),
+    (torch.float32, 64, False, False, "_scaled_dot_product_efficient_attention"),
+    (torch.float16, 64, True, False, "_scaled_dot_product_efficient_attention"),  # flash takes no mask
+    (torch.float32, 6, False, False, "math"),  # efficient needs head sizes divisible by 4 in float32
+    (torch.bfloat16, 64, False, False, "_scaled_dot_product_flash_attention"),
+    (torch.float32, 64, False, True, "math"),  # grouped KV heads: flash (16-bit only) or math, never efficient
+])
+def test_cuda_choice_follows_torch_gates(dtype, head, mask, gqa, expected):
+    from tfdoctor.memory.kernels import cuda_choice
+
+    q = torch.empty(2, 8, 16, head, dtype=dtype, device="meta")
+    kv = torch.empty(2, 2 if gqa else 8, 16, head, dtype=dtype, device="meta")
+    attn_mask = torch.empty(16, 16, dtype=torch.bool, device="meta") if mask else None
+    op, _ = cuda_choice(dict(query=q, key=kv, value=kv, attn_mask=attn_mask, dropout_p=0.1, is_causal=not mask,
+                             scale=None, enable_gqa=gqa))
+    assert op == expected
+
+
+def test_report_names_the_kernel_assumed():
+    """HF Llama (grouped KV heads) in float32 for a GPU: flash needs 16 bits, memory-efficient takes no grouped
+    heads, so CUDA runs the math path, and the Rich and JSON reports say so and why."""
+    import io
+    import json
+
+    pytest.importorskip("transformers")
+    import llama_meta
+    from tfdoctor.report.memory import render
+
+    verdict = judge_traced(Subject(llama_meta.build(), vocab_size=256), "llama", 2, 64, 2**20, "test",
+                           device="cuda")
+    rich, doc = io.StringIO(), io.StringIO()
+    render(verdict, "rich", rich, width=400)
+    render(verdict, "json", doc)
+    assert ("attention on cuda (CUDA's choice on an sm80+ GPU, emulated): math path (stores the T x T scores) in 2 "
+            "of 2 SDPA calls (flash attention needs float16 or bfloat16") in rich.getvalue()
+    attention = json.loads(doc.getvalue())["attention"]
+    assert attention["device"] == "cuda" and attention["emulated"] and not attention["kernels"][0]["fused"]
+    assert "grouped" in attention["kernels"][0]["reason"]
+    assert any("under bf16 autocast (--dtype bf16) they could take flash attention" in note
+               for note in verdict.traced["notes"])
+    bf16 = judge_traced(Subject(llama_meta.build(), vocab_size=256), "llama", 2, 64, 2**40, "test",
+                        remedies=False, device="cuda", dtype="bf16")
+    assert [k["op"] for k in bf16.traced["attention"]["kernels"]] == ["_scaled_dot_product_flash_attention"]
+    assert bf16.traced["attention_scores_bytes"] is None
+    mixed = next(r for r in verdict.remedies if r.name == "mixed precision")  # traced: bf16 changes the kernel
+    assert mixed.change.endswith("(traced: 16 bits let CUDA fuse attention)") and mixed.peak_bytes == bf16.peak_bytes

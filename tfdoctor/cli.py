@@ -509,7 +509,8 @@ def memory(
     shard: Shard = typer.Option(Shard.none, "--shard", help="ZeRO stage: none, zero1, zero2, zero3"),
     budget: Optional[str] = typer.Option(None, "--budget", help="e.g. 24GiB or 80GB (default: available memory, "
                                                                 "or the GPU's free memory with --device cuda)"),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda[:N]: whose memory is the default budget"),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda[:N]: whose memory is the default budget "
+                                                                "and whose attention kernels a TARGET runs"),
     fmt: MemoryFormat = typer.Option(MemoryFormat.rich, "--format", help="report format"),
 ) -> None:
     """Predict the peak memory of one training step, what makes it, and which remedy brings it under budget.
@@ -550,7 +551,7 @@ def memory(
     if verdict is None:  # traced: the user's code runs in the supervised worker, as for `check`
         request = dict(command="memory", target=target, vocab=vocab, batch=batch, seq=seq, budget_bytes=budget_bytes,
                        budget_source=source, dtype=dtype.value, optimizer=optimizer.value, gpus=gpus,
-                       shard=shard.value)
+                       shard=shard.value, device=device)
         outcome = _supervised(request, fmt is MemoryFormat.rich, DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK)
         if outcome.ended != "done" or outcome.verdict is None:
             typer.echo(f"tfdoctor: error: {outcome.message or 'the trace delivered no verdict'}", err=True)

@@ -152,14 +152,14 @@ def run_memory_request(request: dict, progress=None):
     import torch
 
     from tfdoctor.loader import load_subject
-    from tfdoctor.memory.traced import judge_traced
+    from tfdoctor.memory.traced_verdict import judge_traced
     from tfdoctor.runner import as_subject
 
     torch.manual_seed(0)  # as `check` does: the factory's weights are the same in every run
     subject = as_subject(load_subject(request["target"]), vocab_size=request.get("vocab"))
     return judge_traced(subject, request["target"], request["batch"], request["seq"], request["budget_bytes"],
                         request["budget_source"], dtype=request["dtype"], optimizer=request["optimizer"],
-                        gpus=request["gpus"], shard=request["shard"], progress=progress)
+                        gpus=request["gpus"], shard=request["shard"], progress=progress, device=request.get("device"))
 
 
 def _rank_session(request: dict):

@@ -29,7 +29,7 @@ def memory(subject) -> Result:
         return Result.skipped("needs --train-batch and --train-seq (the training shape to trace)")
     from tfdoctor.memory.budget import resolve_budget
     from tfdoctor.memory.sizes import format_bytes
-    from tfdoctor.memory.traced import judge_traced
+    from tfdoctor.memory.traced_verdict import judge_traced
 
     budget, source = resolve_budget(options.get("budget"))
     target = type(subject.model).__name__
@@ -41,6 +41,7 @@ def memory(subject) -> Result:
         "batch": batch, "seq": seq, "peak_phase": trace["peak_phase"], "peak_op": trace["peak_op"],
         "peak_node": trace["peak_node"], "peak_module": trace["peak_module"],
         "attention_scores_bytes": trace["attention_scores_bytes"], "logits_bytes": trace["logits_bytes"],
+        "attention": trace.get("attention"), "notes": trace["notes"],
         "breakdown": trace["peak_breakdown"], "kept_by_module": trace["kept_by_module"][:6],
         "remedies": [r.to_dict() for r in verdict.remedies],
         "largest_seq_that_fits": verdict.largest_seq, "largest_batch_that_fits": verdict.largest_batch,

@@ -7,7 +7,7 @@ once for both modes; a view plays that schedule at the same points of the traced
 origin, how many bytes the rank holds more (or fewer) than the trace:
 
 - groups as the FSDP2 documentation's idiom builds them: `fully_shard` on each top-level block (the
-  children of the model's nn.ModuleList, traced.top_blocks), then on the root, which holds the rest;
+  children of the model's nn.ModuleList, blocks.top_blocks), then on the root, which holds the rest;
 - persistent bytes: each parameter as rank 0's padded dim-0 shard (ceil(rows / N) rows, as
   sharding.sharded_bytes), each optimizer state likewise; 0-dim states (AdamW's step) and buffers whole,
   as FSDP2 leaves them;

@@ -32,6 +32,9 @@ Under `--gpus N --shard zero1|zero2|zero3` every figure, the derived ones includ
 analytic mode's FSDP2 schedule is played over the traced step (fsdp_overlay.py), and the ZeRO-3 remedy is
 a second such view of the same trace.
 
+The step runs the attention kernels of the device the model trains on, whatever device its factory built
+it on (kernels.py); traced_verdict.py judges the step against the budget and derives the remedies.
+
 Imports torch; the analytic mode never imports this module.
 """
 
@@ -41,7 +44,7 @@ import contextlib
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -52,6 +55,8 @@ from torch.utils._pytree import tree_leaves
 
 from tfdoctor.errors import SubjectError, UsageError
 from tfdoctor.memory import derive
+from tfdoctor.memory.blocks import block_map, module_stack, swapped_tensors, top_blocks
+from tfdoctor.memory.kernels import attention_kernels, onto
 
 PHASES = ("setup", "forward", "loss", "backward", "optimizer")
 # What is alive at the peak, by the phase that created it (see TraceResult.peak_breakdown).
@@ -146,6 +151,7 @@ class TraceResult:
     seq: int = 0
     notes: list[str] = field(default_factory=list)
     derivation: Optional[Derivation] = None
+    attention: Optional[dict[str, Any]] = None  # the SDPA kernels the step ran and on which device (kernels.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -158,7 +164,7 @@ class TraceResult:
             "kept_by_module": [{"module": m, "bytes": b} for m, b in self.kept_by_module],
             "largest_tensors": list(self.largest), "ops": self.ops, "seconds": round(self.seconds, 3),
             "batch": self.batch, "seq": self.seq, "notes": list(self.notes),
-            "derivation": self.derivation.summary() if self.derivation else None,
+            "derivation": self.derivation.summary() if self.derivation else None, "attention": self.attention,
         }
 
 
@@ -297,7 +303,7 @@ class LiveBytes(TorchDispatchMode):
         finalizer.atexit = False
         if op and nbytes >= 1 << 20:
             self._note_large(tensor, nbytes, op, module)
-        if op and self.phase == "forward" and tensor.dim() >= 3 and tuple(tensor.shape[-2:]) == (self.seq, self.seq):
+        if op and self.phase == "forward" and tensor.dim() >= 3 and entry.power == 2:  # not [B, T, C] with C = T
             self.scores_bytes = max(self.scores_bytes, nbytes)
         return entry
 
@@ -650,85 +656,6 @@ def _module_pattern(name: str) -> str:
     return ".".join("*" if part.isdigit() else part for part in name.split(".")) if name else name
 
 
-def top_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The children of every nn.ModuleList not inside another such child: the layers of nearly
-    every Transformer (an encoder-decoder has two lists), not the heads or experts within a layer."""
-    found: list[tuple[str, nn.Module]] = []
-    for name, holder in model.named_modules():
-        if not isinstance(holder, nn.ModuleList):
-            continue
-        if any(name == root or name.startswith(root + ".") for root, _ in found):
-            continue
-        for index, block in enumerate(holder):
-            found.append((f"{name}.{index}" if name else str(index), block))
-    return found
-
-
-def _block_map(model: nn.Module) -> dict[str, int]:
-    """Every module name inside a top-level block -> the block's index."""
-    mapping: dict[str, int] = {}
-    for index, (root, block) in enumerate(top_blocks(model)):
-        for sub_name, _ in block.named_modules():
-            mapping[f"{root}.{sub_name}" if sub_name else root] = index
-    return mapping
-
-
-@contextlib.contextmanager
-def module_stack(model: nn.Module, counter: LiveBytes) -> Iterator[None]:
-    names = {id(m): name for name, m in model.named_modules() if name}
-    roots = {id(block): index for index, (_, block) in enumerate(top_blocks(model))} if counter.block_of else {}
-
-    def push(module, args):
-        name = names.get(id(module))
-        if name is not None:
-            counter.modules.append(name)
-
-    def pop(module, args, output):
-        name = names.get(id(module))
-        if name is not None and counter.modules and counter.modules[-1] == name:
-            counter.modules.pop()
-        index = roots.get(id(module))
-        if index is not None and counter.phase == "forward":
-            counter.block_returned(index, output)
-
-    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-
-    handles = [register_module_forward_pre_hook(push), register_module_forward_hook(pop)]
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-        counter.modules.clear()
-
-
-@contextlib.contextmanager
-def swapped_tensors(model: nn.Module, convert) -> Iterator[list[nn.Parameter]]:
-    """Every parameter and buffer of `model` replaced by `convert(tensor)` for the block, sharing
-    kept (a tied weight stays one tensor), and the originals put back in `finally`."""
-    saved: list[tuple[dict, str, Any]] = []
-    made: dict[int, Any] = {}
-    params: list[nn.Parameter] = []
-    try:
-        for module in model.modules():
-            for table in (module._parameters, module._buffers):
-                for name, tensor in list(table.items()):
-                    if tensor is None:
-                        continue
-                    saved.append((table, name, tensor))
-                    if id(tensor) not in made:
-                        new = convert(tensor.detach())
-                        if isinstance(tensor, nn.Parameter):
-                            new = nn.Parameter(new, requires_grad=tensor.requires_grad)
-                            params.append(new)
-                        made[id(tensor)] = new
-                    table[name] = made[id(tensor)]
-        yield params
-    finally:
-        for table, name, tensor in reversed(saved):
-            table[name] = tensor
-
-
 def make_optimizer(name: str, params: list[nn.Parameter]):
     trainable = [p for p in params if p.requires_grad]
     if name == "none" or not trainable:
@@ -796,14 +723,15 @@ def training_step(subject, batch: int, seq: int, optimizer, counter: LiveBytes, 
 
 def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autocast_dtype=None,
                fake: bool = True, on_phase: Optional[Callable[[], None]] = None, gpus: int = 1,
-               shard: str = "none", zero3_gpus: Optional[int] = None) -> TraceResult:
+               shard: str = "none", zero3_gpus: Optional[int] = None, target: Optional[str] = None) -> TraceResult:
     """Trace one steady-state training step of `subject` (a resolved-enough tfdoctor Subject with
     vocab_size set) at [batch, seq]. fake=False runs it for real (the bench's ground truth) and uses
     the model's own tensors, which the step then updates. on_phase() is called as each of the
     len(PHASES) phases ends.
 
     shard zero1|zero2|zero3: the figures are one rank's of `gpus` (fsdp_overlay.py). zero3_gpus: also
-    watch the step as one rank of FSDP2 zero3 on that many devices (Derivation.zero3_peak)."""
+    watch the step as one rank of FSDP2 zero3 on that many devices (Derivation.zero3_peak). target: the
+    device (cpu, cuda) whose attention kernels the step runs, default the weights' (kernels.py)."""
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     from tfdoctor.memory.fsdp_overlay import ShardedView, fsdp2_groups, fsdp2_hooks
@@ -816,7 +744,7 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
         raise SubjectError("cannot tell the vocabulary size", "pass --vocab N or Subject(vocab_size=N)")
     start = time.perf_counter()
     done = on_phase or (lambda: None)
-    blocks = _block_map(model) if optimizer != "none" else {}
+    blocks = block_map(model) if optimizer != "none" else {}
     counter = LiveBytes(batch, seq, mixed=autocast_dtype is None, blocks=blocks)
     flags = [(m, m.training) for m in model.modules()]
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
@@ -824,6 +752,9 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
     already = next((t for t in model.parameters() if isinstance(t, FakeTensor)), None)
     if fake and already is not None:  # built under a FakeTensorMode already (e.g. too big to build for real)
         fake_mode, convert = already.fake_mode, (lambda t: t)
+    kernels, moved = attention_kernels(model, target, fake)
+    if moved:  # built on meta (or another device than the target's): traced as CPU tensors
+        convert = onto(torch.device("cpu"), fake_mode, convert)
     hooks = []
     model.train()
     try:
@@ -865,6 +796,7 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
                 counter.start_step()
                 done()
                 stack.enter_context(module_stack(model, counter))
+                stack.enter_context(kernels.on(device))  # under _NodeTagger: the kernel it wraps is the routed one
                 stack.enter_context(_NodeTagger(counter))
                 stack.enter_context(fsdp2_hooks(model, counter.views, counter))
                 if blocks:
@@ -884,13 +816,7 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
             module.training = training
     phase, op, node, module = counter.peak_at
     largest = sorted(counter.largest.values(), key=lambda d: -d["bytes"])[:LARGEST_KEPT]
-    derivation = Derivation(
-        batch=batch, seq=seq, points=counter.points,
-        mixed_peak=counter.mixed_peak if counter.mixed else None,
-        checkpoint_peak=counter.checkpoint_peak if blocks else None,
-        blocks=len(set(blocks.values())), seq_ambiguous=counter.seq_ambiguous,
-        zero3_gpus=zero3_gpus if zero3_view is not None else None,
-        zero3_peak=zero3_view.peak if zero3_view is not None else None)
+    derivation = _derivation(counter, blocks, zero3_gpus, zero3_view)
     notes = [counter.sharded.describe()] if counter.sharded is not None else []
     return TraceResult(
         peak_bytes=counter.peak, peak_phase=phase, peak_op=op, peak_node=node, peak_module=module,
@@ -900,7 +826,17 @@ def trace_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoc
         optimizer_bytes=optimizer_bytes, phase_peaks={k: v for k, v in counter.phase_peaks.items()},
         kept_by_module=kept[:12], largest=largest, ops=counter.ops,
         seconds=time.perf_counter() - start, batch=batch, seq=seq, notes=notes, derivation=derivation,
-    )
+        attention=kernels.summary())
+
+
+def _derivation(counter: LiveBytes, blocks: dict[str, int], zero3_gpus, zero3_view) -> Derivation:
+    return Derivation(
+        batch=counter.batch, seq=counter.seq, points=counter.points,
+        mixed_peak=counter.mixed_peak if counter.mixed else None,
+        checkpoint_peak=counter.checkpoint_peak if blocks else None,
+        blocks=len(set(blocks.values())), seq_ambiguous=counter.seq_ambiguous,
+        zero3_gpus=zero3_gpus if zero3_view is not None else None,
+        zero3_peak=zero3_view.peak if zero3_view is not None else None)
 
 
 def _untraceable(error: Exception, counter: "LiveBytes", fake: bool) -> SubjectError:
@@ -933,173 +869,3 @@ def _storage_bytes(tensor) -> int:
         return 0
 
 
-@contextlib.contextmanager
-def checkpointed_blocks(model: nn.Module) -> Iterator[int]:
-    """Wrap each top-level block (see top_blocks) in non-reentrant activation checkpointing for the
-    block; the instance attribute goes in `finally`. The bench traces this to hold the derived
-    checkpointing peak to account."""
-    from torch.utils.checkpoint import checkpoint
-
-    wrapped = []
-    try:
-        for _, block in top_blocks(model):
-            original = block.forward
-
-            def forward(*args, _original=original, **kwargs):
-                return checkpoint(_original, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
-
-            block.forward = forward
-            wrapped.append(block)
-        yield len(wrapped)
-    finally:
-        for block in wrapped:
-            del block.forward
-
-
-# ----------------------------------------------------------------------------------------------------
-# Judging a traced step against the budget: the same verdict and remedies as the analytic mode
-
-# The shorter-sequence fallback (when the shapes cannot tell T apart) fits a quadratic through the
-# step at T, T/2 and T/4, then traces the proposal, stepping down by this factor while it does not fit
-# (the fit is close, not exact).
-SEQ_STEP_DOWN = 0.97
-SEQ_STEP_DOWNS = 3
-# Gradient accumulation and ZeRO-3 are shown for this many GPUs when --gpus says one.
-DEFAULT_SHARD_GPUS = 8
-
-
-def _no_progress(description: str, total: int) -> Callable[..., None]:
-    return lambda n=1: None
-
-
-def judge_traced(subject, target: str, batch: int, seq: int, budget: int, budget_source: str, *,
-                 dtype: str = "fp32", optimizer: str = "adamw", gpus: int = 1, shard: str = "none",
-                 remedies: bool = True, remedies_if_fits: bool = True, progress=None):
-    """Trace the step once, judge it, and derive the remedies from that trace (with
-    remedies_if_fits=False, only when the step does not fit: the battery's check needs them then).
-
-    progress follows tfdoctor.context.Progress: progress(description, total) -> advance(n=1); it is
-    advanced once per phase of the trace, once for the remedies, and once per extra trace.
-    """
-    from tfdoctor.memory.analytic import Remedy, Verdict
-    from tfdoctor.subject import max_positions_of, vocab_size_of
-
-    progress = progress or _no_progress
-    model = subject.model
-    if subject.vocab_size is None:
-        vocab = vocab_size_of(model)
-        if not vocab:
-            raise SubjectError("cannot tell the vocabulary size: no config.vocab_size and no nn.Embedding",
-                               "pass --vocab N")
-        import dataclasses
-
-        subject = dataclasses.replace(subject, vocab_size=vocab)
-    positions = max_positions_of(model)
-    if positions and seq > positions:
-        raise UsageError(f"--seq {seq} is longer than the model's {positions} positions",
-                         f"pass --seq {positions} or less, or build the model with more positions")
-    autocast = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-
-    # Under --shard every figure of the trace is already one rank's (fsdp_overlay.py), the derived
-    # ones included; the ZeRO-3 remedy is a second view of the same trace.
-    advance = progress(f"memory: tracing one training step at batch {batch} x seq {seq}", len(PHASES) + 1)
-    zero3_gpus = gpus if gpus > 1 else DEFAULT_SHARD_GPUS
-    main = trace_step(subject, batch, seq, optimizer=optimizer, autocast_dtype=autocast, on_phase=advance,
-                      gpus=gpus, shard=shard, zero3_gpus=zero3_gpus if remedies else None)
-    derivation = main.derivation
-    peak = main.peak_bytes
-
-    found: list = []
-    notes: list[str] = []
-    largest_batch = derive.largest_batch(derivation.points, batch, budget)
-    largest_seq: Optional[int] = None
-    wanted = remedies and (remedies_if_fits or peak > budget)
-    if not derivation.seq_ambiguous:
-        largest_seq = derive.largest_seq(derivation.points, batch, seq, budget, limit=positions)
-    if wanted:
-        if derivation.mixed_peak is not None:
-            value = derivation.mixed_peak
-            found.append(Remedy("mixed precision", "torch.autocast(dtype=torch.bfloat16) around the forward "
-                                "(derived)", value, value <= budget))
-        if derivation.checkpoint_peak is not None:
-            value = derivation.checkpoint_peak
-            change = ("model.gradient_checkpointing_enable()" if getattr(model, "supports_gradient_checkpointing", False)
-                      else f"torch.utils.checkpoint around each of the {derivation.blocks} blocks of the nn.ModuleList")
-            found.append(Remedy("activation checkpointing", change + " (derived)", value, value <= budget))
-        if batch > 1:
-            micro = max(1, min(largest_batch or 1, batch - 1))
-            while batch % micro:
-                micro -= 1
-            value = derivation.peak_at(micro, seq)
-            found.append(Remedy("gradient accumulation", f"micro-batch {micro} x {batch // micro} accumulation "
-                                "steps (derived)", value, value <= budget))
-        if derivation.zero3_peak is not None:
-            value = derivation.zero3_peak
-            found.append(Remedy("ZeRO-3 / FSDP sharding", f"FSDP2 fully_shard on each block, then the model, over "
-                                f"{zero3_gpus} GPUs (derived)", value, value <= budget))
-        if derivation.seq_ambiguous:
-            largest_seq, remedy = _traced_shorter(subject, batch, seq, optimizer, autocast, (gpus, shard), budget,
-                                                  positions, peak, progress)
-            notes.append(f"{derivation.seq_ambiguous}, so the shapes cannot tell [.., T, T] scores from "
-                         "[.., T, head size] tensors: the sequence lengths were traced")
-            if remedy is not None:
-                found.append(remedy)
-        elif largest_seq is not None and largest_seq < seq:
-            shorter = max(largest_seq, 1)
-            value = derivation.peak_at(batch, shorter)
-            change = f"--seq {shorter}, the largest that fits (derived)" if largest_seq else \
-                "--seq 1 still does not fit (derived)"
-            found.append(Remedy("shorter sequences", change, value, value <= budget, changes_training=True))
-        if main.attention_scores_bytes:
-            notes.append("fused attention (F.scaled_dot_product_attention) is a change to your model's code and "
-                         "is not traced; `tfdoctor memory --attention sdpa` estimates it")
-    elif derivation.seq_ambiguous:
-        notes.append(f"{derivation.seq_ambiguous}: the largest sequence length is not derived")
-    advance()
-    trace = main.to_dict()
-    trace.update(target=target, dtype=dtype, optimizer=optimizer, gpus=gpus, shard=shard,
-                 parameter_count=sum(p.numel() for p in model.parameters()), per_device_peak_bytes=peak,
-                 max_positions=positions)
-    trace["peak_bytes"] = peak
-    trace["notes"] = trace["notes"] + notes
-    return Verdict(estimate=None, budget_bytes=budget, budget_source=budget_source, largest_seq=largest_seq,
-                   largest_batch=largest_batch, remedies=found, mode="traced", traced=trace)
-
-
-def _traced_shorter(subject, batch, seq, optimizer, autocast, sharding, budget, positions, peak, progress):
-    """The shorter-sequence remedy by tracing: a quadratic through the step at T, T/2 and T/4 places the
-    largest length that fits, and the proposal is traced (stepping down while it does not fit), each
-    per device under `sharding` (gpus, shard). Returns (largest length, remedy or None)."""
-    from tfdoctor.memory.analytic import Remedy
-
-    lengths = sorted({max(1, seq // 2), max(1, seq // 4)} - {seq})
-    advance = progress("memory: tracing shorter sequences", len(lengths) + 1 + SEQ_STEP_DOWNS)
-    traced = 0
-
-    def run(t: int) -> int:
-        nonlocal traced
-        gpus, shard = sharding
-        value = trace_step(subject, batch, t, optimizer=optimizer, autocast_dtype=autocast, gpus=gpus,
-                           shard=shard).peak_bytes
-        traced += 1
-        advance()
-        return value
-
-    peaks = {t: run(t) for t in lengths}
-    peaks[seq] = peak
-    largest = derive.largest_quadratic(peaks, budget, limit=positions)
-    remedy = None
-    if largest < seq:
-        shorter = max(largest, 1)
-        value = run(shorter)
-        for _ in range(SEQ_STEP_DOWNS):
-            if value <= budget or shorter <= 1:
-                break
-            shorter = max(1, int(shorter * SEQ_STEP_DOWN))
-            value = run(shorter)
-        largest = shorter if value <= budget else None  # the fit was off: no length is vouched for
-        change = (f"--seq {shorter}, the largest that fits (traced)" if value <= budget else
-                  f"--seq {shorter} still does not fit (traced)")
-        remedy = Remedy("shorter sequences", change, value, value <= budget, changes_training=True)
-    advance(len(lengths) + 1 + SEQ_STEP_DOWNS - traced)
-    return largest, remedy

@@ -45,7 +45,7 @@ def to_dict(verdict: Verdict) -> dict[str, Any]:
         trace = verdict.traced
         data.update({"peak_phase": trace["peak_phase"], "peak_op": trace["peak_op"],
                      "peak_node": trace["peak_node"], "peak_module": trace["peak_module"],
-                     "breakdown": trace["peak_breakdown"], "trace": trace})
+                     "breakdown": trace["peak_breakdown"], "attention": trace.get("attention"), "trace": trace})
     if est is not None:
         data.update({"config": est.config.to_dict(), "parameter_count": est.parameter_count})
         if verdict.traced is None:
@@ -97,16 +97,7 @@ def render_rich(verdict: Verdict, out: TextIO, width: int | None = None) -> None
             text.append("█" * (cells - budget_at - 1), style="bar.over")
         return text
 
-    if trace is None:
-        console.print(Text(f"tfdoctor memory (analytic): {est.config.describe()}", style="head"))
-        console.print(f"{est.parameter_count:,} parameters", style="dim")
-    else:
-        console.print(Text(f"tfdoctor memory (traced): {trace['target']} at batch {trace['batch']} x seq "
-                           f"{trace['seq']}, {trace['dtype']}, optimizer {trace['optimizer']}", style="head"))
-        console.print(f"{trace['parameter_count']:,} parameters, {trace['ops']:,} ops traced in "
-                      f"{trace['seconds']:.1f} s", style="dim")
-        for note in trace.get("notes") or []:  # per device under sharding, what was not traced
-            console.print(f"note: {note}", style="dim")
+    _header(console, verdict)
 
     table = Table(title=f"Alive at the peak: {_peak_where(verdict)}", title_justify="left", show_edge=False)
     table.add_column("what")
@@ -190,6 +181,25 @@ def render_rich(verdict: Verdict, out: TextIO, width: int | None = None) -> None
     console.print(ANALYTIC_NOTE if trace is None else TRACED_NOTE, style="dim")
 
 
+def _header(console, verdict: Verdict) -> None:
+    """What was estimated or traced: the model, the shape, and for a trace the attention kernel it ran."""
+    from rich.text import Text
+
+    est, trace = verdict.estimate, verdict.traced
+    if trace is None:
+        console.print(Text(f"tfdoctor memory (analytic): {est.config.describe()}", style="head"))
+        console.print(f"{est.parameter_count:,} parameters", style="dim")
+        return
+    console.print(Text(f"tfdoctor memory (traced): {trace['target']} at batch {trace['batch']} x seq "
+                       f"{trace['seq']}, {trace['dtype']}, optimizer {trace['optimizer']}", style="head"))
+    console.print(f"{trace['parameter_count']:,} parameters, {trace['ops']:,} ops traced in "
+                  f"{trace['seconds']:.1f} s", style="dim")
+    if trace.get("attention"):
+        console.print(describe_kernels(trace["attention"]), style="dim")
+    for note in trace.get("notes") or []:  # per device under sharding, what was not traced
+        console.print(f"note: {note}", style="dim")
+
+
 def _peak_where(verdict: Verdict) -> str:
     if verdict.traced is not None:
         t = verdict.traced
@@ -200,6 +210,17 @@ def _peak_where(verdict: Verdict) -> str:
             parts.append(f"of {t['peak_module']}")
         return ", ".join(parts)
     return f"{verdict.estimate.peak_phase}, {verdict.estimate.peak_op}"
+
+
+def describe_kernels(summary: dict[str, Any]) -> str:
+    """One line: the attention kernel the trace assumed, on which device and why (memory/kernels.py)."""
+    where = f"attention on {summary['device']}" + (
+        " (CUDA's choice on an sm80+ GPU, emulated)" if summary.get("emulated") else "")
+    if not summary["sdpa_calls"]:
+        return f"{where}: no F.scaled_dot_product_attention call, the model's own ops were traced; {summary['why']}"
+    kernels = ", ".join(f"{k['kernel']} in {k['calls']} of {summary['sdpa_calls']} SDPA calls" +
+                        (f" ({k['reason']})" if k["reason"] else "") for k in summary["kernels"])
+    return f"{where}: {kernels}; {summary['why']}"
 
 
 def _count(value: int) -> str:

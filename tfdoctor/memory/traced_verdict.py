@@ -1,0 +1,173 @@
+"""Judging a traced step against the budget: the same verdict and remedies as the analytic mode, every
+remedy derived from the one trace of traced.py (or, where shapes cannot tell T apart, traced again).
+
+Imports torch; the analytic mode never imports this module.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from tfdoctor.errors import SubjectError, UsageError
+from tfdoctor.memory import derive
+from tfdoctor.memory.kernels import changes_kernel, scores_note
+from tfdoctor.memory.traced import PHASES, trace_step
+
+# The shorter-sequence fallback (when the shapes cannot tell T apart) fits a quadratic through the
+# step at T, T/2 and T/4, then traces the proposal, stepping down by this factor while it does not fit
+# (the fit is close, not exact).
+SEQ_STEP_DOWN = 0.97
+SEQ_STEP_DOWNS = 3
+# Gradient accumulation and ZeRO-3 are shown for this many GPUs when --gpus says one.
+DEFAULT_SHARD_GPUS = 8
+
+
+def _no_progress(description: str, total: int) -> Callable[..., None]:
+    return lambda n=1: None
+
+
+def judge_traced(subject, target: str, batch: int, seq: int, budget: int, budget_source: str, *,
+                 dtype: str = "fp32", optimizer: str = "adamw", gpus: int = 1, shard: str = "none",
+                 remedies: bool = True, remedies_if_fits: bool = True, progress=None, device: Optional[str] = None):
+    """Trace the step once, judge it, and derive the remedies from that trace (with
+    remedies_if_fits=False, only when the step does not fit: the battery's check needs them then).
+
+    progress follows tfdoctor.context.Progress: progress(description, total) -> advance(n=1); it is
+    advanced once per phase of the trace, once for the remedies, and once per extra trace. device: the
+    device (cpu, cuda) the model trains on, whose attention kernels are traced (default: its weights').
+    """
+    from tfdoctor.memory.analytic import Remedy, Verdict
+    from tfdoctor.subject import max_positions_of, vocab_size_of
+
+    progress = progress or _no_progress
+    model = subject.model
+    if subject.vocab_size is None:
+        vocab = vocab_size_of(model)
+        if not vocab:
+            raise SubjectError("cannot tell the vocabulary size: no config.vocab_size and no nn.Embedding",
+                               "pass --vocab N")
+        import dataclasses
+
+        subject = dataclasses.replace(subject, vocab_size=vocab)
+    positions = max_positions_of(model)
+    if positions and seq > positions:
+        raise UsageError(f"--seq {seq} is longer than the model's {positions} positions",
+                         f"pass --seq {positions} or less, or build the model with more positions")
+    autocast = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+
+    # Under --shard every figure of the trace is already one rank's (fsdp_overlay.py), the derived
+    # ones included; the ZeRO-3 remedy is a second view of the same trace.
+    advance = progress(f"memory: tracing one training step at batch {batch} x seq {seq}", len(PHASES) + 1)
+    zero3_gpus = gpus if gpus > 1 else DEFAULT_SHARD_GPUS
+    main = trace_step(subject, batch, seq, optimizer=optimizer, autocast_dtype=autocast, on_phase=advance,
+                      gpus=gpus, shard=shard, zero3_gpus=zero3_gpus if remedies else None, target=device)
+    derivation = main.derivation
+    peak = main.peak_bytes
+
+    found: list = []
+    notes: list[str] = []
+    largest_batch = derive.largest_batch(derivation.points, batch, budget)
+    largest_seq: Optional[int] = None
+    wanted = remedies and (remedies_if_fits or peak > budget)
+    if not derivation.seq_ambiguous:
+        largest_seq = derive.largest_seq(derivation.points, batch, seq, budget, limit=positions)
+    if wanted:
+        if derivation.mixed_peak is not None:
+            found.append(_mixed_precision(subject, main, budget, optimizer, (gpus, shard, device)))
+        if derivation.checkpoint_peak is not None:
+            value = derivation.checkpoint_peak
+            change = ("model.gradient_checkpointing_enable()" if getattr(model, "supports_gradient_checkpointing", False)
+                      else f"torch.utils.checkpoint around each of the {derivation.blocks} blocks of the nn.ModuleList")
+            found.append(Remedy("activation checkpointing", change + " (derived)", value, value <= budget))
+        if batch > 1:
+            micro = max(1, min(largest_batch or 1, batch - 1))
+            while batch % micro:
+                micro -= 1
+            value = derivation.peak_at(micro, seq)
+            found.append(Remedy("gradient accumulation", f"micro-batch {micro} x {batch // micro} accumulation "
+                                "steps (derived)", value, value <= budget))
+        if derivation.zero3_peak is not None:
+            value = derivation.zero3_peak
+            found.append(Remedy("ZeRO-3 / FSDP sharding", f"FSDP2 fully_shard on each block, then the model, over "
+                                f"{zero3_gpus} GPUs (derived)", value, value <= budget))
+        if derivation.seq_ambiguous:
+            largest_seq, remedy = _traced_shorter(subject, batch, seq, optimizer, autocast, (gpus, shard, device),
+                                                  budget, positions, peak, progress)
+            notes.append(f"{derivation.seq_ambiguous}, so the shapes cannot tell [.., T, T] scores from "
+                         "[.., T, head size] tensors: the sequence lengths were traced")
+            if remedy is not None:
+                found.append(remedy)
+        elif largest_seq is not None and largest_seq < seq:
+            shorter = max(largest_seq, 1)
+            value = derivation.peak_at(batch, shorter)
+            change = f"--seq {shorter}, the largest that fits (derived)" if largest_seq else \
+                "--seq 1 still does not fit (derived)"
+            found.append(Remedy("shorter sequences", change, value, value <= budget, changes_training=True))
+    elif derivation.seq_ambiguous:
+        notes.append(f"{derivation.seq_ambiguous}: the largest sequence length is not derived")
+    notes += [note] if (note := scores_note(main.attention, main.attention_scores_bytes)) else []
+    advance()
+    trace = main.to_dict()
+    trace.update(target=target, dtype=dtype, optimizer=optimizer, gpus=gpus, shard=shard,
+                 parameter_count=sum(p.numel() for p in model.parameters()), per_device_peak_bytes=peak,
+                 max_positions=positions)
+    trace["peak_bytes"] = peak
+    trace["notes"] = trace["notes"] + notes
+    return Verdict(estimate=None, budget_bytes=budget, budget_source=budget_source, largest_seq=largest_seq,
+                   largest_batch=largest_batch, remedies=found, mode="traced", traced=trace)
+
+
+def _mixed_precision(subject, main, budget: int, optimizer: str, sharding):
+    """The bf16 autocast remedy: derived from the trace, or traced again where it changes the kernel, as
+    on a GPU whose SDPA calls take the math path in float32 only for want of 16 bits (kernels.py)."""
+    from tfdoctor.memory.analytic import Remedy
+
+    change = "torch.autocast(dtype=torch.bfloat16) around the forward"
+    if not changes_kernel(main.attention):
+        value = main.derivation.mixed_peak
+        return Remedy("mixed precision", change + " (derived)", value, value <= budget)
+    gpus, shard, device = sharding
+    value = trace_step(subject, main.batch, main.seq, optimizer=optimizer, autocast_dtype=torch.bfloat16, gpus=gpus,
+                       shard=shard, target=device).peak_bytes
+    return Remedy("mixed precision", change + " (traced: 16 bits let CUDA fuse attention)", value, value <= budget)
+
+
+def _traced_shorter(subject, batch, seq, optimizer, autocast, sharding, budget, positions, peak, progress):
+    """The shorter-sequence remedy by tracing: a quadratic through the step at T, T/2 and T/4 places the
+    largest length that fits, and the proposal is traced (stepping down while it does not fit), each
+    per device under `sharding` (gpus, shard, the kernels' device). Returns (largest length, remedy or None)."""
+    from tfdoctor.memory.analytic import Remedy
+
+    lengths = sorted({max(1, seq // 2), max(1, seq // 4)} - {seq})
+    advance = progress("memory: tracing shorter sequences", len(lengths) + 1 + SEQ_STEP_DOWNS)
+    traced = 0
+
+    def run(t: int) -> int:
+        nonlocal traced
+        gpus, shard, device = sharding
+        value = trace_step(subject, batch, t, optimizer=optimizer, autocast_dtype=autocast, gpus=gpus,
+                           shard=shard, target=device).peak_bytes
+        traced += 1
+        advance()
+        return value
+
+    peaks = {t: run(t) for t in lengths}
+    peaks[seq] = peak
+    largest = derive.largest_quadratic(peaks, budget, limit=positions)
+    remedy = None
+    if largest < seq:
+        shorter = max(largest, 1)
+        value = run(shorter)
+        for _ in range(SEQ_STEP_DOWNS):
+            if value <= budget or shorter <= 1:
+                break
+            shorter = max(1, int(shorter * SEQ_STEP_DOWN))
+            value = run(shorter)
+        largest = shorter if value <= budget else None  # the fit was off: no length is vouched for
+        change = (f"--seq {shorter}, the largest that fits (traced)" if value <= budget else
+                  f"--seq {shorter} still does not fit (traced)")
+        remedy = Remedy("shorter sequences", change, value, value <= budget, changes_training=True)
+    advance(len(lengths) + 1 + SEQ_STEP_DOWNS - traced)
+    return largest, remedy
