@@ -239,7 +239,19 @@ def test_a_release_leaking_under_sdpa_fails_a_model_left_on_the_default():
         assert result.status.value == "fail", result.message
         assert result.message.startswith("with attn_implementation='sdpa':")
         assert result.details["failing_implementations"] == ["sdpa"]
-        assert "configured_implementation" not in result.details
+        assert result.details["configured_implementation"] == "sdpa"  # the default is what it runs
+
+
+def test_a_model_on_the_default_is_judged_by_the_default_and_warned_off_eager():
+    """The implementation a model runs is the resolved one, the library's default included: a leak
+    under eager only (which it does not run) is a warning naming the switch, not a failure."""
+    model = build_fixture("hf_release_leak")
+    model.leaking = "eager"
+    result = run_checks(model, only="future-leak")["future-leak"]
+    assert result.status.value == "warn", result.message
+    assert result.message.startswith("with attn_implementation='eager' (not 'sdpa', the one this model runs")
+    assert "do not switch to eager" in result.hint
+    assert result.details["configured_implementation"] == "sdpa"
 
 
 def test_a_model_configured_eager_is_judged_by_eager_and_warned_off_sdpa():
@@ -249,7 +261,7 @@ def test_a_model_configured_eager_is_judged_by_eager_and_warned_off_sdpa():
     report = run_checks(model, only=RELEASE_LEAK_CHECKS)
     for result in report.results:
         assert result.status.value == "warn", result.message
-        assert result.message.startswith("with attn_implementation='sdpa' (not the configured 'eager', which passes):")
+        assert result.message.startswith("with attn_implementation='sdpa' (not 'eager', the one this model runs, which passes):")
         assert f"do not switch to sdpa on this release (transformers {transformers.__version__})" in result.hint
         assert result.details["configured_implementation"] == "eager"
         assert result.details["failing_implementations"] == ["sdpa"]

@@ -175,3 +175,36 @@ def test_padding_mask_skips_when_no_embedding_is_found():
 def test_pad_counts_cover_short_and_long_padding():
     counts = pad_counts(4, 32)
     assert counts[0] >= 1 and counts[-1] < 32 and counts == sorted(counts)
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("build_tuple", ("pass", "pass")),  # get_input_embeddings() returns (embedding, scale)
+    ("build_tuple_unmasked", ("fail", "fail")),  # the same, attending to its pads
+    ("build_fixed_queries", ("skip", "skip")),  # a Parameter for embeddings; a fixed number of outputs
+])
+def test_padding_checks_reach_embeddings_that_are_not_a_tensor_module(name, expected):
+    import hf_odd_embeddings
+
+    report = run_checks(getattr(hf_odd_embeddings, name)(), only=["padding-mask", "padding-equivalence"])
+    assert tuple(r.status.value for r in report.results) == expected, [r.message for r in report.results]
+    if name == "build_fixed_queries":
+        assert "16 outputs for 8 input tokens" in report["padding-equivalence"].message
+
+
+def test_padding_checks_on_ibert_and_perceiver():
+    """I-BERT's embedding returns a tuple; Perceiver's get_input_embeddings() is its latent array and
+    its decoder answers with a fixed number of outputs."""
+    import transformers as tf
+
+    small = dict(vocab_size=128, num_hidden_layers=1, num_attention_heads=2)
+    ibert = tf.IBertForMaskedLM(tf.IBertConfig(hidden_size=32, intermediate_size=64, max_position_embeddings=40,
+                                               **small))
+    report = run_checks(Subject(ibert, pad_id=1), only=["padding-mask", "padding-equivalence"])
+    assert [r.status.value for r in report.results] == ["pass", "pass"], [r.message for r in report.results]
+    perceiver = tf.PerceiverForMaskedLM(tf.PerceiverConfig(
+        vocab_size=128, d_model=32, d_latents=32, num_latents=8, num_blocks=1, num_self_attends_per_block=1,
+        num_self_attention_heads=2, num_cross_attention_heads=2, max_position_embeddings=32, qk_channels=32,
+        v_channels=32))
+    report = run_checks(Subject(perceiver, pad_id=1), only=["padding-mask", "padding-equivalence"])
+    assert [r.status.value for r in report.results] == ["skip", "skip"], [r.message for r in report.results]
+    assert "32 outputs for 16 input tokens" in report["padding-equivalence"].message

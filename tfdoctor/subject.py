@@ -137,22 +137,16 @@ def is_hugging_face(model) -> bool:
 def inferred_kind(model) -> Optional[str]:
     """The kind a model announces itself as, or None when it does not say.
 
-    Hugging Face: `config.is_encoder_decoder` (T5, BART) is seq2seq; a class descended from a
-    *ForCausalLM / *LMHeadModel (or a config marked is_decoder) is causal; one descended from a
-    *ForMaskedLM (BERT-like) is an encoder. The class's ancestry is read, not its own name, so a
-    user's subclass keeps its parent's kind.
+    Hugging Face: the config's own switches first (is_encoder_decoder, XLM/FlauBERT's `causal`,
+    is_causal, is_decoder=True), then the task the library registers the class or its library
+    ancestor for (causal-LM or masked-LM auto mapping), then a measurement where only an ambiguous
+    "LMHead" name is left (tfdoctor/kinds.py). A user's subclass keeps its parent's kind.
     x-transformers: TransformerWrapper's attention layers carry `causal`.
     """
     if is_hugging_face(model):
-        if is_encoder_decoder(model):
-            return "seq2seq"
-        lineage = [cls.__name__ for cls in type(model).__mro__]
-        if getattr(_config(model), "is_decoder", False) or any(
-                name.endswith("ForCausalLM") or "LMHead" in name for name in lineage):
-            return "causal"
-        if any(name.endswith("ForMaskedLM") for name in lineage):
-            return "encoder"
-        return None
+        from tfdoctor.kinds import hugging_face_kind
+
+        return hugging_face_kind(model)
     layers = getattr(model, "attn_layers", None)
     if isinstance(getattr(layers, "causal", None), bool):
         return "causal" if layers.causal else "encoder"

@@ -140,10 +140,14 @@ def padding_equivalence(subject) -> Result:
     from tfdoctor.context import current
     from tfdoctor.probes.invariance import alone, compare_padded
     from tfdoctor.probes.modes import evaluation
-    from tfdoctor.probes.padding import probed_sides
+    from tfdoctor.probes.padding import fixed_output_length, probed_sides
 
     declared = subject.padding_side
     sides = probed_sides(subject)
+    with evaluation(subject.model):
+        unmatched = fixed_output_length(subject, torch.Generator().manual_seed(current().seed + 11))
+    if unmatched is not None:
+        return Result.skipped(unmatched)
 
     def judge(implementation) -> Result:
         with evaluation(subject.model):

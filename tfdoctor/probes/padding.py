@@ -78,18 +78,30 @@ def padded_batch(subject: Subject, generator: torch.Generator, side: Optional[st
 
 
 def input_embedding(subject: Subject) -> torch.nn.Module | None:
-    """The embedding that reads the (source) token ids."""
+    """The module that embeds the (source) token ids: Hugging Face's get_input_embeddings() when it
+    is a module (Perceiver's is its latent array, a Parameter), else the first nn.Embedding over the
+    whole vocabulary. Its output may be a tensor or a tuple led by one (I-BERT's (embedding, scale))."""
     model = subject.model
     if is_hugging_face(model):
+        holders = [model]
         if subject.kind == "seq2seq" and hasattr(model, "get_encoder"):
-            encoder = model.get_encoder()
-            found = encoder.get_input_embeddings() if hasattr(encoder, "get_input_embeddings") else None
-            if found is not None:
+            holders.insert(0, model.get_encoder())
+        for holder in holders:
+            found = holder.get_input_embeddings() if hasattr(holder, "get_input_embeddings") else None
+            if isinstance(found, torch.nn.Module):
                 return found
-        return model.get_input_embeddings()
     for module in model.modules():
         if isinstance(module, torch.nn.Embedding) and module.num_embeddings >= subject.vocab_size:
             return module
+    return None
+
+
+def _embedded(output, ids: torch.Tensor) -> torch.Tensor | None:
+    """The [*ids.shape, d] float embedding in what an embedding module returned (a tensor, or a
+    tuple led by it); None when it is not there."""
+    tensor = output[0] if isinstance(output, (tuple, list)) and output else output
+    if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.shape[:-1] == ids.shape:
+        return tensor
     return None
 
 
@@ -110,10 +122,14 @@ def perturbed_pads(embedding: torch.nn.Module, ids: torch.Tensor, padded: torch.
                       if args[0].shape == layout.shape and torch.equal(args[0], layout)), None)
         if where is None:
             return None
+        embedded = _embedded(output, args[0])
+        if embedded is None:
+            return None
         calls.append(1)
-        noise = torch.randn(output.shape, generator=generator).to(output.device, output.dtype)
-        scale = PERTURBATION_STDS * float(output.detach().float().std().clamp_min(1e-3))
-        return output + noise * scale * where.unsqueeze(-1).to(output.dtype)
+        noise = torch.randn(embedded.shape, generator=generator).to(embedded.device, embedded.dtype)
+        scale = PERTURBATION_STDS * float(embedded.detach().float().std().clamp_min(1e-3))
+        moved = embedded + noise * scale * where.unsqueeze(-1).to(embedded.dtype)
+        return moved if embedded is output else type(output)([moved, *output[1:]])
 
     handle = embedding.register_forward_hook(hook)
     try:
@@ -146,3 +162,18 @@ def pad_sensitivity(subject: Subject, seed: int, side: str) -> PadSensitivity | 
     change = torch.nan_to_num((moved - base).abs().amax(dim=-1), nan=float("inf"))
     finite = torch.isfinite(base).all(dim=-1)
     return PadSensitivity(change.cpu(), finite.cpu(), finite_scale(base), len(calls), batch)
+
+
+def fixed_output_length(subject: Subject, generator: torch.Generator) -> str | None:
+    """Why outputs cannot be matched to inputs position by position, or None when they can: a model
+    that decodes a fixed number of outputs whatever the input length (Perceiver's decoder queries)
+    answers a shorter row with as many outputs as a full one."""
+    T = subject.seq_len
+    short = max(1, T // 2)
+    ids = random_tokens(subject, 1, short, generator)
+    with torch.no_grad():
+        got = call(subject, ids).shape[1]
+    if got == short:
+        return None
+    return (f"the model returns {got} outputs for {short} input tokens (a fixed number of decoded outputs, "
+            "not one per token), so a sequence alone and padded cannot be compared position by position")
