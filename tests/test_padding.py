@@ -208,3 +208,34 @@ def test_padding_checks_on_ibert_and_perceiver():
     report = run_checks(Subject(perceiver, pad_id=1), only=["padding-mask", "padding-equivalence"])
     assert [r.status.value for r in report.results] == ["skip", "skip"], [r.message for r in report.results]
     assert "32 outputs for 16 input tokens" in report["padding-equivalence"].message
+
+
+@pytest.fixture(scope="module")
+def mask_arg_reports():
+    import gpt_mask_arg
+
+    checks = ["padding-mask", "padding-equivalence"]
+    return {name: run_checks(getattr(gpt_mask_arg, name)(), only=checks)
+            for name in ("build", "build_correct", "build_unmasked_left")}
+
+
+def test_a_model_given_a_key_mask_fails_when_left_padding_changes_it(mask_arg_reports):
+    """Side undeclared: the mask exists to support padding, and batched generation pads on the left."""
+    result = mask_arg_reports["build"]["padding-equivalence"]
+    assert result.status.value == "fail", result.message
+    assert result.details["cause"] == "positions" and result.details["largest_attention_on_pads"] == 0.0
+    assert "takes a key mask (its forward passes attention_mask=)" in result.message
+    attends = mask_arg_reports["build_unmasked_left"]["padding-mask"]
+    assert attends.status.value == "fail" and attends.details["pad_side"] == "left", attends.message
+    assert [r.status.value for r in mask_arg_reports["build_correct"].results] == ["pass", "pass"]
+
+
+def test_attention_to_pads_whose_content_is_overwritten_is_named_as_attention():
+    """XLM as a causal LM zeroes its pads' states but its causal mask lets real tokens attend to
+    them: the pads' content changes nothing, their number does. The softmax weights say why."""
+    from test_kinds import _xlm_family
+
+    result = run_checks(_xlm_family("XLM", True), only="padding-equivalence")["padding-equivalence"]
+    assert result.status.value == "fail" and result.details["pad_side"] == "left"
+    assert result.details["cause"] == "pads-attended" and result.details["largest_attention_on_pads"] > 0.1
+    assert "attend to the pads" in result.message and "positions are counted" not in result.message

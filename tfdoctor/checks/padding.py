@@ -89,8 +89,10 @@ def padding_mask(subject) -> Result:
     real positions' outputs. A causal model trained on right-padded batches needs no key-padding
     mask (its causal mask hides the trailing pads) and passes without one. Where the side is unknown
     a causal model is probed on both sides: attending to right pads fails (real positions see later
-    ones), attending to left pads warns, since it matters only for batched generation and
-    left-padded training. Encoders and seq2seq sources are padded on the right unless declared.
+    ones); attending to left pads fails for a model that takes a key mask (a Hugging Face model, or
+    a Subject whose forward passes one: the mask exists to support padding, and batched generation
+    pads on the left) and warns for a model with no key mask at all, which is sound when only ever
+    right-padded. Encoders and seq2seq sources are padded on the right unless declared.
 
     Fix: a `(B, 1, 1, T)` key mask `(ids != pad_id)[:, None, None, :]` filled with
     `torch.finfo(scores.dtype).min`; `attention_mask=` for Hugging Face models; or declare
@@ -98,7 +100,7 @@ def padding_mask(subject) -> Result:
     """
     from tfdoctor.context import current
     from tfdoctor.probes.modes import evaluation
-    from tfdoctor.probes.padding import probed_sides
+    from tfdoctor.probes.padding import left_padding_fails, probed_sides
 
     declared = subject.padding_side
     sides = probed_sides(subject)
@@ -121,8 +123,11 @@ def padding_mask(subject) -> Result:
         worst = leaking[0]
         details.update(worst.details)
         message = _leak_message(subject, worst)
-        if declared is None and subject.kind == "causal" and worst.side == "left":
-            # Unknown side: the right side was clean, so training on right-padded batches is sound.
+        built_for_padding = left_padding_fails(subject, pads_masked=False)
+        if declared is None and subject.kind == "causal" and worst.side == "left" and built_for_padding:
+            message += f"; {built_for_padding}"
+        elif declared is None and subject.kind == "causal" and worst.side == "left":
+            # Unknown side, no key mask at all: the right side was clean, so right-padded training is sound.
             right = next(v for v in verdicts if v.side == "right")
             safe = ("right padding is safe (the causal mask hides trailing pads)" if right.skip is None
                     else f"right padding was not measured ({right.skip})")

@@ -19,6 +19,10 @@ from tfdoctor.subject import Subject, call, is_hugging_face, random_tokens
 # How far the pad positions' embeddings are pushed, in units of the embedding output's std: far
 # enough that any real use of them shows, well inside what float32 represents.
 PERTURBATION_STDS = 3.0
+# The largest share of a real query's attention on pad keys: below the first, the pads are masked
+# (a finfo.min or -1e4 fill leaves exactly 0 in float32); above the second, they are attended (an
+# unmasked pad among T keys takes ~1/T); in between neither is claimed.
+PAD_ATTENTION_SHARE = (1e-6, 1e-3)
 
 
 @dataclass
@@ -177,3 +181,58 @@ def fixed_output_length(subject: Subject, generator: torch.Generator) -> str | N
         return None
     return (f"the model returns {got} outputs for {short} input tokens (a fixed number of decoded outputs, "
             "not one per token), so a sequence alone and padded cannot be compared position by position")
+
+
+# Keywords under which a model is handed a key-padding mask (Hugging Face, nn.Transformer,
+# x-transformers, hand-written models).
+KEY_MASK_NAMES = ("attention_mask", "key_padding_mask", "src_key_padding_mask", "padding_mask", "pad_mask", "mask")
+
+
+def _code_names(function) -> set:
+    """Identifiers and string constants of a function's code (nested functions included): what a
+    Subject's forward passes is read from there, since it is never called with a mask by tfdoctor."""
+    code = getattr(function, "__code__", None) or getattr(getattr(function, "__call__", None), "__code__", None)
+    names: set = set(getattr(function, "keywords", None) or ())  # functools.partial(..., attention_mask=)
+    stack = [code] if code is not None else []
+    while stack:
+        code = stack.pop()
+        names.update(code.co_names, code.co_varnames)
+        for const in code.co_consts:
+            if isinstance(const, str):
+                names.add(const)
+            elif isinstance(const, tuple):  # keyword names of a call
+                names.update(c for c in const if isinstance(c, str))
+            elif hasattr(const, "co_names"):
+                stack.append(const)
+    return names
+
+
+def key_mask_given(subject: Subject) -> str | None:
+    """How the model is handed a key-padding mask, or None when it is not: a Hugging Face model is
+    called with attention_mask (as its users call it); a Subject's own forward that passes a mask."""
+    import inspect
+
+    if subject.forward is None:
+        try:
+            takes = "attention_mask" in inspect.signature(subject.model.forward).parameters
+        except (TypeError, ValueError):
+            takes = False
+        return "a Hugging Face model called with attention_mask" if is_hugging_face(subject.model) and takes else None
+    named = _code_names(subject.forward)
+    given = next((name for name in KEY_MASK_NAMES if name in named), None)
+    return f"its forward passes {given}=" if given else None
+
+
+def left_padding_fails(subject: Subject, pads_masked: bool) -> str | None:
+    """Why a model whose padding side is not declared fails (not warns) when it answers differently
+    left-padded: it takes a key mask, or measurably masks its pads, so it is built for padded batches,
+    and batched generation pads on the left. None for a model with no key mask at all, which is
+    sound when only ever right-padded (its causal mask hides trailing pads)."""
+    given = key_mask_given(subject)
+    if given is not None:
+        return (f"the model takes a key mask ({given}), which exists to support padding, and batched "
+                "generation pads on the left")
+    if pads_masked:
+        return ("the model masks its pads (their content changes nothing), so it is built for padded "
+                "batches, and batched generation pads on the left")
+    return None
