@@ -297,3 +297,32 @@ def test_a_correct_model_configured_eager_passes_under_both():
         assert result.status.value == "pass", result.message
         assert result.message.endswith("same with attn_implementation eager and sdpa")
         assert result.details["configured_implementation"] == "eager"
+
+
+@pytest.mark.parametrize("name, expected", [("build", "pass"), ("build_one_way", "fail")])
+def test_weak_but_real_encoder_mixing_is_judged_on_its_margin_over_noise(name, expected):
+    import encoder_weak_mixing
+
+    result = run_checks(getattr(encoder_weak_mixing, name)(), only="bidirectional-encoder")["bidirectional-encoder"]
+    assert result.status.value == expected, result.message
+    assert result.details["dependency_floor"] < result.details["tolerance"]
+    if expected == "pass":
+        assert result.details["weak_pairs"] > 0 and "depend only weakly" in result.message
+    else:
+        assert result.details["pattern"] == "causal"
+
+
+def test_a_fresh_reformer_encoder_is_bidirectional():
+    """Reformer's local + LSH attention mixes the far tokens of a fresh init at ~1e-5 of the logit
+    scale, across the usual tolerance: judged on its margin over the noise, it passes."""
+    from transformers import ReformerConfig, ReformerForMaskedLM
+
+    torch.manual_seed(0)
+    model = ReformerForMaskedLM(ReformerConfig(
+        vocab_size=320, hidden_size=64, num_attention_heads=4, attention_head_size=16, feed_forward_size=128,
+        attn_layers=["local", "lsh"], axial_pos_shape=[8, 8], axial_pos_embds_dim=[32, 32],
+        max_position_embeddings=64, local_attn_chunk_length=16, lsh_attn_chunk_length=16, num_buckets=4,
+        is_decoder=False, pad_token_id=0))
+    result = run_checks(model, only="bidirectional-encoder", seq_len=64)["bidirectional-encoder"]
+    assert result.status.value == "pass", result.message
+    assert result.details["pattern"] == "none"
