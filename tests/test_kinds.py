@@ -221,3 +221,16 @@ def test_registered_task_and_config_switches_decide_before_names():
     assert inferred_kind(BertForMaskedLM(BertConfig(**small))) == "encoder"
     assert inferred_kind(BertLMHeadModel(BertConfig(is_decoder=True, **small))) == "causal"
     assert inferred_kind(GPTNeoXForCausalLM(GPTNeoXConfig(**small))) == "causal"  # is_decoder=False says nothing
+
+
+def test_a_given_seq_len_is_not_replaced_for_a_fixed_output_model():
+    from transformers import PerceiverConfig, PerceiverForMaskedLM
+
+    from tfdoctor.errors import SubjectError
+
+    model = PerceiverForMaskedLM(PerceiverConfig(vocab_size=128, d_model=32, d_latents=32, num_latents=8,
+                                                 num_blocks=1, num_self_attends_per_block=1, qk_channels=32,
+                                                 num_self_attention_heads=2, num_cross_attention_heads=2,
+                                                 max_position_embeddings=64, v_channels=32))
+    with pytest.raises(SubjectError, match="expected but got"):
+        resolve(Subject(model, seq_len=16))

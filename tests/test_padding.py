@@ -203,11 +203,12 @@ def test_padding_checks_on_ibert_and_perceiver():
     assert [r.status.value for r in report.results] == ["pass", "pass"], [r.message for r in report.results]
     perceiver = tf.PerceiverForMaskedLM(tf.PerceiverConfig(
         vocab_size=128, d_model=32, d_latents=32, num_latents=8, num_blocks=1, num_self_attends_per_block=1,
-        num_self_attention_heads=2, num_cross_attention_heads=2, max_position_embeddings=32, qk_channels=32,
+        num_self_attention_heads=2, num_cross_attention_heads=2, max_position_embeddings=64, qk_channels=32,
         v_channels=32))
+    assert resolve(Subject(perceiver)).seq_len == 64  # probed where its 64 outputs line up with the inputs
     report = run_checks(Subject(perceiver, pad_id=1), only=["padding-mask", "padding-equivalence"])
     assert [r.status.value for r in report.results] == ["skip", "skip"], [r.message for r in report.results]
-    assert "32 outputs for 16 input tokens" in report["padding-equivalence"].message
+    assert "64 outputs for 32 input tokens" in report["padding-equivalence"].message
 
 
 @pytest.fixture(scope="module")

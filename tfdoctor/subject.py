@@ -309,11 +309,31 @@ def resolve(subject: Subject) -> Subject:
         _preflight(resolved)
         return resolved
     resolved = dataclasses.replace(resolved, batch_first=True)
-    ids, logits = _preflight(resolved)
+    try:
+        ids, logits = _preflight(resolved)
+    except SubjectError:
+        resolved, (ids, logits) = _at_decoded_length(resolved, subject.seq_len, max_positions)
     if _behaves_sequence_first(resolved, ids, logits):
         resolved = dataclasses.replace(resolved, batch_first=False)
         _preflight(resolved)
     return resolved
+
+
+def _at_decoded_length(resolved: Subject, given_seq_len: Optional[int], max_positions: Optional[int]) -> tuple:
+    """A model that decodes a fixed number of outputs, its maximum positions, whatever the input
+    length (Perceiver's decoder queries) fails the preflight at the default length: it is probed at
+    its maximum positions, where inputs and outputs line up. Re-raises the preflight's error when the
+    length was given, or the model fails there too. Returns (subject, (ids, logits))."""
+    import sys
+
+    error = sys.exc_info()[1]
+    if given_seq_len is not None or not max_positions or max_positions <= resolved.seq_len:
+        raise error
+    refit = dataclasses.replace(resolved, seq_len=max_positions)
+    try:
+        return refit, _preflight(refit)
+    except SubjectError:
+        raise error from None
 
 
 def _twin_ids(subject: Subject) -> tuple:
