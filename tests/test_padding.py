@@ -240,3 +240,12 @@ def test_attention_to_pads_whose_content_is_overwritten_is_named_as_attention():
     assert result.status.value == "fail" and result.details["pad_side"] == "left"
     assert result.details["cause"] == "pads-attended" and result.details["largest_attention_on_pads"] > 0.1
     assert "attend to the pads" in result.message and "positions are counted" not in result.message
+
+
+def test_a_mask_taken_but_never_read_is_no_key_mask():
+    """attention_mask in the signature, ignored in the forward (RWKV): left pads read only warn."""
+    from hf_custom_lmhead import build_causal_mask_unused
+
+    result = run_checks(Subject(build_causal_mask_unused(), pad_id=0), only="padding-mask")["padding-mask"]
+    assert result.status.value == "warn" and result.details["pad_side"] == "left", result.message
+    assert "takes a key mask" not in result.message

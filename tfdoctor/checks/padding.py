@@ -78,6 +78,22 @@ def _leak_message(subject, verdict: _SideVerdict) -> str:
             f"positions' content changes ({listed}{more}); pad id {subject.pad_id} is not masked")
 
 
+def _answers_change_left_padded(subject, details: dict) -> bool:
+    """Whether the probe sequences, left-padded with the real pad id, get other logits than alone
+    (as padding-equivalence compares them, position ids from the mask for Hugging Face causal LMs).
+    A model can read its pads' content and still answer the same when the pad token's own embedding
+    changes nothing (RecurrentGemma's recurrence)."""
+    import torch
+
+    from tfdoctor.context import current
+    from tfdoctor.probes.invariance import alone, compare_padded
+
+    probe = alone(subject, torch.Generator().manual_seed(current().seed + 11))
+    arrangement = compare_padded(subject, probe, "left")
+    details["left_padded_vs_alone"] = float(arrangement.diff[arrangement.real].max())
+    return bool(arrangement.differs.any())
+
+
 @check("padding-mask", title="Real positions ignore what sits at pad positions", needs=("pad_id",))
 def padding_mask(subject) -> Result:
     """Catches padding that is attended to: outputs at real positions that change with the content
@@ -123,14 +139,18 @@ def padding_mask(subject) -> Result:
         worst = leaking[0]
         details.update(worst.details)
         message = _leak_message(subject, worst)
-        built_for_padding = left_padding_fails(subject, pads_masked=False)
-        if declared is None and subject.kind == "causal" and worst.side == "left" and built_for_padding:
+        unknown_left = declared is None and subject.kind == "causal" and worst.side == "left"
+        built_for_padding = unknown_left and left_padding_fails(subject, pads_masked=False)
+        if built_for_padding and _answers_change_left_padded(subject, details):
             message += f"; {built_for_padding}"
-        elif declared is None and subject.kind == "causal" and worst.side == "left":
+        elif unknown_left:
             # Unknown side, no key mask at all: the right side was clean, so right-padded training is sound.
             right = next(v for v in verdicts if v.side == "right")
             safe = ("right padding is safe (the causal mask hides trailing pads)" if right.skip is None
                     else f"right padding was not measured ({right.skip})")
+            if "left_padded_vs_alone" in details:  # a key mask, yet the same answers left-padded
+                safe += ("; left-padded rows still get the logits they get alone (the pad token's own "
+                         "embedding happens to change nothing), but pads with other content are read")
             return Result.warned(
                 f"{message}; {safe}, so this matters only for batched generation or training on left-padded "
                 "batches", SIDE_HINT + KEY_PADDING_HINT, details)

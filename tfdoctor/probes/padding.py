@@ -83,15 +83,18 @@ def padded_batch(subject: Subject, generator: torch.Generator, side: Optional[st
 
 def input_embedding(subject: Subject) -> torch.nn.Module | None:
     """The module that embeds the (source) token ids: Hugging Face's get_input_embeddings() when it
-    is a module (Perceiver's is its latent array, a Parameter), else the first nn.Embedding over the
-    whole vocabulary. Its output may be a tensor or a tuple led by one (I-BERT's (embedding, scale))."""
+    is a module (Perceiver's is its latent array, a Parameter; a custom class may not say), else the
+    first nn.Embedding over the whole vocabulary. Its output may be a tensor or a tuple led by one (I-BERT's (embedding, scale))."""
     model = subject.model
     if is_hugging_face(model):
         holders = [model]
         if subject.kind == "seq2seq" and hasattr(model, "get_encoder"):
             holders.insert(0, model.get_encoder())
         for holder in holders:
-            found = holder.get_input_embeddings() if hasattr(holder, "get_input_embeddings") else None
+            try:
+                found = holder.get_input_embeddings() if hasattr(holder, "get_input_embeddings") else None
+            except NotImplementedError:  # a custom PreTrainedModel that does not say
+                found = None
             if isinstance(found, torch.nn.Module):
                 return found
     for module in model.modules():
@@ -217,10 +220,31 @@ def key_mask_given(subject: Subject) -> str | None:
             takes = "attention_mask" in inspect.signature(subject.model.forward).parameters
         except (TypeError, ValueError):
             takes = False
-        return "a Hugging Face model called with attention_mask" if is_hugging_face(subject.model) and takes else None
+        if not (is_hugging_face(subject.model) and takes and _mask_is_read(subject)):
+            return None  # RWKV takes attention_mask and ignores it: no key mask at all
+        return "a Hugging Face model called with attention_mask"
     named = _code_names(subject.forward)
     given = next((name for name in KEY_MASK_NAMES if name in named), None)
     return f"its forward passes {given}=" if given else None
+
+
+def _mask_is_read(subject: Subject) -> bool:
+    """Whether a Hugging Face model's last output moves when attention_mask hides the first half of
+    its row (one forward of two rows, the ids the same): a mask that is taken but never read is none."""
+    from tfdoctor.probes.dependency import finite_scale
+    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.tolerances import RELATIVE_TOLERANCE
+
+    T = subject.seq_len
+    ids = random_tokens(subject, 1, T, torch.Generator().manual_seed(0)).repeat(2, 1)
+    mask = torch.ones_like(ids)
+    mask[1, : T // 2] = 0
+    try:
+        with torch.no_grad(), evaluation(subject.model):
+            logits = subject.model(input_ids=ids, attention_mask=mask).logits[:, -1].float()
+    except Exception:  # cannot be called so: say nothing about a mask
+        return False
+    return float((logits[0] - logits[1]).abs().max()) > RELATIVE_TOLERANCE * max(finite_scale(logits), 1e-30)
 
 
 def left_padding_fails(subject: Subject, pads_masked: bool) -> str | None:
