@@ -58,7 +58,7 @@ def _padding_cause(subject, arrangement) -> tuple[str, dict]:
     positions move with the pads' content), "pads-attended" (the pads' content changes nothing, but
     the softmax weights give real queries' attention to pad keys: the model attends to pads whose
     content it overwrites), "positions" (left pads, no attention on them in the weights seen),
-    "positions-or-pads" (left pads, the weights not seen: a fused kernel) or "other"."""
+    "positions-or-pads" (left pads, the weights not seen: a fused kernel) or "other" (right pads)."""
     import torch
 
     from tfdoctor.probes.attention import pad_attention
@@ -87,14 +87,16 @@ def _padding_cause(subject, arrangement) -> tuple[str, dict]:
             evidence["largest_change_from_pad_content"] = float(change[arrangement.real].max())
             if bool((change[arrangement.real] > arrangement.tolerance).any()):
                 return "pads", evidence
-    if arrangement.side != "left":
-        return "other", evidence
     with torch.no_grad():
         share = pad_attention(subject.model, lambda: padded_call(subject, ids, ~pads), pads)
     evidence["largest_attention_on_pads"] = share
-    if share is None or PAD_ATTENTION_SHARE[0] <= share <= PAD_ATTENTION_SHARE[1]:
+    if share is not None and share > PAD_ATTENTION_SHARE[1]:
+        return "pads-attended", evidence
+    if arrangement.side != "left":
+        return "other", evidence
+    if share is None or share >= PAD_ATTENTION_SHARE[0]:
         return "positions-or-pads", evidence
-    return ("pads-attended" if share > PAD_ATTENTION_SHARE[1] else "positions"), evidence
+    return "positions", evidence
 
 
 def _padding_message(subject, arrangement, cause: str) -> tuple[str, str]:
