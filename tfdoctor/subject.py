@@ -326,8 +326,19 @@ def _at_decoded_length(resolved: Subject, given_seq_len: Optional[int], max_posi
     length was given, or the model fails there too. Returns (subject, (ids, logits))."""
     import sys
 
+    import torch
+
+    from tfdoctor.probes.modes import evaluation
+
     error = sys.exc_info()[1]
     if given_seq_len is not None or not max_positions or max_positions <= resolved.seq_len:
+        raise error
+    try:  # one row at the default length: is the output as long as the maximum positions?
+        with torch.no_grad(), evaluation(resolved.model):
+            length = call(resolved, _twin_ids(resolved)[0][:1]).shape[1]
+    except Exception:
+        raise error from None
+    if length != max_positions:
         raise error
     refit = dataclasses.replace(resolved, seq_len=max_positions)
     try:
