@@ -326,3 +326,15 @@ def test_a_fresh_reformer_encoder_is_bidirectional():
     result = run_checks(model, only="bidirectional-encoder", seq_len=64)["bidirectional-encoder"]
     assert result.status.value == "pass", result.message
     assert result.details["pattern"] == "none"
+
+
+@pytest.mark.parametrize("name, expected", [("build", "pass"), ("build_no_mixing", "warn")])
+def test_a_windowed_encoder_reads_both_sides(name, expected):
+    import encoder_windowed
+
+    result = run_checks(getattr(encoder_windowed, name)(), only="bidirectional-encoder")["bidirectional-encoder"]
+    assert result.status.value == expected, result.message
+    if expected == "pass":
+        assert (result.details["look_ahead"], result.details["look_behind"]) == (3, 3)
+    else:
+        assert "does not mix positions" in result.message

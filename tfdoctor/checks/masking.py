@@ -219,6 +219,8 @@ def _encoder_floor(dmap) -> float:
 
 
 def _judge_bidirectional(dmap) -> Result:
+    import torch
+
     floor = _encoder_floor(dmap)
     depends = dmap.delta > floor
     pattern, ahead = classify(depends)
@@ -244,8 +246,29 @@ def _judge_bidirectional(dmap) -> Result:
     if pattern == "upper":
         return Result.failed("the encoder sees only itself and later tokens, never earlier ones",
                              "drop the triangular mask from the encoder's self-attention", details)
+    reach = _two_sided_reach(depends)
+    if reach is not None:
+        details.update(look_ahead=reach[0], look_behind=reach[1])
+        return Result.passed(f"every position depends on tokens on both sides, within a window (up to {reach[0]} "
+                             f"ahead and {reach[1]} behind, T={dmap.seq_len}): local attention, bidirectional", details)
+    if not bool((depends & ~torch.eye(dmap.seq_len, dtype=torch.bool)).any()):
+        return Result.warned("no position depends on any other token at this length: the encoder does not mix "
+                             "positions (see the map)", "check that attention reaches across positions (a sparse or "
+                             "approximate attention may drop every pair at short lengths: try a longer --seq-len)",
+                             details)
     return Result.warned("some positions do not depend on tokens on one side (see the map)",
                          "check for local or windowed masks in the encoder's self-attention", details)
+
+
+def _two_sided_reach(depends) -> tuple[int, int] | None:
+    """(widest look-ahead, widest look-behind) when every position reads at least one later token
+    (if any) and one earlier token (if any), as local/windowed attention does; else None."""
+    T = depends.shape[0]
+    ahead = [[j - i for j in range(i + 1, T) if depends[i, j]] for i in range(T)]
+    behind = [[i - j for j in range(i) if depends[i, j]] for i in range(T)]
+    if all(ahead[i] for i in range(T - 1)) and all(behind[i] for i in range(1, T)):
+        return max(max(a) for a in ahead[:-1]), max(max(b) for b in behind[1:])
+    return None
 
 
 @check("cross-attention-mask", title="Every decoder position can read the whole source",
