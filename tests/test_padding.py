@@ -249,3 +249,18 @@ def test_a_mask_taken_but_never_read_is_no_key_mask():
     result = run_checks(Subject(build_causal_mask_unused(), pad_id=0), only="padding-mask")["padding-mask"]
     assert result.status.value == "warn" and result.details["pad_side"] == "left", result.message
     assert "takes a key mask" not in result.message
+
+
+def test_how_pads_are_read_is_the_way_measured():
+    """Softmax weights on pad keys say attention; none, with the pads still read, says the path is
+    another (ConvBERT's convolution runs over the pads while its attention masks them)."""
+    import transformers as tf
+
+    attends = run_checks(build_fixture("gpt_pad_unmasked"), only="padding-mask")["padding-mask"]
+    assert attends.details["largest_attention_on_pads"] > 0.1 and "attend to the pads" in attends.message
+    convbert = tf.ConvBertForMaskedLM(tf.ConvBertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=1,
+                                                        num_attention_heads=2, intermediate_size=64,
+                                                        max_position_embeddings=64, pad_token_id=0))
+    result = run_checks(convbert, only="padding-mask")["padding-mask"]
+    assert result.status.value == "fail" and result.details["largest_attention_on_pads"] == 0.0, result.message
+    assert "no attention weight reaches them" in result.message and "zero the pads" in result.hint

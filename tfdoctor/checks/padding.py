@@ -60,7 +60,33 @@ def _measure_side(subject, side: str, seed: int) -> _SideVerdict:
     if leaked:
         details["moved_positions"] = [{"row": r, "position": p} for r, p in leaked[:MAX_LISTED_POSITIONS]]
         details["moved_count"] = len(leaked)
+        if subject.kind != "seq2seq":
+            details["largest_attention_on_pads"] = _attention_on_pads(subject, batch)
     return _SideVerdict(side, details, leaked=leaked, real_count=int(real.sum()))
+
+
+def _attention_on_pads(subject, batch):
+    """The largest share of a real query's softmax weights on pad keys in the padded batch (None
+    when no weights are seen: a fused kernel, or attention not over the ids' positions)."""
+    import torch
+
+    from tfdoctor.probes.attention import pad_attention
+    from tfdoctor.subject import call
+
+    with torch.no_grad():
+        return pad_attention(subject.model, lambda: call(subject, *batch.inputs), batch.padded)
+
+
+def _how_read(verdict: _SideVerdict) -> tuple[str, str]:
+    """(verb, note): how the pads reach real positions, as the softmax weights on pad keys show."""
+    from tfdoctor.probes.padding import PAD_ATTENTION_SHARE
+
+    share = verdict.details.get("largest_attention_on_pads")
+    if share is not None and share > PAD_ATTENTION_SHARE[1]:
+        return "attend to", ""
+    if share is not None and share < PAD_ATTENTION_SHARE[0]:
+        return "read", " (no attention weight reaches them: a convolution, recurrence or mean over positions)"
+    return "read", " (by attention, or a convolution or recurrence over positions: the weights were not seen)"
 
 
 def _leak_message(subject, verdict: _SideVerdict) -> str:
@@ -71,11 +97,24 @@ def _leak_message(subject, verdict: _SideVerdict) -> str:
     elif subject.kind == "causal" and verdict.side == "right":
         seen = "with right padding real positions read the pads after them (later positions)"
     elif subject.kind == "causal":
-        seen = "with left padding real positions attend to the pads before them"
+        verb, how = _how_read(verdict)
+        seen = f"with left padding real positions {verb} the pads before them{how}"
     else:
-        seen = f"with {verdict.side} padding real positions attend to pads"
+        verb, how = _how_read(verdict)
+        seen = f"with {verdict.side} padding real positions {verb} the pads{how}"
     return (f"{seen}: {len(verdict.leaked)} of {verdict.real_count} real outputs change when only the pad "
             f"positions' content changes ({listed}{more}); pad id {subject.pad_id} is not masked")
+
+
+def _hint(verdict: _SideVerdict) -> str:
+    """The key mask; and zeroing the pads where what reads them is not attention."""
+    from tfdoctor.probes.padding import PAD_ATTENTION_SHARE
+
+    share = verdict.details.get("largest_attention_on_pads")
+    if share is not None and share > PAD_ATTENTION_SHARE[1]:
+        return KEY_PADDING_HINT
+    return (KEY_PADDING_HINT + "; where a convolution, recurrence or mean runs over positions, zero the pads "
+            "first (x = x * (ids != pad_id)[..., None]) or exclude them from the mean")
 
 
 def _answers_change_left_padded(subject, details: dict) -> bool:
@@ -153,10 +192,10 @@ def padding_mask(subject) -> Result:
                          "embedding happens to change nothing), but pads with other content are read")
             return Result.warned(
                 f"{message}; {safe}, so this matters only for batched generation or training on left-padded "
-                "batches", SIDE_HINT + KEY_PADDING_HINT, details)
+                "batches", SIDE_HINT + _hint(worst), details)
         if declared is not None:
             message += f" ({declared} padding, as declared)"
-        return Result.failed(message, KEY_PADDING_HINT, details)
+        return Result.failed(message, _hint(worst), details)
 
     return judged_per_implementation(subject, judge)
 
