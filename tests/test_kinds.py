@@ -234,3 +234,9 @@ def test_a_given_seq_len_is_not_replaced_for_a_fixed_output_model():
                                                  max_position_embeddings=64, v_channels=32))
     with pytest.raises(SubjectError, match="expected but got"):
         resolve(Subject(model, seq_len=16))
+
+
+def test_a_composite_config_gives_the_text_vocabulary():
+    from hf_composite_vocab import build
+
+    assert resolve(Subject(build())).vocab_size == 64  # not the audio tower's 1500-row table

@@ -82,12 +82,21 @@ def _config(model) -> Any:
 
 
 def vocab_size_of(model) -> Optional[int]:
+    """config.vocab_size; a composite (multimodal) config's text part; the input embedding's rows;
+    else the first nn.Embedding (which, in a multimodal model, may be an audio or vision table)."""
+    import torch.nn as nn
+
     config = _config(model)
     size = getattr(config, "vocab_size", None)
     if isinstance(size, int) and size > 0:
         return size
-    import torch.nn as nn
-
+    for read in (lambda: config.get_text_config().vocab_size, lambda: model.get_input_embeddings().num_embeddings):
+        try:
+            size = read()
+        except Exception:  # no text config / no input embedding, or one that does not say
+            continue
+        if isinstance(size, int) and size > 0:
+            return size
     for module in model.modules():
         if isinstance(module, nn.Embedding):
             return module.num_embeddings
