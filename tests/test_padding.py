@@ -264,3 +264,11 @@ def test_how_pads_are_read_is_the_way_measured():
     result = run_checks(convbert, only="padding-mask")["padding-mask"]
     assert result.status.value == "fail" and result.details["largest_attention_on_pads"] == 0.0, result.message
     assert "no attention weight reaches them" in result.message and "zero the pads" in result.hint
+
+
+def test_a_difference_in_some_padded_rows_only_is_not_called_positions():
+    import gpt_mask_arg
+
+    result = run_checks(gpt_mask_arg.build_length_bucket(), only="padding-equivalence")["padding-equivalence"]
+    assert result.status.value == "warn" and result.details["cause"] == "unexplained", result.message
+    assert "would not do" in result.message and "candidates" in result.message
