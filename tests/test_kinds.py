@@ -180,3 +180,63 @@ def test_a_leak_under_one_attention_implementation_is_named():
     assert result.message.startswith("with attn_implementation='sdpa':")
     assert result.details["failing_implementations"] == ["sdpa"]
     assert model.config._attn_implementation == "sdpa"  # restored after the eager run
+
+
+def _xlm_family(family: str, causal: bool):
+    import transformers
+
+    config = getattr(transformers, f"{family}Config")(vocab_size=128, emb_dim=32, n_layers=2, n_heads=4,
+                                                      causal=causal, max_position_embeddings=64)
+    return getattr(transformers, f"{family}WithLMHeadModel")(config)
+
+
+@pytest.mark.parametrize("family", ["XLM", "Flaubert"])
+def test_config_causal_flag_decides_xlm_and_flaubert_kind(family):
+    """One class serves as a masked LM (causal=False) and a causal LM (causal=True); its name says
+    LMHead both ways, and XLM's class is registered for both tasks."""
+    from tfdoctor.subject import inferred_kind
+
+    masked, causal = _xlm_family(family, False), _xlm_family(family, True)
+    assert (inferred_kind(masked), inferred_kind(causal)) == ("encoder", "causal")
+    report = run_checks(masked, only=["future-leak", "bidirectional-encoder", "padding-equivalence"])
+    assert [r.status.value for r in report.results] == ["skip", "pass", "pass"], [r.message for r in report.results]
+    assert run_checks(causal, only="future-leak")["future-leak"].status.value == "pass"
+
+
+def test_an_unregistered_lmhead_class_is_told_by_what_it_reads():
+    """A user's own PreTrainedModel named *LMHeadModel with nothing else to go on is measured."""
+    from hf_custom_lmhead import build_causal, build_encoder
+
+    from tfdoctor.subject import inferred_kind
+
+    assert (inferred_kind(build_encoder()), inferred_kind(build_causal())) == ("encoder", "causal")
+
+
+def test_registered_task_and_config_switches_decide_before_names():
+    from transformers import BertConfig, BertLMHeadModel, BertForMaskedLM, GPTNeoXConfig, GPTNeoXForCausalLM
+
+    from tfdoctor.subject import inferred_kind
+
+    small = dict(vocab_size=128, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    assert inferred_kind(BertForMaskedLM(BertConfig(**small))) == "encoder"
+    assert inferred_kind(BertLMHeadModel(BertConfig(is_decoder=True, **small))) == "causal"
+    assert inferred_kind(GPTNeoXForCausalLM(GPTNeoXConfig(**small))) == "causal"  # is_decoder=False says nothing
+
+
+def test_a_given_seq_len_is_not_replaced_for_a_fixed_output_model():
+    from transformers import PerceiverConfig, PerceiverForMaskedLM
+
+    from tfdoctor.errors import SubjectError
+
+    model = PerceiverForMaskedLM(PerceiverConfig(vocab_size=128, d_model=32, d_latents=32, num_latents=8,
+                                                 num_blocks=1, num_self_attends_per_block=1, qk_channels=32,
+                                                 num_self_attention_heads=2, num_cross_attention_heads=2,
+                                                 max_position_embeddings=64, v_channels=32))
+    with pytest.raises(SubjectError, match="expected but got"):
+        resolve(Subject(model, seq_len=16))
+
+
+def test_a_composite_config_gives_the_text_vocabulary():
+    from hf_composite_vocab import build
+
+    assert resolve(Subject(build())).vocab_size == 64  # not the audio tower's 1500-row table

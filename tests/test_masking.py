@@ -239,7 +239,19 @@ def test_a_release_leaking_under_sdpa_fails_a_model_left_on_the_default():
         assert result.status.value == "fail", result.message
         assert result.message.startswith("with attn_implementation='sdpa':")
         assert result.details["failing_implementations"] == ["sdpa"]
-        assert "configured_implementation" not in result.details
+        assert result.details["configured_implementation"] == "sdpa"  # the default is what it runs
+
+
+def test_a_model_on_the_default_is_judged_by_the_default_and_warned_off_eager():
+    """The implementation a model runs is the resolved one, the library's default included: a leak
+    under eager only (which it does not run) is a warning naming the switch, not a failure."""
+    model = build_fixture("hf_release_leak")
+    model.leaking = "eager"
+    result = run_checks(model, only="future-leak")["future-leak"]
+    assert result.status.value == "warn", result.message
+    assert result.message.startswith("with attn_implementation='eager' (not 'sdpa', the one this model runs")
+    assert "do not switch to eager" in result.hint
+    assert result.details["configured_implementation"] == "sdpa"
 
 
 def test_a_model_configured_eager_is_judged_by_eager_and_warned_off_sdpa():
@@ -249,7 +261,7 @@ def test_a_model_configured_eager_is_judged_by_eager_and_warned_off_sdpa():
     report = run_checks(model, only=RELEASE_LEAK_CHECKS)
     for result in report.results:
         assert result.status.value == "warn", result.message
-        assert result.message.startswith("with attn_implementation='sdpa' (not the configured 'eager', which passes):")
+        assert result.message.startswith("with attn_implementation='sdpa' (not 'eager', the one this model runs, which passes):")
         assert f"do not switch to sdpa on this release (transformers {transformers.__version__})" in result.hint
         assert result.details["configured_implementation"] == "eager"
         assert result.details["failing_implementations"] == ["sdpa"]
@@ -285,3 +297,44 @@ def test_a_correct_model_configured_eager_passes_under_both():
         assert result.status.value == "pass", result.message
         assert result.message.endswith("same with attn_implementation eager and sdpa")
         assert result.details["configured_implementation"] == "eager"
+
+
+@pytest.mark.parametrize("name, expected", [("build", "pass"), ("build_one_way", "fail")])
+def test_weak_but_real_encoder_mixing_is_judged_on_its_margin_over_noise(name, expected):
+    import encoder_weak_mixing
+
+    result = run_checks(getattr(encoder_weak_mixing, name)(), only="bidirectional-encoder")["bidirectional-encoder"]
+    assert result.status.value == expected, result.message
+    assert result.details["dependency_floor"] < result.details["tolerance"]
+    if expected == "pass":
+        assert result.details["weak_pairs"] > 0 and "depend only weakly" in result.message
+    else:
+        assert result.details["pattern"] == "causal"
+
+
+def test_a_fresh_reformer_encoder_is_bidirectional():
+    """Reformer's local + LSH attention mixes the far tokens of a fresh init at ~1e-5 of the logit
+    scale, across the usual tolerance: judged on its margin over the noise, it passes."""
+    from transformers import ReformerConfig, ReformerForMaskedLM
+
+    torch.manual_seed(0)
+    model = ReformerForMaskedLM(ReformerConfig(
+        vocab_size=320, hidden_size=64, num_attention_heads=4, attention_head_size=16, feed_forward_size=128,
+        attn_layers=["local", "lsh"], axial_pos_shape=[8, 8], axial_pos_embds_dim=[32, 32],
+        max_position_embeddings=64, local_attn_chunk_length=16, lsh_attn_chunk_length=16, num_buckets=4,
+        is_decoder=False, pad_token_id=0))
+    result = run_checks(model, only="bidirectional-encoder", seq_len=64)["bidirectional-encoder"]
+    assert result.status.value == "pass", result.message
+    assert result.details["pattern"] == "none"
+
+
+@pytest.mark.parametrize("name, expected", [("build", "pass"), ("build_no_mixing", "warn")])
+def test_a_windowed_encoder_reads_both_sides(name, expected):
+    import encoder_windowed
+
+    result = run_checks(getattr(encoder_windowed, name)(), only="bidirectional-encoder")["bidirectional-encoder"]
+    assert result.status.value == expected, result.message
+    if expected == "pass":
+        assert (result.details["look_ahead"], result.details["look_behind"]) == (3, 3)
+    else:
+        assert "does not mix positions" in result.message

@@ -175,3 +175,100 @@ def test_padding_mask_skips_when_no_embedding_is_found():
 def test_pad_counts_cover_short_and_long_padding():
     counts = pad_counts(4, 32)
     assert counts[0] >= 1 and counts[-1] < 32 and counts == sorted(counts)
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("build_tuple", ("pass", "pass")),  # get_input_embeddings() returns (embedding, scale)
+    ("build_tuple_unmasked", ("fail", "fail")),  # the same, attending to its pads
+    ("build_fixed_queries", ("skip", "skip")),  # a Parameter for embeddings; a fixed number of outputs
+])
+def test_padding_checks_reach_embeddings_that_are_not_a_tensor_module(name, expected):
+    import hf_odd_embeddings
+
+    report = run_checks(getattr(hf_odd_embeddings, name)(), only=["padding-mask", "padding-equivalence"])
+    assert tuple(r.status.value for r in report.results) == expected, [r.message for r in report.results]
+    if name == "build_fixed_queries":
+        assert "16 outputs for 8 input tokens" in report["padding-equivalence"].message
+
+
+def test_padding_checks_on_ibert_and_perceiver():
+    """I-BERT's embedding returns a tuple; Perceiver's get_input_embeddings() is its latent array and
+    its decoder answers with a fixed number of outputs."""
+    import transformers as tf
+
+    small = dict(vocab_size=128, num_hidden_layers=1, num_attention_heads=2)
+    ibert = tf.IBertForMaskedLM(tf.IBertConfig(hidden_size=32, intermediate_size=64, max_position_embeddings=40,
+                                               **small))
+    report = run_checks(Subject(ibert, pad_id=1), only=["padding-mask", "padding-equivalence"])
+    assert [r.status.value for r in report.results] == ["pass", "pass"], [r.message for r in report.results]
+    perceiver = tf.PerceiverForMaskedLM(tf.PerceiverConfig(
+        vocab_size=128, d_model=32, d_latents=32, num_latents=8, num_blocks=1, num_self_attends_per_block=1,
+        num_self_attention_heads=2, num_cross_attention_heads=2, max_position_embeddings=64, qk_channels=32,
+        v_channels=32))
+    assert resolve(Subject(perceiver)).seq_len == 64  # probed where its 64 outputs line up with the inputs
+    report = run_checks(Subject(perceiver, pad_id=1), only=["padding-mask", "padding-equivalence"])
+    assert [r.status.value for r in report.results] == ["skip", "skip"], [r.message for r in report.results]
+    assert "64 outputs for 32 input tokens" in report["padding-equivalence"].message
+
+
+@pytest.fixture(scope="module")
+def mask_arg_reports():
+    import gpt_mask_arg
+
+    checks = ["padding-mask", "padding-equivalence"]
+    return {name: run_checks(getattr(gpt_mask_arg, name)(), only=checks)
+            for name in ("build", "build_correct", "build_unmasked_left")}
+
+
+def test_a_model_given_a_key_mask_fails_when_left_padding_changes_it(mask_arg_reports):
+    """Side undeclared: the mask exists to support padding, and batched generation pads on the left."""
+    result = mask_arg_reports["build"]["padding-equivalence"]
+    assert result.status.value == "fail", result.message
+    assert result.details["cause"] == "positions" and result.details["largest_attention_on_pads"] == 0.0
+    assert "takes a key mask (its forward passes attention_mask=)" in result.message
+    attends = mask_arg_reports["build_unmasked_left"]["padding-mask"]
+    assert attends.status.value == "fail" and attends.details["pad_side"] == "left", attends.message
+    assert [r.status.value for r in mask_arg_reports["build_correct"].results] == ["pass", "pass"]
+
+
+def test_attention_to_pads_whose_content_is_overwritten_is_named_as_attention():
+    """XLM as a causal LM zeroes its pads' states but its causal mask lets real tokens attend to
+    them: the pads' content changes nothing, their number does. The softmax weights say why."""
+    from test_kinds import _xlm_family
+
+    result = run_checks(_xlm_family("XLM", True), only="padding-equivalence")["padding-equivalence"]
+    assert result.status.value == "fail" and result.details["pad_side"] == "left"
+    assert result.details["cause"] == "pads-attended" and result.details["largest_attention_on_pads"] > 0.1
+    assert "attend to the pads" in result.message and "positions are counted" not in result.message
+
+
+def test_a_mask_taken_but_never_read_is_no_key_mask():
+    """attention_mask in the signature, ignored in the forward (RWKV): left pads read only warn."""
+    from hf_custom_lmhead import build_causal_mask_unused
+
+    result = run_checks(Subject(build_causal_mask_unused(), pad_id=0), only="padding-mask")["padding-mask"]
+    assert result.status.value == "warn" and result.details["pad_side"] == "left", result.message
+    assert "takes a key mask" not in result.message
+
+
+def test_how_pads_are_read_is_the_way_measured():
+    """Softmax weights on pad keys say attention; none, with the pads still read, says the path is
+    another (ConvBERT's convolution runs over the pads while its attention masks them)."""
+    import transformers as tf
+
+    attends = run_checks(build_fixture("gpt_pad_unmasked"), only="padding-mask")["padding-mask"]
+    assert attends.details["largest_attention_on_pads"] > 0.1 and "attend to the pads" in attends.message
+    convbert = tf.ConvBertForMaskedLM(tf.ConvBertConfig(vocab_size=128, hidden_size=32, num_hidden_layers=1,
+                                                        num_attention_heads=2, intermediate_size=64,
+                                                        max_position_embeddings=64, pad_token_id=0))
+    result = run_checks(convbert, only="padding-mask")["padding-mask"]
+    assert result.status.value == "fail" and result.details["largest_attention_on_pads"] == 0.0, result.message
+    assert "no attention weight reaches them" in result.message and "zero the pads" in result.hint
+
+
+def test_a_difference_in_some_padded_rows_only_is_not_called_positions():
+    import gpt_mask_arg
+
+    result = run_checks(gpt_mask_arg.build_length_bucket(), only="padding-equivalence")["padding-equivalence"]
+    assert result.status.value == "warn" and result.details["cause"] == "unexplained", result.message
+    assert "would not do" in result.message and "candidates" in result.message

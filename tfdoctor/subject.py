@@ -82,12 +82,21 @@ def _config(model) -> Any:
 
 
 def vocab_size_of(model) -> Optional[int]:
+    """config.vocab_size; a composite (multimodal) config's text part; the input embedding's rows;
+    else the first nn.Embedding (which, in a multimodal model, may be an audio or vision table)."""
+    import torch.nn as nn
+
     config = _config(model)
     size = getattr(config, "vocab_size", None)
     if isinstance(size, int) and size > 0:
         return size
-    import torch.nn as nn
-
+    for read in (lambda: config.get_text_config().vocab_size, lambda: model.get_input_embeddings().num_embeddings):
+        try:
+            size = read()
+        except Exception:  # no text config / no input embedding, or one that does not say
+            continue
+        if isinstance(size, int) and size > 0:
+            return size
     for module in model.modules():
         if isinstance(module, nn.Embedding):
             return module.num_embeddings
@@ -137,22 +146,16 @@ def is_hugging_face(model) -> bool:
 def inferred_kind(model) -> Optional[str]:
     """The kind a model announces itself as, or None when it does not say.
 
-    Hugging Face: `config.is_encoder_decoder` (T5, BART) is seq2seq; a class descended from a
-    *ForCausalLM / *LMHeadModel (or a config marked is_decoder) is causal; one descended from a
-    *ForMaskedLM (BERT-like) is an encoder. The class's ancestry is read, not its own name, so a
-    user's subclass keeps its parent's kind.
+    Hugging Face: the config's own switches first (is_encoder_decoder, XLM/FlauBERT's `causal`,
+    is_causal, is_decoder=True), then the task the library registers the class or its library
+    ancestor for (causal-LM or masked-LM auto mapping), then a measurement where only an ambiguous
+    "LMHead" name is left (tfdoctor/kinds.py). A user's subclass keeps its parent's kind.
     x-transformers: TransformerWrapper's attention layers carry `causal`.
     """
     if is_hugging_face(model):
-        if is_encoder_decoder(model):
-            return "seq2seq"
-        lineage = [cls.__name__ for cls in type(model).__mro__]
-        if getattr(_config(model), "is_decoder", False) or any(
-                name.endswith("ForCausalLM") or "LMHead" in name for name in lineage):
-            return "causal"
-        if any(name.endswith("ForMaskedLM") for name in lineage):
-            return "encoder"
-        return None
+        from tfdoctor.kinds import hugging_face_kind
+
+        return hugging_face_kind(model)
     layers = getattr(model, "attn_layers", None)
     if isinstance(getattr(layers, "causal", None), bool):
         return "causal" if layers.causal else "encoder"
@@ -315,11 +318,42 @@ def resolve(subject: Subject) -> Subject:
         _preflight(resolved)
         return resolved
     resolved = dataclasses.replace(resolved, batch_first=True)
-    ids, logits = _preflight(resolved)
+    try:
+        ids, logits = _preflight(resolved)
+    except SubjectError:
+        resolved, (ids, logits) = _at_decoded_length(resolved, subject.seq_len, max_positions)
     if _behaves_sequence_first(resolved, ids, logits):
         resolved = dataclasses.replace(resolved, batch_first=False)
         _preflight(resolved)
     return resolved
+
+
+def _at_decoded_length(resolved: Subject, given_seq_len: Optional[int], max_positions: Optional[int]) -> tuple:
+    """A model that decodes a fixed number of outputs, its maximum positions, whatever the input
+    length (Perceiver's decoder queries) fails the preflight at the default length: it is probed at
+    its maximum positions, where inputs and outputs line up. Re-raises the preflight's error when the
+    length was given, or the model fails there too. Returns (subject, (ids, logits))."""
+    import sys
+
+    import torch
+
+    from tfdoctor.probes.modes import evaluation
+
+    error = sys.exc_info()[1]
+    if given_seq_len is not None or not max_positions or max_positions <= resolved.seq_len:
+        raise error
+    try:  # one row at the default length: is the output as long as the maximum positions?
+        with torch.no_grad(), evaluation(resolved.model):
+            length = call(resolved, _twin_ids(resolved)[0][:1]).shape[1]
+    except Exception:
+        raise error from None
+    if length != max_positions:
+        raise error
+    refit = dataclasses.replace(resolved, seq_len=max_positions)
+    try:
+        return refit, _preflight(refit)
+    except SubjectError:
+        raise error from None
 
 
 def _twin_ids(subject: Subject) -> tuple:

@@ -15,6 +15,10 @@ FULL_SHARE = 0.9
 # Future dependencies confined to a band no wider than this share of T read as an off-by-one (the
 # band widens by one per layer when each layer sees one token ahead), not as a missing mask.
 OFF_BY_ONE_MAX_SHARE = 0.25
+# bidirectional-encoder: a pair depends when its change is this many times the noise measured in the
+# same forward, and at least this share of the logit scale (float32 rounding of the largest logit).
+NOISE_MARGIN = 10.0
+FLOAT32_FLOOR = 1e-7
 
 CAUSAL_MASK_HINT = (
     "mask before the softmax with the allowed mask torch.tril(torch.ones(T, T, dtype=torch.bool)) "
@@ -204,24 +208,67 @@ def bidirectional_encoder(subject) -> Result:
     return judged_per_implementation(subject, _on_dependency_map(subject, _judge_bidirectional))
 
 
+def _encoder_floor(dmap) -> float:
+    """The smallest change that counts as a dependency in an encoder's map: a decade above the
+    noise measured in the same forward (two identical rows; a row's outputs are otherwise computed
+    bit for bit apart from the others', so a pair that does not depend moves by exactly 0), never
+    below float32 rounding of the logit scale, never above the usual tolerance. A fresh model can
+    mix weakly but really (Reformer: ~1e-5 of the logit scale), right at the usual tolerance, and a
+    verdict must not turn on which side of it a pair lands."""
+    return min(dmap.tolerance, max(NOISE_MARGIN * dmap.noise, FLOAT32_FLOOR * max(dmap.scale, 1e-30)))
+
+
 def _judge_bidirectional(dmap) -> Result:
-    pattern, _ = classify(dmap.depends)
+    import torch
+
+    floor = _encoder_floor(dmap)
+    depends = dmap.delta > floor
+    pattern, ahead = classify(depends)
     details = _map_details(dmap)
-    details["pattern"] = pattern
+    weak = depends & ~dmap.depends
+    details.update(pattern=pattern, dependency_floor=floor, weak_pairs=int(weak.sum()))
     if pattern == "none":
-        return Result.passed(f"every position depends on earlier and later tokens (T={dmap.seq_len})", details)
+        note = ""
+        if bool(weak.any()):
+            largest = float(dmap.delta[weak].max())
+            note = (f"; {int(weak.sum())} pairs depend only weakly (up to {largest / max(dmap.scale, 1e-30):.2g} of "
+                    f"the logit scale, under the usual {dmap.tolerance / max(dmap.scale, 1e-30):.0e}, yet "
+                    f"{'far' if dmap.noise == 0 else f'{largest / max(dmap.noise, 1e-30):.0f}x'} above the measured "
+                    "noise): weak but real mixing, as a fresh init can have")
+        return Result.passed(f"every position depends on earlier and later tokens (T={dmap.seq_len}){note}", details)
     if pattern in ("causal", "off-by-one"):
         return Result.failed(
             "the encoder is one-way: " + ("no position sees the tokens after it" if pattern == "causal" else
-                                          f"positions see at most {classify(dmap.depends)[1]} token(s) ahead")
+                                          f"positions see at most {ahead} token(s) ahead")
             + ", so a bidirectional model is trained with half its context",
             "drop the causal mask from the encoder's self-attention (keep only the key-padding mask), or "
             "declare the model kind='causal' if it is a decoder", details)
     if pattern == "upper":
         return Result.failed("the encoder sees only itself and later tokens, never earlier ones",
                              "drop the triangular mask from the encoder's self-attention", details)
+    reach = _two_sided_reach(depends)
+    if reach is not None:
+        details.update(look_ahead=reach[0], look_behind=reach[1])
+        return Result.passed(f"every position depends on tokens on both sides, within a window (up to {reach[0]} "
+                             f"ahead and {reach[1]} behind, T={dmap.seq_len}): local attention, bidirectional", details)
+    if not bool((depends & ~torch.eye(dmap.seq_len, dtype=torch.bool)).any()):
+        return Result.warned("no position depends on any other token at this length: the encoder does not mix "
+                             "positions (see the map)", "check that attention reaches across positions (a sparse or "
+                             "approximate attention may drop every pair at short lengths: try a longer --seq-len)",
+                             details)
     return Result.warned("some positions do not depend on tokens on one side (see the map)",
                          "check for local or windowed masks in the encoder's self-attention", details)
+
+
+def _two_sided_reach(depends) -> tuple[int, int] | None:
+    """(widest look-ahead, widest look-behind) when every position reads at least one later token
+    (if any) and one earlier token (if any), as local/windowed attention does; else None."""
+    T = depends.shape[0]
+    ahead = [[j - i for j in range(i + 1, T) if depends[i, j]] for i in range(T)]
+    behind = [[i - j for j in range(i) if depends[i, j]] for i in range(T)]
+    if all(ahead[i] for i in range(T - 1)) and all(behind[i] for i in range(1, T)):
+        return max(max(a) for a in ahead[:-1]), max(max(b) for b in behind[1:])
+    return None
 
 
 @check("cross-attention-mask", title="Every decoder position can read the whole source",

@@ -60,7 +60,33 @@ def _measure_side(subject, side: str, seed: int) -> _SideVerdict:
     if leaked:
         details["moved_positions"] = [{"row": r, "position": p} for r, p in leaked[:MAX_LISTED_POSITIONS]]
         details["moved_count"] = len(leaked)
+        if subject.kind != "seq2seq":
+            details["largest_attention_on_pads"] = _attention_on_pads(subject, batch)
     return _SideVerdict(side, details, leaked=leaked, real_count=int(real.sum()))
+
+
+def _attention_on_pads(subject, batch):
+    """The largest share of a real query's softmax weights on pad keys in the padded batch (None
+    when no weights are seen: a fused kernel, or attention not over the ids' positions)."""
+    import torch
+
+    from tfdoctor.probes.attention import pad_attention
+    from tfdoctor.subject import call
+
+    with torch.no_grad():
+        return pad_attention(subject.model, lambda: call(subject, *batch.inputs), batch.padded)
+
+
+def _how_read(verdict: _SideVerdict) -> tuple[str, str]:
+    """(verb, note): how the pads reach real positions, as the softmax weights on pad keys show."""
+    from tfdoctor.probes.padding import PAD_ATTENTION_SHARE
+
+    share = verdict.details.get("largest_attention_on_pads")
+    if share is not None and share > PAD_ATTENTION_SHARE[1]:
+        return "attend to", ""
+    if share is not None and share < PAD_ATTENTION_SHARE[0]:
+        return "read", " (no attention weight reaches them: a convolution, recurrence or mean over positions)"
+    return "read", " (by attention, or a convolution or recurrence over positions: the weights were not seen)"
 
 
 def _leak_message(subject, verdict: _SideVerdict) -> str:
@@ -71,11 +97,40 @@ def _leak_message(subject, verdict: _SideVerdict) -> str:
     elif subject.kind == "causal" and verdict.side == "right":
         seen = "with right padding real positions read the pads after them (later positions)"
     elif subject.kind == "causal":
-        seen = "with left padding real positions attend to the pads before them"
+        verb, how = _how_read(verdict)
+        seen = f"with left padding real positions {verb} the pads before them{how}"
     else:
-        seen = f"with {verdict.side} padding real positions attend to pads"
+        verb, how = _how_read(verdict)
+        seen = f"with {verdict.side} padding real positions {verb} the pads{how}"
     return (f"{seen}: {len(verdict.leaked)} of {verdict.real_count} real outputs change when only the pad "
             f"positions' content changes ({listed}{more}); pad id {subject.pad_id} is not masked")
+
+
+def _hint(verdict: _SideVerdict) -> str:
+    """The key mask; and zeroing the pads where what reads them is not attention."""
+    from tfdoctor.probes.padding import PAD_ATTENTION_SHARE
+
+    share = verdict.details.get("largest_attention_on_pads")
+    if share is not None and share > PAD_ATTENTION_SHARE[1]:
+        return KEY_PADDING_HINT
+    return (KEY_PADDING_HINT + "; where a convolution, recurrence or mean runs over positions, zero the pads "
+            "first (x = x * (ids != pad_id)[..., None]) or exclude them from the mean")
+
+
+def _answers_change_left_padded(subject, details: dict) -> bool:
+    """Whether the probe sequences, left-padded with the real pad id, get other logits than alone
+    (as padding-equivalence compares them, position ids from the mask for Hugging Face causal LMs).
+    A model can read its pads' content and still answer the same when the pad token's own embedding
+    changes nothing (RecurrentGemma's recurrence)."""
+    import torch
+
+    from tfdoctor.context import current
+    from tfdoctor.probes.invariance import alone, compare_padded
+
+    probe = alone(subject, torch.Generator().manual_seed(current().seed + 11))
+    arrangement = compare_padded(subject, probe, "left")
+    details["left_padded_vs_alone"] = float(arrangement.diff[arrangement.real].max())
+    return bool(arrangement.differs.any())
 
 
 @check("padding-mask", title="Real positions ignore what sits at pad positions", needs=("pad_id",))
@@ -89,8 +144,10 @@ def padding_mask(subject) -> Result:
     real positions' outputs. A causal model trained on right-padded batches needs no key-padding
     mask (its causal mask hides the trailing pads) and passes without one. Where the side is unknown
     a causal model is probed on both sides: attending to right pads fails (real positions see later
-    ones), attending to left pads warns, since it matters only for batched generation and
-    left-padded training. Encoders and seq2seq sources are padded on the right unless declared.
+    ones); attending to left pads fails for a model that takes a key mask (a Hugging Face model, or
+    a Subject whose forward passes one: the mask exists to support padding, and batched generation
+    pads on the left) and warns for a model with no key mask at all, which is sound when only ever
+    right-padded. Encoders and seq2seq sources are padded on the right unless declared.
 
     Fix: a `(B, 1, 1, T)` key mask `(ids != pad_id)[:, None, None, :]` filled with
     `torch.finfo(scores.dtype).min`; `attention_mask=` for Hugging Face models; or declare
@@ -98,7 +155,7 @@ def padding_mask(subject) -> Result:
     """
     from tfdoctor.context import current
     from tfdoctor.probes.modes import evaluation
-    from tfdoctor.probes.padding import probed_sides
+    from tfdoctor.probes.padding import left_padding_fails, probed_sides
 
     declared = subject.padding_side
     sides = probed_sides(subject)
@@ -121,17 +178,24 @@ def padding_mask(subject) -> Result:
         worst = leaking[0]
         details.update(worst.details)
         message = _leak_message(subject, worst)
-        if declared is None and subject.kind == "causal" and worst.side == "left":
-            # Unknown side: the right side was clean, so training on right-padded batches is sound.
+        unknown_left = declared is None and subject.kind == "causal" and worst.side == "left"
+        built_for_padding = unknown_left and left_padding_fails(subject, pads_masked=False)
+        if built_for_padding and _answers_change_left_padded(subject, details):
+            message += f"; {built_for_padding}"
+        elif unknown_left:
+            # Unknown side, no key mask at all: the right side was clean, so right-padded training is sound.
             right = next(v for v in verdicts if v.side == "right")
             safe = ("right padding is safe (the causal mask hides trailing pads)" if right.skip is None
                     else f"right padding was not measured ({right.skip})")
+            if "left_padded_vs_alone" in details:  # a key mask, yet the same answers left-padded
+                safe += ("; left-padded rows still get the logits they get alone (the pad token's own "
+                         "embedding happens to change nothing), but pads with other content are read")
             return Result.warned(
                 f"{message}; {safe}, so this matters only for batched generation or training on left-padded "
-                "batches", SIDE_HINT + KEY_PADDING_HINT, details)
+                "batches", SIDE_HINT + _hint(worst), details)
         if declared is not None:
             message += f" ({declared} padding, as declared)"
-        return Result.failed(message, KEY_PADDING_HINT, details)
+        return Result.failed(message, _hint(worst), details)
 
     return judged_per_implementation(subject, judge)
 

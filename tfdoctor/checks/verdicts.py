@@ -12,8 +12,9 @@ def judged_per_implementation(subject, judge: Callable[[Optional[str]], Result])
     sdpa for Hugging Face models, the model as it is otherwise). The first verdict that is not a
     pass is returned, naming its implementation; a skip only when every implementation skips.
 
-    A model configured with a non-default implementation (attn_implementation="eager") is judged
-    by that one: a failure under another implementation only is a warning not to switch."""
+    The model is judged by the implementation it runs (configured, or the library's default as
+    resolved in config._attn_implementation): a failure under another implementation only is a
+    warning not to switch."""
     from tfdoctor.probes.implementations import configured_implementation, label, per_implementation
 
     verdicts = per_implementation(subject.model, judge)
@@ -55,6 +56,7 @@ def _demoted_to_warning(model, verdicts, configured: str) -> Optional[Result]:
                    configured_implementation=configured, configured_verdict=own.message,
                    status_under_other=other.status.value, library=release)
     return Result.warned(
-        f"with attn_implementation={impl!r} (not the configured {configured!r}, which passes): {other.message}",
+        f"with attn_implementation={impl!r} (not {configured!r}, the one this model runs, which passes): "
+        f"{other.message}",
         f"keep attn_implementation={configured!r}: do not switch to {impl} on this release ({release}); "
         f"re-check after upgrading before you switch", details)

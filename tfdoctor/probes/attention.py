@@ -89,6 +89,9 @@ class AttentionCapture:
     softmaxes: int = 0  # softmax calls seen
     fused_calls: dict[str, int] = field(default_factory=dict)  # fused attention kernel -> calls
     uses: list[WeightsUse] = field(default_factory=list)
+    # With keep_weights: each use's weights, their softmax (key) axis moved last.
+    weights: list[torch.Tensor] = field(default_factory=list)
+    keep_weights: bool = False
 
 
 @dataclass
@@ -209,6 +212,8 @@ class _WeightsMode(TorchFunctionMode):
                 seen = self.tracked.get(id(operand))
                 if seen is not None and axes == {seen.axis}:
                     self.capture.uses.append(_weights_use(operand, seen, name))
+                    if self.capture.keep_weights:
+                        self.capture.weights.append(operand.detach().float().movedim(seen.axis, -1))
         elif isinstance(out, torch.Tensor) and self.tracked:
             flat, _ = tree_flatten((args, kwargs))
             for arg in flat:
@@ -232,10 +237,11 @@ def _weights_use(weights: torch.Tensor, seen: _Tracked, product: str) -> Weights
                       row_sums=rows[kept].sum(dim=-1).cpu())
 
 
-def capture_attention(model: torch.nn.Module, forward) -> AttentionCapture:
+def capture_attention(model: torch.nn.Module, forward, keep_weights: bool = False) -> AttentionCapture:
     """Run `forward()` once and record every softmax output that is multiplied, over the softmax's
-    axis, with another tensor (the attention weights meeting V), and every fused attention call."""
-    capture = AttentionCapture()
+    axis, with another tensor (the attention weights meeting V), and every fused attention call;
+    with keep_weights, the weights themselves too."""
+    capture = AttentionCapture(keep_weights=keep_weights)
     with module_scope(model) as scope:
         mode = _WeightsMode(scope, capture)
         try:
@@ -244,6 +250,35 @@ def capture_attention(model: torch.nn.Module, forward) -> AttentionCapture:
         finally:
             mode.tracked.clear()
     return capture
+
+
+def pad_attention(model: torch.nn.Module, forward, pads: torch.Tensor) -> float | None:
+    """The largest share of attention any real query of a batch gives to pad keys, measured on the
+    softmax weights of one `forward()` over ids with `pads` [B, T] True at pad positions; None when
+    no weights over those keys were seen (a fused kernel such as SDPA keeps them inside). A Hugging
+    Face model running a fused kernel is measured under its eager implementation, same masks."""
+    from tfdoctor.probes.implementations import attention_implementations, current_implementation, using_implementation
+
+    share = _pad_attention(model, forward, pads)
+    if share is None and current_implementation(model) != "eager" and "eager" in attention_implementations(model):
+        with using_implementation(model, "eager"):
+            share = _pad_attention(model, forward, pads)
+    return share
+
+
+def _pad_attention(model: torch.nn.Module, forward, pads: torch.Tensor) -> float | None:
+    capture = capture_attention(model, forward, keep_weights=True)
+    B, T = pads.shape
+    largest = None
+    for weights in capture.weights:  # (B, ..., T_q, T_k) where batch-first self-attention over the ids
+        if weights.ndim < 3 or weights.shape[0] != B or weights.shape[-1] != T or weights.shape[-2] != T:
+            continue
+        keys = pads.to(weights.device).float().view(B, *([1] * (weights.ndim - 2)), T)  # (B, 1, .., 1, T_k)
+        queries = (~pads).to(weights.device).view(B, *([1] * (weights.ndim - 3)), T)  # (B, 1, .., T_q)
+        share = torch.nan_to_num((weights * keys).sum(-1), nan=0.0)  # (B, ..., T_q)
+        share = share.masked_fill(~queries, 0.0)
+        largest = max(largest or 0.0, float(share.max()))
+    return largest
 
 
 # ----------------------------------------------------------------------------------------------

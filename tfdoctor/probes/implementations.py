@@ -2,8 +2,8 @@
 
 A model can leak under one kernel and not another (one released model leaked the future under SDPA
 only, with eager attention correct), so the masking checks measure each and name the culprit. A
-model configured with a non-default implementation is judged by the one it runs; the others are
-reported as what would happen if it were switched.
+model is judged by the implementation it runs (the resolved config._attn_implementation, the
+library's default included); the others are reported as what would happen if it were switched.
 """
 
 from __future__ import annotations
@@ -34,16 +34,15 @@ def attention_implementations(model: torch.nn.Module) -> list[Optional[str]]:
 
 
 def configured_implementation(model: torch.nn.Module) -> Optional[str]:
-    """The implementation the user chose, where that can be told: one the library would not have
-    picked by itself. transformers resolves an unset choice to sdpa when the model supports it
-    (eager otherwise) and keeps only the resolved name, so sdpa on an sdpa-capable model may be the
-    default and counts as no choice (every implementation is then judged)."""
+    """The implementation the model runs: `config._attn_implementation` as transformers resolved it,
+    the library's default included (sdpa where the model supports it, else eager). A model is
+    judged by this one; a failure under another implementation only is a warning not to switch.
+    None for a model with a single implementation (nothing to tell apart)."""
     candidates = attention_implementations(model)
     if len(candidates) < 2:
         return None
     current = current_implementation(model)
-    default = "sdpa" if "sdpa" in candidates else "eager"
-    return current if current in candidates and current != default else None
+    return current if current in candidates else None
 
 
 def library_release(model: torch.nn.Module) -> str:

@@ -19,6 +19,10 @@ from tfdoctor.subject import Subject, call, is_hugging_face, random_tokens
 # How far the pad positions' embeddings are pushed, in units of the embedding output's std: far
 # enough that any real use of them shows, well inside what float32 represents.
 PERTURBATION_STDS = 3.0
+# The largest share of a real query's attention on pad keys: below the first, the pads are masked
+# (a finfo.min or -1e4 fill leaves exactly 0 in float32); above the second, they are attended (an
+# unmasked pad among T keys takes ~1/T); in between neither is claimed.
+PAD_ATTENTION_SHARE = (1e-6, 1e-3)
 
 
 @dataclass
@@ -78,18 +82,33 @@ def padded_batch(subject: Subject, generator: torch.Generator, side: Optional[st
 
 
 def input_embedding(subject: Subject) -> torch.nn.Module | None:
-    """The embedding that reads the (source) token ids."""
+    """The module that embeds the (source) token ids: Hugging Face's get_input_embeddings() when it
+    is a module (Perceiver's is its latent array, a Parameter; a custom class may not say), else the
+    first nn.Embedding over the whole vocabulary. Its output may be a tensor or a tuple led by one (I-BERT's (embedding, scale))."""
     model = subject.model
     if is_hugging_face(model):
+        holders = [model]
         if subject.kind == "seq2seq" and hasattr(model, "get_encoder"):
-            encoder = model.get_encoder()
-            found = encoder.get_input_embeddings() if hasattr(encoder, "get_input_embeddings") else None
-            if found is not None:
+            holders.insert(0, model.get_encoder())
+        for holder in holders:
+            try:
+                found = holder.get_input_embeddings() if hasattr(holder, "get_input_embeddings") else None
+            except NotImplementedError:  # a custom PreTrainedModel that does not say
+                found = None
+            if isinstance(found, torch.nn.Module):
                 return found
-        return model.get_input_embeddings()
     for module in model.modules():
         if isinstance(module, torch.nn.Embedding) and module.num_embeddings >= subject.vocab_size:
             return module
+    return None
+
+
+def _embedded(output, ids: torch.Tensor) -> torch.Tensor | None:
+    """The [*ids.shape, d] float embedding in what an embedding module returned (a tensor, or a
+    tuple led by it); None when it is not there."""
+    tensor = output[0] if isinstance(output, (tuple, list)) and output else output
+    if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.shape[:-1] == ids.shape:
+        return tensor
     return None
 
 
@@ -110,10 +129,14 @@ def perturbed_pads(embedding: torch.nn.Module, ids: torch.Tensor, padded: torch.
                       if args[0].shape == layout.shape and torch.equal(args[0], layout)), None)
         if where is None:
             return None
+        embedded = _embedded(output, args[0])
+        if embedded is None:
+            return None
         calls.append(1)
-        noise = torch.randn(output.shape, generator=generator).to(output.device, output.dtype)
-        scale = PERTURBATION_STDS * float(output.detach().float().std().clamp_min(1e-3))
-        return output + noise * scale * where.unsqueeze(-1).to(output.dtype)
+        noise = torch.randn(embedded.shape, generator=generator).to(embedded.device, embedded.dtype)
+        scale = PERTURBATION_STDS * float(embedded.detach().float().std().clamp_min(1e-3))
+        moved = embedded + noise * scale * where.unsqueeze(-1).to(embedded.dtype)
+        return moved if embedded is output else type(output)([moved, *output[1:]])
 
     handle = embedding.register_forward_hook(hook)
     try:
@@ -146,3 +169,94 @@ def pad_sensitivity(subject: Subject, seed: int, side: str) -> PadSensitivity | 
     change = torch.nan_to_num((moved - base).abs().amax(dim=-1), nan=float("inf"))
     finite = torch.isfinite(base).all(dim=-1)
     return PadSensitivity(change.cpu(), finite.cpu(), finite_scale(base), len(calls), batch)
+
+
+def fixed_output_length(subject: Subject, generator: torch.Generator) -> str | None:
+    """Why outputs cannot be matched to inputs position by position, or None when they can: a model
+    that decodes a fixed number of outputs whatever the input length (Perceiver's decoder queries)
+    answers a shorter row with as many outputs as a full one."""
+    T = subject.seq_len
+    short = max(1, T // 2)
+    ids = random_tokens(subject, 1, short, generator)
+    with torch.no_grad():
+        got = call(subject, ids).shape[1]
+    if got == short:
+        return None
+    return (f"the model returns {got} outputs for {short} input tokens (a fixed number of decoded outputs, "
+            "not one per token), so a sequence alone and padded cannot be compared position by position")
+
+
+# Keywords under which a model is handed a key-padding mask (Hugging Face, nn.Transformer,
+# x-transformers, hand-written models).
+KEY_MASK_NAMES = ("attention_mask", "key_padding_mask", "src_key_padding_mask", "padding_mask", "pad_mask", "mask")
+
+
+def _code_names(function) -> set:
+    """Identifiers and string constants of a function's code (nested functions included): what a
+    Subject's forward passes is read from there, since it is never called with a mask by tfdoctor."""
+    code = getattr(function, "__code__", None) or getattr(getattr(function, "__call__", None), "__code__", None)
+    names: set = set(getattr(function, "keywords", None) or ())  # functools.partial(..., attention_mask=)
+    stack = [code] if code is not None else []
+    while stack:
+        code = stack.pop()
+        names.update(code.co_names, code.co_varnames)
+        for const in code.co_consts:
+            if isinstance(const, str):
+                names.add(const)
+            elif isinstance(const, tuple):  # keyword names of a call
+                names.update(c for c in const if isinstance(c, str))
+            elif hasattr(const, "co_names"):
+                stack.append(const)
+    return names
+
+
+def key_mask_given(subject: Subject) -> str | None:
+    """How the model is handed a key-padding mask, or None when it is not: a Hugging Face model is
+    called with attention_mask (as its users call it); a Subject's own forward that passes a mask."""
+    import inspect
+
+    if subject.forward is None:
+        try:
+            takes = "attention_mask" in inspect.signature(subject.model.forward).parameters
+        except (TypeError, ValueError):
+            takes = False
+        if not (is_hugging_face(subject.model) and takes and _mask_is_read(subject)):
+            return None  # RWKV takes attention_mask and ignores it: no key mask at all
+        return "a Hugging Face model called with attention_mask"
+    named = _code_names(subject.forward)
+    given = next((name for name in KEY_MASK_NAMES if name in named), None)
+    return f"its forward passes {given}=" if given else None
+
+
+def _mask_is_read(subject: Subject) -> bool:
+    """Whether a Hugging Face model's last output moves when attention_mask hides the first half of
+    its row (one forward of two rows, the ids the same): a mask that is taken but never read is none."""
+    from tfdoctor.probes.dependency import finite_scale
+    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.tolerances import RELATIVE_TOLERANCE
+
+    T = subject.seq_len
+    ids = random_tokens(subject, 1, T, torch.Generator().manual_seed(0)).repeat(2, 1)
+    mask = torch.ones_like(ids)
+    mask[1, : T // 2] = 0
+    try:
+        with torch.no_grad(), evaluation(subject.model):
+            logits = subject.model(input_ids=ids, attention_mask=mask).logits[:, -1].float()
+    except Exception:  # cannot be called so: say nothing about a mask
+        return False
+    return float((logits[0] - logits[1]).abs().max()) > RELATIVE_TOLERANCE * max(finite_scale(logits), 1e-30)
+
+
+def left_padding_fails(subject: Subject, pads_masked: bool) -> str | None:
+    """Why a model whose padding side is not declared fails (not warns) when it answers differently
+    left-padded: it takes a key mask, or measurably masks its pads, so it is built for padded batches,
+    and batched generation pads on the left. None for a model with no key mask at all, which is
+    sound when only ever right-padded (its causal mask hides trailing pads)."""
+    given = key_mask_given(subject)
+    if given is not None:
+        return (f"the model takes a key mask ({given}), which exists to support padding, and batched "
+                "generation pads on the left")
+    if pads_masked:
+        return ("the model masks its pads (their content changes nothing), so it is built for padded "
+                "batches, and batched generation pads on the left")
+    return None
