@@ -1,0 +1,186 @@
+"""Cached decoding against one full forward: a prefill, then one token at a time, driven by the
+Subject's incremental function or, for a Hugging Face model, by the model's own generate()."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from tfdoctor.probes.dependency import finite_scale
+from tfdoctor.probes.generation import accepts, decode_as_generate, without_stop_tokens
+from tfdoctor.subject import Subject, call, extract_logits, random_tokens
+from tfdoctor.tolerances import EQUIVALENCE_TOLERANCE
+
+# Tokens decoded one at a time after the prefill. A skipped causal mask shows in the prefill, an
+# offset cache position at the first decoded token; 8 steps also show a drift.
+DECODE_STEPS = 8
+
+
+class NotComparable(Exception):
+    """The model's decoding has nothing to compare (no cache kept): a reason to skip, not a fault."""
+
+
+@dataclass
+class CacheComparison:
+    label: str  # "unpadded" or "left-padded prompts"
+    prefill: int  # tokens given to the first (cached) call
+    diff: torch.Tensor  # [L] largest logit difference at each position over the batch's real tokens
+    scale: float
+    details: dict = field(default_factory=dict)
+    shape_defect: Optional[dict] = None  # a call whose logits were not [B, t, V]: what it got and gave
+    rerun_full: Optional[Callable[[], torch.Tensor]] = None  # the full forward again (randomness test)
+    full: Optional[torch.Tensor] = None
+    prompt_alone_gap: float = 0.0  # the cached prefill against a full forward of the prompt alone
+
+    @property
+    def tolerance(self) -> float:
+        return EQUIVALENCE_TOLERANCE * max(self.scale, 1e-30)
+
+    @property
+    def relative(self) -> float:
+        return float(self.diff.max()) / max(self.scale, 1e-30) if self.diff.numel() else 0.0
+
+    def first_divergence(self) -> Optional[int]:
+        over = (self.diff > self.tolerance).nonzero()
+        return int(over[0]) if over.numel() else None
+
+
+def cache_lengths(subject: Subject) -> tuple[int, int]:
+    """(prefill, total): half the probe length as the prompt, then up to DECODE_STEPS tokens."""
+    T = subject.seq_len
+    prefill = max(2, T // 2) if T >= 3 else 1
+    return prefill, min(T, prefill + DECODE_STEPS)
+
+
+def generation_positions(real: torch.Tensor) -> torch.Tensor:
+    """Position ids as generate() builds them from the attention mask (pads at 0)."""
+    return (real.long().cumsum(-1) - 1).masked_fill(~real, 0)
+
+
+def _full_forward(model, ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """One forward of the whole sequence with what generate() gives its first call: the attention
+    mask and position ids from it where forward names them, no cache."""
+    kwargs = {"input_ids": ids}
+    if accepts(model, "attention_mask"):
+        kwargs["attention_mask"] = real.long()
+    if accepts(model, "position_ids"):
+        kwargs["position_ids"] = generation_positions(real)
+    if accepts(model, "use_cache"):
+        kwargs["use_cache"] = False
+    return extract_logits(model(**kwargs)).float()
+
+
+def _probe_batch(subject: Subject, generator: torch.Generator, left_padded: bool):
+    prefill, total = cache_lengths(subject)
+    B = subject.batch_size
+    ids = random_tokens(subject, B, total, generator)
+    real = torch.ones(B, total, dtype=torch.bool, device=ids.device)
+    if left_padded:
+        pad = subject.pad_id if subject.pad_id is not None else 0
+        for r in range(1, B):  # row 0 keeps its whole prompt; the others lose a growing share to pads
+            count = min(prefill - 1, r * prefill // B)
+            ids[r, :count] = pad
+            real[r, :count] = False
+    return ids, real, prefill
+
+
+def _shape_defect(logits: list[torch.Tensor], fed: list[int], B: int, V: int) -> Optional[int]:
+    """The first call whose logits are not [B, n, V] with 1 <= n <= the tokens it was fed."""
+    for k, (out, n) in enumerate(zip(logits, fed)):
+        if out.dim() != 3 or out.shape[0] != B or out.shape[2] != V or not 1 <= out.shape[1] <= max(n, 1):
+            return k
+    return None
+
+
+def _via_generate(subject: Subject, ids, real, prefill: int) -> CacheComparison:
+    model = subject.model
+    ids = without_stop_tokens(model, ids, prefill, subject.vocab_size)
+    run = decode_as_generate(model, ids, real, prefill, subject.pad_id if subject.pad_id is not None else 0)
+    calls = [{"input_ids": [ids.shape[0], c.fed], "logits": c.logits_shape, "arguments": c.arguments}
+             for c in run.calls[:2]]
+    if not run.calls:
+        raise NotComparable(f"{type(model).__name__}.generate() never called the model's forward")
+    refed = run.refeeds()
+    if refed is not None:
+        raise NotComparable(f"{type(model).__name__}.generate() feeds the whole sequence again at every step "
+                            f"({refed.fed} tokens on a decoding call): the model keeps no cache, so there is no "
+                            "cached decoding to compare")
+    if run.calls[0].fed != prefill:
+        raise NotComparable(f"{type(model).__name__}.generate() fed {run.calls[0].fed} tokens for a {prefill}-token "
+                            "prompt (it adds tokens of its own), so its steps cannot be lined up with a full forward")
+    full = _full_forward(model, ids, real)
+    B, total, V = full.shape
+    details = {"driver": "generate", "decoding_calls": calls}
+    bad = _shape_defect(run.logits, [c.fed for c in run.calls], B, V)
+    if bad is not None:
+        call_ = run.calls[bad]
+        defect = {"call": bad, "input_ids": [B, call_.fed], "logits": call_.logits_shape, "expected": [B, call_.fed, V],
+                  "arguments": call_.arguments}
+        return CacheComparison("", prefill, torch.zeros(total), finite_scale(full), details, defect)
+    steps = torch.zeros_like(full)
+    covered = torch.zeros(total, dtype=torch.bool)
+    first = run.logits[0]
+    steps[:, prefill - first.shape[1]:prefill] = first.to(full.device)
+    covered[prefill - first.shape[1]:prefill] = True
+    for k, out in enumerate(run.logits[1:total - prefill + 1]):  # call k + 1 was fed position prefill + k
+        steps[:, prefill + k] = out[:, -1].to(full.device)
+        covered[prefill + k] = True
+    details["positions_compared"] = int(covered.sum())
+    compared = real & covered.to(real.device)[None]
+    diff, scale = _compare_steps(full, steps, compared)
+    alone, _ = _compare_steps(_full_forward(model, ids[:, :prefill], real[:, :prefill]), steps[:, :prefill],
+                              compared[:, :prefill])
+    return CacheComparison("", prefill, diff, scale, details, rerun_full=lambda: _full_forward(model, ids, real),
+                           full=full, prompt_alone_gap=float(alone.max()))
+
+
+def _via_incremental(subject: Subject, ids, prefill: int) -> CacheComparison:
+    full = call(subject, ids).float()
+    first, state = subject.incremental(subject.model, ids[:, :prefill].contiguous(), None)
+    outputs = [extract_logits(first)]
+    for i in range(prefill, ids.shape[1]):
+        step, state = subject.incremental(subject.model, ids[:, i:i + 1].contiguous(), state)
+        outputs.append(extract_logits(step))
+    fed = [prefill] + [1] * (len(outputs) - 1)
+    B, _, V = full.shape
+    bad = _shape_defect(outputs, fed, B, V)
+    if bad is not None or sum(o.shape[1] for o in outputs) != full.shape[1]:
+        from tfdoctor.errors import SubjectError
+
+        k = bad if bad is not None else 0
+        raise SubjectError(f"incremental(model, input_ids [{B}, {fed[k]}], state) returned logits "
+                           f"{list(outputs[k].shape)} on call {k + 1} (the full forward gives {list(full.shape)})",
+                           "return logits [B, t, V] for the t tokens given at each call")
+    steps = torch.cat([o.float() for o in outputs], dim=1)
+    real = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
+    diff, scale = _compare_steps(full, steps, real)
+    alone, _ = _compare_steps(call(subject, ids[:, :prefill]).float(), steps[:, :prefill], real[:, :prefill])
+    return CacheComparison("", prefill, diff, scale, {"driver": "incremental"},
+                           rerun_full=lambda: call(subject, ids).float(), full=full, prompt_alone_gap=float(alone.max()))
+
+
+def _compare_steps(full: torch.Tensor, steps: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, float]:
+    gap = torch.nan_to_num((steps.to(full.device) - full).abs().amax(-1), nan=float("inf"), posinf=float("inf"))
+    gap = gap.masked_fill(~real, 0.0)  # [B, L]
+    scale = finite_scale(full[real]) if bool(real.any()) else 0.0
+    return gap.amax(0).cpu(), scale
+
+
+def compare_cache(subject: Subject, generator: torch.Generator, left_padded: bool = False) -> CacheComparison:
+    """Prefill then one token at a time through the model's cache (Subject.incremental when given,
+    else the model's own generate()), against one full forward. Raises NotComparable when the
+    model's generate() keeps no cache.
+    left_padded: prompts of different lengths left-padded in one batch with their attention mask, as
+    batched generation runs them (Hugging Face only)."""
+    ids, real, prefill = _probe_batch(subject, generator, left_padded)
+    with torch.no_grad():
+        if subject.incremental is None:
+            comparison = _via_generate(subject, ids, real, prefill)
+        else:
+            comparison = _via_incremental(subject, ids, prefill)
+    comparison.label = "left-padded prompts" if left_padded else "unpadded"
+    if left_padded:
+        comparison.details["pads_per_row"] = (~real[:, :prefill]).sum(1).tolist()
+    return comparison
