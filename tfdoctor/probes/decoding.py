@@ -18,8 +18,28 @@ from tfdoctor.tolerances import EQUIVALENCE_TOLERANCE
 DECODE_STEPS = 8
 
 
+# What a model's own code raises when it cannot run a variant (a padded mask, another kernel).
+MODEL_ERRORS = (RuntimeError, ValueError, IndexError, TypeError, AssertionError, NotImplementedError)
+
+
 class NotComparable(Exception):
     """The model's decoding has nothing to compare (no cache kept): a reason to skip, not a fault."""
+
+
+def raised_by_model(exc: BaseException) -> bool:
+    """Whether the innermost frame of the exception is outside tfdoctor (the model's or its
+    library's code): tfdoctor's own exceptions stay errors."""
+    import os
+
+    import tfdoctor
+
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    if last is None:
+        return False
+    package = os.path.dirname(os.path.abspath(tfdoctor.__file__))
+    return not os.path.abspath(last.tb_frame.f_code.co_filename).startswith(package + os.sep)
 
 
 @dataclass

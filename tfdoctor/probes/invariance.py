@@ -236,11 +236,13 @@ def pack_rows(subject: Subject, generator: torch.Generator) -> PackedRows:
 
 
 def packed_call(subject: Subject, rows: PackedRows, ids: Optional[torch.Tensor] = None,
-                use_cache: Optional[bool] = False) -> torch.Tensor:
-    """Logits of packed rows (or of copies of them, stacked: copy c of row r at c * B + r)."""
+                use_cache: Optional[bool] = False, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Logits of packed rows (or of copies of them, stacked: copy c of row r at c * B + r), with
+    the rows' restarting positions unless other `positions` [B, T] are given."""
     ids = rows.ids if ids is None else ids
     copies = ids.shape[0] // rows.ids.shape[0]
-    doc_ids, positions = rows.doc_ids.repeat(copies, 1), rows.positions.repeat(copies, 1)
+    positions = rows.positions if positions is None else positions
+    doc_ids, positions = rows.doc_ids.repeat(copies, 1), positions.repeat(copies, 1)
     if subject.packing == PACKING_POSITION_IDS:
         # No attention mask and no cache: only then does transformers tell the documents apart by the
         # restarting position ids. The Trainer trains with config.use_cache = False.
@@ -271,6 +273,17 @@ class PackingComparison:
         return EQUIVALENCE_TOLERANCE * max(self.scale, 1e-30)
 
 
+def alone_call(subject: Subject, ids: torch.Tensor) -> torch.Tensor:
+    """Logits of one document per row, called the way the packed rows are (the packing fn with one
+    document id, or position ids 0..L-1): a model whose own positions follow another convention
+    (RoBERTa counts from padding_idx + 1) is compared with itself, not with its convention."""
+    n, width = ids.shape
+    positions = torch.arange(width, device=ids.device).expand(n, -1).contiguous()
+    if subject.packing == PACKING_POSITION_IDS:
+        return hf_forward(subject.model, ids, positions=positions, use_cache=False)[0]
+    return extract_logits(subject.packing(subject.model, ids.contiguous(), torch.zeros_like(positions), positions))
+
+
 def compare_packed(subject: Subject, rows: PackedRows, generator: torch.Generator) -> PackingComparison:
     """The packed rows in one forward against every document alone, all documents in one forward
     (each at the start of its own row, filler after it: a causal model never reads the filler)."""
@@ -282,7 +295,7 @@ def compare_packed(subject: Subject, rows: PackedRows, generator: torch.Generato
         alone_ids[n, :L] = rows.ids[r, s:s + L]
     with torch.no_grad():
         packed = packed_call(subject, rows).float()
-        reference = call(subject, alone_ids).float()
+        reference = alone_call(subject, alone_ids).float()
     diff = torch.zeros(B, T)
     for n, (r, s, L) in enumerate(docs):
         gap = (packed[r, s:s + L] - reference[n, :L]).abs().amax(-1)
@@ -314,3 +327,31 @@ def document_map(subject: Subject, comparison: PackingComparison, generator: tor
             grid.append([bool(change[j * B + r, s:s + L].max() > comparison.tolerance) for j in range(len(row))])
         maps.append(grid)
     return maps
+
+
+def change_with_config_cache(subject: Subject, rows: PackedRows, comparison: PackingComparison) -> Optional[float]:
+    """How far the packed logits move when use_cache is left to a Hugging Face config that turns it
+    on (None when the Subject does not pack by position ids or the config has no cache on)."""
+    if subject.packing != PACKING_POSITION_IDS or not getattr(getattr(subject.model, "config", None), "use_cache", False):
+        return None
+    with torch.no_grad():
+        default = packed_call(subject, rows, use_cache=None).float()
+    return float((default - comparison.logits).abs().max())
+
+
+def change_with_running_positions(subject: Subject, rows: PackedRows, comparison: PackingComparison) -> float:
+    """How far the packed logits move when the position ids run on across each row instead of
+    restarting at each document: 0 when the positions given never reach the model."""
+    B, T = rows.ids.shape
+    running_on = torch.arange(T, device=rows.ids.device).expand(B, -1).contiguous()
+    with torch.no_grad():
+        moved = packed_call(subject, rows, positions=running_on).float()
+    return float(torch.nan_to_num((moved - comparison.logits).abs(), nan=float("inf")).max())
+
+
+def eval_noise(first: torch.Tensor, again: torch.Tensor, tolerance: float) -> Optional[float]:
+    """The gap between two identical forwards, when it is over the tolerance (else None)."""
+    same_nan = torch.isnan(first) & torch.isnan(again)  # NaN in both is the same NaN (masked-row-nan's)
+    gap = (first - again).abs().masked_fill(same_nan, 0.0)
+    gap = float(torch.nan_to_num(gap, nan=float("inf"), posinf=float("inf")).max()) if first.numel() else 0.0
+    return gap if gap > tolerance else None

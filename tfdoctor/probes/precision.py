@@ -70,3 +70,25 @@ def in_float32(model: torch.nn.Module) -> Iterator[None]:
     finally:
         for tensor, dtype in changed:
             tensor.data = tensor.data.to(dtype)
+
+
+def close_call(model: torch.nn.Module, relative: float, tolerance: float) -> tuple[str, dict]:
+    """How to judge a difference `relative` (of the logits' scale) measured in the model's own
+    precision: "as measured" (float32, within tolerance, or beyond what rounding reaches),
+    "float32" (a close call: measure again with in_float32), or "close" (a close call that cannot
+    be measured again: a note, not a verdict). Evidence for the report with it."""
+    dtype = compute_dtype(model)
+    reach = rounding_reach(dtype)
+    name = str(dtype).replace("torch.", "")
+    if not reach:
+        return "as measured", {}
+    evidence = {"compute_dtype": name}
+    if relative <= tolerance or relative > reach:
+        return "as measured", evidence
+    evidence.update(relative_difference_in_compute_dtype=relative, rounding_reach=reach)
+    said = f"in {name} the logits differ by {relative:.2g} of their scale, within {name} rounding's reach ({reach:.2g})"
+    if can_upcast(model):
+        evidence["close_call"] = f"{said}: measured again in float32"
+        return "float32", evidence
+    evidence["close_call"] = f"{said}; not measured again in float32 (too large to upcast): not judged"
+    return "close", evidence
