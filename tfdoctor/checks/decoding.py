@@ -77,22 +77,6 @@ def _cache_arms(subject, hugging_face: bool) -> list:
     return arms, raised
 
 
-def _precision_arms(subject, hugging_face: bool, arms: list) -> tuple[list, dict]:
-    """In bfloat16 or float16, arms whose difference is over the float32 tolerance but within the
-    precision's rounding reach are a close call: measured again in float32 (the parameters upcast in
-    place and restored) and judged there; [] when that cannot be done (a note, no verdict)."""
-    from tfdoctor.probes.precision import close_call, in_float32
-    from tfdoctor.tolerances import EQUIVALENCE_TOLERANCE
-
-    if any(arm.shape_defect for arm in arms):
-        return arms, {}
-    how, evidence = close_call(subject.model, max(arm.relative for arm in arms), EQUIVALENCE_TOLERANCE)
-    if how == "float32":
-        with in_float32(subject.model):
-            arms, _ = _cache_arms(subject, hugging_face)
-    return ([] if how == "close" else arms), evidence
-
-
 def _judge_cache(subject, hugging_face: bool) -> Result:
     from tfdoctor.probes.decoding import NotComparable
 
@@ -112,16 +96,35 @@ def _judge_cache(subject, hugging_face: bool) -> Result:
 
 
 def _judged_arms(subject, hugging_face: bool, arms: list) -> Result:
+    """The verdict on the measured arms. In bfloat16 or float16 a difference over the float32
+    tolerance but within the precision's rounding reach is a close call: measured and judged again
+    in float32 (the parameters upcast in place and restored), or a note where that cannot be done."""
+    from tfdoctor.probes.precision import close_call, in_float32
+    from tfdoctor.tolerances import EQUIVALENCE_TOLERANCE
+
     defect = next((arm for arm in arms if arm.shape_defect), None)
     if defect is not None:
         return _shape_result(subject, defect)
-    first_arms = arms
-    arms, precision = _precision_arms(subject, hugging_face, arms)
-    details = {"prefill": first_arms[0].prefill, "positions": int(first_arms[0].diff.numel()),
+    how, precision = close_call(subject.model, max(arm.relative for arm in arms), EQUIVALENCE_TOLERANCE)
+    if how == "close":
+        return Result.passed(f"cached decoding agrees with the full forward within rounding; "
+                             f"{precision['close_call']}", precision)
+    if how == "float32":
+        with in_float32(subject.model):
+            arms, _ = _cache_arms(subject, hugging_face)
+            return _arms_verdict(subject, hugging_face, arms, precision)
+    return _arms_verdict(subject, hugging_face, arms, precision)
+
+
+def _arms_verdict(subject, hugging_face: bool, arms: list, precision: dict) -> Result:
+    import torch
+
+    from tfdoctor.probes.invariance import eval_noise
+    from tfdoctor.probes.modes import evaluation
+
+    details = {"prefill": arms[0].prefill, "positions": int(arms[0].diff.numel()),
                "path": "generate" if hugging_face else "incremental", "arms": {}, **precision}
     note = f"; {precision['close_call']}" if "close_call" in precision else ""
-    if not arms:  # a close call that could not be measured again
-        return Result.passed(f"cached decoding agrees with the full forward within rounding{note}", details)
     for arm in arms:
         details["arms"][arm.label] = {"largest_difference": float(arm.diff.max()), "output_scale": arm.scale,
                                       "tolerance": arm.tolerance, "first_divergence": arm.first_divergence(),
@@ -133,30 +136,25 @@ def _judged_arms(subject, hugging_face: bool, arms: list) -> Result:
         return Result.passed(f"prefill of {arms[0].prefill} tokens then {arms[0].diff.numel() - arms[0].prefill} "
                              f"cached steps give the full forward's logits at every position ({summary}){note}", details)
     arm = broken[0]
-    if arm.rerun_full is not None:
-        import torch
-
-        from tfdoctor.probes.invariance import eval_noise
-        from tfdoctor.probes.modes import evaluation
-
-        with torch.no_grad(), evaluation(subject.model):
-            noise = eval_noise(arm.full, arm.rerun_full(), arm.tolerance)
-        if noise is not None:
-            return Result.skipped(f"two identical full forwards gave logits {noise:.3g} apart in eval mode (the model "
-                                  "is random at inference, e.g. hashing or sampling with no seed): cached decoding "
-                                  "cannot be compared with it", {"noise": noise})
-    return _divergence_result(arm, details, note)
+    with torch.no_grad(), evaluation(subject.model):
+        noise = eval_noise(arm.full, arm.rerun_full(), arm.tolerance)
+        uncached = arm.uncached_gap(arm.first_divergence()) if noise is None else None
+    if noise is not None:
+        return Result.skipped(f"two identical full forwards gave logits {noise:.3g} apart in eval mode (the model "
+                              "is random at inference, e.g. hashing or sampling with no seed): cached decoding "
+                              "cannot be compared with it", {"noise": noise})
+    return _divergence_result(arm, details, note, uncached)
 
 
-def _divergence_result(arm, details: dict, note: str) -> Result:
+def _divergence_result(arm, details: dict, note: str, uncached: float) -> Result:
     at = arm.first_divergence()
     gap = float(arm.diff[at])
     details.update(arm=arm.label, first_divergence=at, difference_at_first=gap)
     where = (f"position {at}, inside the {arm.prefill}-token prefill" if at < arm.prefill
              else f"position {at}, the {'first' if at == arm.prefill else f'{at - arm.prefill + 1}th'} token "
                   "decoded with the cache")
-    details["prompt_alone_difference"] = arm.prompt_alone_gap
-    if at < arm.prefill and arm.prompt_alone_gap <= arm.tolerance:
+    details["difference_from_uncached_forward"] = uncached
+    if uncached <= arm.tolerance:
         return _length_dependent_result(arm, details, where, gap, note)
     if at < arm.prefill:
         cause = ("the cached call of several tokens differs from the full forward: the cache path drops the "
@@ -165,9 +163,10 @@ def _divergence_result(arm, details: dict, note: str) -> Result:
                 "keys <= past_length + i (is_causal=True is wrong for a chunk after a cache; build the mask "
                 "with the offset)")
     else:
-        cause = ("the tokens decoded one at a time differ from the full forward while the prefill agrees: "
-                 "the new token's position is not offset by the cache length, or its keys/values are "
-                 "stored or read wrongly")
+        cause = ("the tokens decoded one at a time differ from the full forward, and from a forward without cache "
+                 "of the tokens so far, while the prefill agrees; the candidates: the new token's position is "
+                 "not offset by the cache length, its keys/values are stored or read wrongly, or the cached "
+                 "path attends to another set of keys than the full forward (an approximate or windowed cache)")
         hint = ("start the new tokens' positions at the cache length (positions = arange(past, past + t)) and "
                 "append their keys and values once")
     batch = ("" if arm.label == "unpadded" else
@@ -195,14 +194,15 @@ def _shape_result(subject, arm) -> Result:
 
 
 def _length_dependent_result(arm, details: dict, where: str, gap: float, note: str) -> Result:
-    """The prompt's logits move with the tokens after it in a full forward, while the cached prefill
-    agrees with a forward of the prompt alone: the full forward's fault, not the cache's."""
+    """The cached logits differ from the full forward's, yet equal a forward without cache of the
+    tokens generation had at that step (what generate() computes with use_cache=False): the cache is
+    consistent; the full forward gives a position other logits when more tokens follow it, which is
+    future-leak's (and padding-equivalence's) to judge, not the cache's."""
     batch = "" if arm.label == "unpadded" else " with left-padded prompts"
-    return Result.warned(
-        f"logits diverge first at {where}, by {gap:.3g}{batch}; the cached prefill agrees with a full forward of the "
-        f"prompt alone (difference {arm.prompt_alone_gap:.2g}), so the cache is not at fault: the full forward gives "
-        f"the prompt's positions other logits when more tokens follow them (a mask that lets positions read later "
-        f"tokens or depends on the sequence length{', e.g. with left padding' if batch else ''}; see future-leak and "
-        f"padding-equivalence){note}",
-        "build the attention mask so that position i reads only real keys <= i whatever the sequence length; "
-        "run tfdoctor check --only future-leak,padding-equivalence to see which positions read ahead", details)
+    details["length_dependent_full_forward"] = True
+    return Result.passed(
+        f"cached decoding{batch} gives, at every step, the logits of a forward without cache of the tokens so far "
+        f"(difference {details['difference_from_uncached_forward']:.2g} at the first divergence); "
+        f"the full forward of the whole sequence differs from them first at {where}, by {gap:.3g}: it gives a "
+        f"position other logits when more tokens follow it (see future-leak{' and padding-equivalence' if batch else ''})"
+        f"{note}", details)

@@ -9,7 +9,7 @@ from typing import Callable, Optional
 import torch
 
 from tfdoctor.probes.dependency import finite_scale
-from tfdoctor.probes.generation import accepts, decode_as_generate, without_stop_tokens
+from tfdoctor.probes.generation import decode_as_generate, without_stop_tokens
 from tfdoctor.subject import Subject, call, extract_logits, random_tokens
 from tfdoctor.tolerances import EQUIVALENCE_TOLERANCE
 
@@ -52,7 +52,9 @@ class CacheComparison:
     shape_defect: Optional[dict] = None  # a call whose logits were not [B, t, V]: what it got and gave
     rerun_full: Optional[Callable[[], torch.Tensor]] = None  # the full forward again (randomness test)
     full: Optional[torch.Tensor] = None
-    prompt_alone_gap: float = 0.0  # the cached prefill against a full forward of the prompt alone
+    steps: Optional[torch.Tensor] = None  # [B, L, V] the cached logits
+    compared: Optional[torch.Tensor] = None  # [B, L] the positions compared
+    forward_upto: Optional[Callable[[int], torch.Tensor]] = None  # full forward of the first n tokens
 
     @property
     def tolerance(self) -> float:
@@ -61,6 +63,16 @@ class CacheComparison:
     @property
     def relative(self) -> float:
         return float(self.diff.max()) / max(self.scale, 1e-30) if self.diff.numel() else 0.0
+
+    def uncached_gap(self, at: int) -> float:
+        """The cached logits at position `at` against a forward without cache of the tokens generation
+        had then (the prompt for a prefill position, tokens 0..at for a decoded one)."""
+        n = self.prefill if at < self.prefill else at + 1
+        with torch.no_grad():
+            reference = self.forward_upto(n).float()
+        gap = (self.steps[:, at].to(reference.device) - reference[:, at]).abs().amax(-1)
+        gap = torch.nan_to_num(gap, nan=float("inf")).masked_fill(~self.compared[:, at].to(gap.device), 0.0)
+        return float(gap.max())
 
     def first_divergence(self) -> Optional[int]:
         over = (self.diff > self.tolerance).nonzero()
@@ -79,15 +91,16 @@ def generation_positions(real: torch.Tensor) -> torch.Tensor:
     return (real.long().cumsum(-1) - 1).masked_fill(~real, 0)
 
 
-def _full_forward(model, ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """One forward of the whole sequence with what generate() gives its first call: the attention
-    mask and position ids from it where forward names them, no cache."""
+def _full_forward(model, ids: torch.Tensor, real: torch.Tensor, given: set) -> torch.Tensor:
+    """One forward of the whole sequence with what generate() gave its first call (`given`, the
+    argument names): the attention mask, and position ids from it, where generate passed them; no
+    cache."""
     kwargs = {"input_ids": ids}
-    if accepts(model, "attention_mask"):
+    if "attention_mask" in given:
         kwargs["attention_mask"] = real.long()
-    if accepts(model, "position_ids"):
+    if "position_ids" in given:
         kwargs["position_ids"] = generation_positions(real)
-    if accepts(model, "use_cache"):
+    if "use_cache" in given:
         kwargs["use_cache"] = False
     return extract_logits(model(**kwargs)).float()
 
@@ -130,7 +143,8 @@ def _via_generate(subject: Subject, ids, real, prefill: int) -> CacheComparison:
     if run.calls[0].fed != prefill:
         raise NotComparable(f"{type(model).__name__}.generate() fed {run.calls[0].fed} tokens for a {prefill}-token "
                             "prompt (it adds tokens of its own), so its steps cannot be lined up with a full forward")
-    full = _full_forward(model, ids, real)
+    given = set(run.calls[0].arguments)
+    full = _full_forward(model, ids, real, given)
     B, total, V = full.shape
     details = {"driver": "generate", "decoding_calls": calls}
     bad = _shape_defect(run.logits, [c.fed for c in run.calls], B, V)
@@ -150,10 +164,9 @@ def _via_generate(subject: Subject, ids, real, prefill: int) -> CacheComparison:
     details["positions_compared"] = int(covered.sum())
     compared = real & covered.to(real.device)[None]
     diff, scale = _compare_steps(full, steps, compared)
-    alone, _ = _compare_steps(_full_forward(model, ids[:, :prefill], real[:, :prefill]), steps[:, :prefill],
-                              compared[:, :prefill])
-    return CacheComparison("", prefill, diff, scale, details, rerun_full=lambda: _full_forward(model, ids, real),
-                           full=full, prompt_alone_gap=float(alone.max()))
+    return CacheComparison("", prefill, diff, scale, details, rerun_full=lambda: _full_forward(model, ids, real, given),
+                           full=full, steps=steps, compared=compared,
+                           forward_upto=lambda n: _full_forward(model, ids[:, :n], real[:, :n], given))
 
 
 def _via_incremental(subject: Subject, ids, prefill: int) -> CacheComparison:
@@ -176,9 +189,9 @@ def _via_incremental(subject: Subject, ids, prefill: int) -> CacheComparison:
     steps = torch.cat([o.float() for o in outputs], dim=1)
     real = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
     diff, scale = _compare_steps(full, steps, real)
-    alone, _ = _compare_steps(call(subject, ids[:, :prefill]).float(), steps[:, :prefill], real[:, :prefill])
     return CacheComparison("", prefill, diff, scale, {"driver": "incremental"},
-                           rerun_full=lambda: call(subject, ids).float(), full=full, prompt_alone_gap=float(alone.max()))
+                           rerun_full=lambda: call(subject, ids).float(), full=full, steps=steps, compared=real,
+                           forward_upto=lambda n: call(subject, ids[:, :n]).float())
 
 
 def _compare_steps(full: torch.Tensor, steps: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, float]:

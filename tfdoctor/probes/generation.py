@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import warnings
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
@@ -84,7 +85,8 @@ def without_stop_tokens(model: torch.nn.Module, ids: torch.Tensor, prefill: int,
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """generate() logs its choices (pad token, flags of the model's generation config): not ours to show."""
+    """generate() logs its choices (pad token, flags of the model's generation config), and some
+    models print from prepare_inputs_for_generation (Reformer): not ours to show."""
     try:
         from transformers.utils import logging
     except ImportError:  # pragma: no cover - a PreTrainedModel without transformers cannot exist
@@ -93,7 +95,7 @@ def _quiet() -> Iterator[None]:
     level = logging.get_verbosity()
     logging.set_verbosity_error()
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
             yield
     finally:

@@ -37,20 +37,26 @@ def _accepts(model, name: str) -> bool:
     return name in parameters
 
 
-def _takes_use_cache(model) -> bool:
-    """use_cache reaches the model when forward names it, or when a Hugging Face model with that
-    switch in its config takes **kwargs (GraniteMoe): a cache created because the flag did not
-    arrive turns off transformers' detection of packed sequences. Another library's **kwargs may
-    refuse an argument it does not know, so it is not sent there."""
-    if _accepts(model, "use_cache"):
+def _takes(model, name: str) -> bool:
+    """Whether an argument reaches the model: forward names it, or the model is a Hugging Face model
+    whose forward takes **kwargs (a subclass's forward(input_ids, **kwargs); GraniteMoe's use_cache).
+    Another library's **kwargs may refuse an argument it does not know, so it is not sent there."""
+    if _accepts(model, name):
         return True
-    if not is_hugging_face(model) or not hasattr(getattr(model, "config", None), "use_cache"):
+    if not is_hugging_face(model):
         return False
     try:
         parameters = inspect.signature(model.forward).parameters.values()
     except (TypeError, ValueError):
         return False
     return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def _takes_use_cache(model) -> bool:
+    """use_cache reaches the model: a cache created because the flag did not arrive turns off
+    transformers' detection of packed sequences (GraniteMoe takes it through **kwargs)."""
+    return _takes(model, "use_cache") and (_accepts(model, "use_cache") or
+                                          hasattr(getattr(model, "config", None), "use_cache"))
 
 
 def mask_positions(mask: torch.Tensor) -> torch.Tensor:
@@ -66,7 +72,7 @@ def hf_forward(model, ids, mask=None, positions=None, use_cache=False):
     kwargs = {"input_ids": ids}
     if mask is not None:
         kwargs["attention_mask"] = mask.long()
-    if positions is not None and _accepts(model, "position_ids"):
+    if positions is not None and _takes(model, "position_ids"):
         kwargs["position_ids"] = positions
     if use_cache is not None and _takes_use_cache(model):
         kwargs["use_cache"] = bool(use_cache)
