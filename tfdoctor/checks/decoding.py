@@ -138,11 +138,16 @@ def _arms_verdict(subject, hugging_face: bool, arms: list, precision: dict) -> R
     arm = broken[0]
     with torch.no_grad(), evaluation(subject.model):
         noise = eval_noise(arm.full, arm.rerun_full(), arm.tolerance)
+        what = "full forwards"
+        if noise is None:  # the cached decoding itself may be random (LSH buckets hashed at each step)
+            compared = arm.compared.to(arm.steps.device)[..., None]
+            noise = eval_noise(arm.steps * compared, arm.rerun_steps() * compared, arm.tolerance)
+            what = "cached decodings"
         uncached = arm.uncached_gap(arm.first_divergence()) if noise is None else None
     if noise is not None:
-        return Result.skipped(f"two identical full forwards gave logits {noise:.3g} apart in eval mode (the model "
-                              "is random at inference, e.g. hashing or sampling with no seed): cached decoding "
-                              "cannot be compared with it", {"noise": noise})
+        return Result.skipped(f"two identical {what} gave logits {noise:.3g} apart in eval mode (the model is random "
+                              "at inference, e.g. hashing or sampling with no seed), so the cache cannot be compared",
+                              {"noise": noise, "random": what})
     return _divergence_result(arm, details, note, uncached)
 
 

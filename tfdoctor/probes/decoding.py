@@ -55,6 +55,7 @@ class CacheComparison:
     steps: Optional[torch.Tensor] = None  # [B, L, V] the cached logits
     compared: Optional[torch.Tensor] = None  # [B, L] the positions compared
     forward_upto: Optional[Callable[[int], torch.Tensor]] = None  # full forward of the first n tokens
+    rerun_steps: Optional[Callable[[], torch.Tensor]] = None  # the cached decoding again (randomness test)
 
     @property
     def tolerance(self) -> float:
@@ -153,6 +154,21 @@ def _via_generate(subject: Subject, ids, real, prefill: int) -> CacheComparison:
         defect = {"call": bad, "input_ids": [B, call_.fed], "logits": call_.logits_shape, "expected": [B, call_.fed, V],
                   "arguments": call_.arguments}
         return CacheComparison("", prefill, torch.zeros(total), finite_scale(full), details, defect)
+    steps, covered = _lined_up(run, full, prefill)
+    details["positions_compared"] = int(covered.sum())
+    compared = real & covered.to(real.device)[None]
+    diff, scale = _compare_steps(full, steps, compared)
+    pad = subject.pad_id if subject.pad_id is not None else 0
+    return CacheComparison("", prefill, diff, scale, details, rerun_full=lambda: _full_forward(model, ids, real, given),
+                           full=full, steps=steps, compared=compared,
+                           forward_upto=lambda n: _full_forward(model, ids[:, :n], real[:, :n], given),
+                           rerun_steps=lambda: _lined_up(decode_as_generate(model, ids, real, prefill, pad), full,
+                                                         prefill)[0])
+
+
+def _lined_up(run, full: torch.Tensor, prefill: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits of generate()'s calls at the positions they predict from: ([B, L, V], covered [L])."""
+    total = full.shape[1]
     steps = torch.zeros_like(full)
     covered = torch.zeros(total, dtype=torch.bool)
     first = run.logits[0]
@@ -161,21 +177,25 @@ def _via_generate(subject: Subject, ids, real, prefill: int) -> CacheComparison:
     for k, out in enumerate(run.logits[1:total - prefill + 1]):  # call k + 1 was fed position prefill + k
         steps[:, prefill + k] = out[:, -1].to(full.device)
         covered[prefill + k] = True
-    details["positions_compared"] = int(covered.sum())
-    compared = real & covered.to(real.device)[None]
-    diff, scale = _compare_steps(full, steps, compared)
-    return CacheComparison("", prefill, diff, scale, details, rerun_full=lambda: _full_forward(model, ids, real, given),
-                           full=full, steps=steps, compared=compared,
-                           forward_upto=lambda n: _full_forward(model, ids[:, :n], real[:, :n], given))
+    return steps, covered
 
 
-def _via_incremental(subject: Subject, ids, prefill: int) -> CacheComparison:
-    full = call(subject, ids).float()
+def _incremental_outputs(subject: Subject, ids, prefill: int) -> list:
     first, state = subject.incremental(subject.model, ids[:, :prefill].contiguous(), None)
     outputs = [extract_logits(first)]
     for i in range(prefill, ids.shape[1]):
         step, state = subject.incremental(subject.model, ids[:, i:i + 1].contiguous(), state)
         outputs.append(extract_logits(step))
+    return outputs
+
+
+def _incremental_steps(subject: Subject, ids, prefill: int) -> torch.Tensor:
+    return torch.cat([o.float() for o in _incremental_outputs(subject, ids, prefill)], dim=1)
+
+
+def _via_incremental(subject: Subject, ids, prefill: int) -> CacheComparison:
+    full = call(subject, ids).float()
+    outputs = _incremental_outputs(subject, ids, prefill)
     fed = [prefill] + [1] * (len(outputs) - 1)
     B, _, V = full.shape
     bad = _shape_defect(outputs, fed, B, V)
@@ -191,7 +211,8 @@ def _via_incremental(subject: Subject, ids, prefill: int) -> CacheComparison:
     diff, scale = _compare_steps(full, steps, real)
     return CacheComparison("", prefill, diff, scale, {"driver": "incremental"},
                            rerun_full=lambda: call(subject, ids).float(), full=full, steps=steps, compared=real,
-                           forward_upto=lambda n: call(subject, ids[:, :n]).float())
+                           forward_upto=lambda n: call(subject, ids[:, :n]).float(),
+                           rerun_steps=lambda: _incremental_steps(subject, ids, prefill))
 
 
 def _compare_steps(full: torch.Tensor, steps: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, float]:
