@@ -389,9 +389,12 @@ def decode(model, **fields):
 def test_cache_is_driven_by_the_models_own_generate(name):
     """State objects (Mamba's cache_params, RecurrentGemma's cache), a mask given on the first call only:
     each as its generate() runs it, and every position agrees with the full forward."""
-    result = decode(tiny_hf(name))
+    model = tiny_hf(name).train()
+    hooks = sum(len(m._forward_hooks) for m in model.modules())
+    result = decode(model)
     assert result.status.value == "pass", result.message
     assert result.details["path"] == "generate"
+    assert all(m.training for m in model.modules()) and hooks == sum(len(m._forward_hooks) for m in model.modules())
     left = result.details["arms"]["left-padded prompts"]
     assert left["positions_compared"] == 12 and left["decoding_calls"][1]["input_ids"] == [2, 1]
     if name in ("mamba", "falcon_mamba"):  # generate gives the mask to the prompt only
