@@ -106,7 +106,8 @@ def decode_as_generate(model: torch.nn.Module, ids: torch.Tensor, real: torch.Te
                        pad_id: int) -> Decoded:
     """generate() on the prompt ids[:, :prefill] (attention mask `real` when forward takes one, as a
     tokenizer gives it), forced to continue with ids[:, prefill:]: one call per decoded token, each
-    recorded. Greedy, one beam, use_cache=True, all prompt logits kept where the model can drop them."""
+    recorded. Greedy, one beam, use_cache=True, all prompt logits kept where the model can drop them,
+    no auto-compilation (a static cache on a GPU would compile the same forward first)."""
     from transformers import LogitsProcessor, LogitsProcessorList
 
     total = ids.shape[1]
@@ -132,7 +133,7 @@ def decode_as_generate(model: torch.nn.Module, ids: torch.Tensor, real: torch.Te
 
     arguments = dict(input_ids=ids[:, :prefill], max_new_tokens=total - prefill + 1, do_sample=False, num_beams=1,
                      num_return_sequences=1, logits_processor=LogitsProcessorList([Forced()]), pad_token_id=pad_id,
-                     use_cache=True)
+                     use_cache=True, disable_compile=True)  # the same forward, without minutes of compiling
     if accepts(model, "attention_mask"):
         arguments["attention_mask"] = real[:, :prefill].long()
     supports_keep = getattr(model, "_supports_logits_to_keep", None)
