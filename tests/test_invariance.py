@@ -515,3 +515,10 @@ def test_documents_that_differ_with_positions_read_list_the_candidates():
     assert result.details["cross_document_pairs"] == 0
     assert result.details["change_with_running_positions"] > result.details["tolerance"]
     assert "not told apart" in result.message and "positions that do not restart" in result.message
+
+
+def test_a_model_that_raises_on_padded_prompts_is_named_not_an_error():
+    result = decode(build_fixture("hf_refuses_padding"))
+    assert result.status.value == "warn", result.message
+    assert "raises when decoding left-padded prompts" in result.message and "RuntimeError" in result.message
+    assert "prefill of 6 tokens" in result.message  # the unpadded arm was judged and agrees

@@ -27,19 +27,21 @@ class NotComparable(Exception):
 
 
 def raised_by_model(exc: BaseException) -> bool:
-    """Whether the innermost frame of the exception is outside tfdoctor (the model's or its
-    library's code): tfdoctor's own exceptions stay errors."""
+    """Whether the exception comes from the model's (or its library's) code: the innermost frame
+    outside torch itself is not tfdoctor's. tfdoctor's own exceptions stay errors."""
     import os
 
     import tfdoctor
 
-    tb, last = exc.__traceback__, None
+    frames = []
+    tb = exc.__traceback__
     while tb is not None:
-        last, tb = tb, tb.tb_next
-    if last is None:
-        return False
-    package = os.path.dirname(os.path.abspath(tfdoctor.__file__))
-    return not os.path.abspath(last.tb_frame.f_code.co_filename).startswith(package + os.sep)
+        frames.append(os.path.abspath(tb.tb_frame.f_code.co_filename))
+        tb = tb.tb_next
+    ours = os.path.dirname(os.path.abspath(tfdoctor.__file__)) + os.sep
+    library = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    innermost = next((f for f in reversed(frames) if not f.startswith(library)), None)
+    return innermost is not None and not innermost.startswith(ours)
 
 
 @dataclass
