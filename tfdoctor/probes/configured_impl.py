@@ -63,6 +63,9 @@ def judged_as_run(model: torch.nn.Module, judge: Callable[[Optional[str]], Resul
         except MODEL_ERRORS as exc:
             if not raised_by_model(exc):
                 raise
+            if run_own().status.value not in ("pass", "skip"):  # the running one's verdict is the one to report
+                return Result.skipped(f"the model raises under attn_implementation={implementation!r} "
+                                      f"({first_line(exc)})", {"raised": first_line(exc)})
             return _raised(implementation, running, exc)
         if result.status.value in ("fail", "error", "warn") and run_own().status.value in ("pass", "skip"):
             return _demoted(result, implementation, running)
