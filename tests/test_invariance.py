@@ -131,6 +131,8 @@ def test_positions_not_restarting_are_named():
     result = one(subject, "packing-isolation")
     assert result.status.value == "fail" and result.details["cause"] == "positions"
     assert result.details["cross_document_pairs"] == 0 and "restart" in result.message
+    assert result.details["change_with_running_positions"] == 0  # measured: the ids never reach the model
+    assert "do not reach the model" in result.message
 
 
 def test_packing_isolation_skips_unless_the_subject_packs():
@@ -335,3 +337,188 @@ def test_fed_batches_alternate_long_and_short():
     real = [int((b != 0).sum()) for b in batches]
     assert all(long > short for long, short in zip(real[0::2], real[1::2]))
     assert all(int((b[0] != 0).sum()) == subject.seq_len for b in batches)  # one full row each
+
+
+# ------------------------------------------------------------------------------------- cache as generate() runs it
+
+TINY = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=64)
+
+
+def tiny_hf(name):
+    """Tiny library models whose decoding conventions differ (state objects, no cache, buckets)."""
+    import transformers as T
+
+    V = 128
+    builders = {
+        "mamba": lambda: T.MambaForCausalLM(T.MambaConfig(vocab_size=V, hidden_size=32, state_size=4, num_hidden_layers=1,
+                                                          expand=2, conv_kernel=4)),
+        "falcon_mamba": lambda: T.FalconMambaForCausalLM(T.FalconMambaConfig(
+            vocab_size=V, hidden_size=32, state_size=4, num_hidden_layers=1, expand=2, conv_kernel=4)),
+        "recurrent_gemma": lambda: T.RecurrentGemmaForCausalLM(T.RecurrentGemmaConfig(
+            vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=16, lru_width=32, attention_window_size=16,
+            block_types=["recurrent", "attention"])),
+        "openai_gpt": lambda: T.OpenAIGPTLMHeadModel(T.OpenAIGPTConfig(vocab_size=V, n_positions=32, n_embd=32,
+                                                                       n_layer=1, n_head=2)),
+        "xlm": lambda: T.XLMWithLMHeadModel(T.XLMConfig(vocab_size=V, emb_dim=32, n_layers=1, n_heads=2,
+                                                        max_position_embeddings=32, causal=True)),
+        "cpmant": lambda: T.CpmAntForCausalLM(T.CpmAntConfig(
+            vocab_size=V, hidden_size=32, num_attention_heads=2, dim_head=16, dim_ff=64, num_hidden_layers=1,
+            prompt_length=2, position_bias_num_buckets=16, position_bias_max_distance=32)),
+        "reformer": lambda: T.ReformerModelWithLMHead(T.ReformerConfig(
+            vocab_size=V, hidden_size=32, num_attention_heads=2, attention_head_size=16, feed_forward_size=64,
+            attn_layers=["local", "lsh"], axial_pos_embds=False, max_position_embeddings=64, local_attn_chunk_length=4,
+            lsh_attn_chunk_length=4, num_buckets=4, is_decoder=True, pad_token_id=0, eos_token_id=2)),
+        "rwkv": lambda: T.RwkvForCausalLM(T.RwkvConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2,
+                                                       attention_hidden_size=32, intermediate_size=64,
+                                                       context_length=64)),
+        "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(**TINY)),
+        "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(vocab_size=V, n_positions=64, n_embd=32, n_layer=1, n_head=2)),
+        "granitemoe": lambda: T.GraniteMoeForCausalLM(T.GraniteMoeConfig(**TINY, num_local_experts=2,
+                                                                         num_experts_per_tok=1)),
+    }
+    return builders[name]()
+
+
+def decode(model, **fields):
+    return one(Subject(model, seq_len=12, batch_size=2, pad_id=1, **fields), "cache-consistency")
+
+
+@pytest.mark.parametrize("name", ["mamba", "falcon_mamba", "recurrent_gemma", "llama", "gpt2"])
+def test_cache_is_driven_by_the_models_own_generate(name):
+    """State objects (Mamba's cache_params, RecurrentGemma's cache), a mask given on the first call only:
+    each as its generate() runs it, and every position agrees with the full forward."""
+    model = tiny_hf(name).train()
+    hooks = sum(len(m._forward_hooks) for m in model.modules())
+    result = decode(model)
+    assert result.status.value == "pass", result.message
+    assert result.details["path"] == "generate"
+    assert all(m.training for m in model.modules()) and hooks == sum(len(m._forward_hooks) for m in model.modules())
+    left = result.details["arms"]["left-padded prompts"]
+    assert left["positions_compared"] == 12 and left["decoding_calls"][1]["input_ids"] == [2, 1]
+    if name in ("mamba", "falcon_mamba"):  # generate gives the mask to the prompt only
+        assert "attention_mask" in left["decoding_calls"][0]["arguments"]
+        assert "attention_mask" not in left["decoding_calls"][1]["arguments"]
+
+
+@pytest.mark.parametrize("name", ["openai_gpt", "xlm", "cpmant"])
+def test_a_generate_that_refeeds_the_sequence_skips_saying_so(name):
+    result = decode(tiny_hf(name))
+    assert result.status.value == "skip" and "feeds the whole sequence again" in result.message
+
+
+def test_reformer_buckets_are_followed_and_never_an_error():
+    """LSH hashing is random at inference (no hash_seed): the full forward cannot be a reference."""
+    result = decode(tiny_hf("reformer"))
+    assert result.status.value == "skip" and "random at inference" in result.message
+
+
+def test_batched_decoding_shape_bug_is_the_models_own():
+    """RWKV's one-token decoding returns [B, B, V] (a defect of the release); the fixture plants the same."""
+    for model in (tiny_hf("rwkv"), build_fixture("hf_decode_shape")):
+        result = decode(model)
+        assert result.status.value == "fail", result.message
+        defect = result.details["shape_defect"]
+        assert defect["logits"] == [2, 2, 128] and defect["input_ids"] == [2, 1] and defect["expected"] == [2, 1, 128]
+        assert "the model's cached forward, called by its own generate()" in result.message
+        assert "[2, 2, 128]" in result.message and "incremental" not in result.message
+
+
+def one_ulp_apart(dtype, rounded=lambda ids: ids.shape[1] == 1):
+    """A Llama whose calls picked by `rounded` (one-token decoding steps by default) land one unit in
+    the last place of its low precision away from the others (as another kernel's accumulation order
+    does); exact in float32."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    class OtherKernelRounding(LlamaForCausalLM):
+        def forward(self, input_ids=None, **kwargs):
+            out = super().forward(input_ids=input_ids, **kwargs)
+            if input_ids is not None and rounded(input_ids) and self.dtype != torch.float32:
+                out.logits = out.logits * (1 + torch.finfo(self.dtype).eps)  # rounding, not a bug
+            return out
+
+    torch.manual_seed(0)
+    return OtherKernelRounding(LlamaConfig(**TINY)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_low_precision_cache_rounding_is_not_a_failure(dtype):
+    model = one_ulp_apart(dtype)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    result = decode(model)
+    assert result.status.value == "pass", result.message
+    assert result.details["compute_dtype"] == str(dtype).replace("torch.", "")
+    assert result.details["relative_difference_in_compute_dtype"] > 1e-5  # over float32's tolerance: a close call
+    assert "measured again in float32" in result.message
+    assert all(v.dtype == dtype and torch.equal(weights[k], v) for k, v in model.state_dict().items())  # as found
+
+
+def test_a_cache_bug_in_bfloat16_still_fails():
+    """Decoded tokens placed at position 0: in bfloat16 a close call, measured again in float32."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    class RestartingPositions(LlamaForCausalLM):
+        def forward(self, input_ids=None, position_ids=None, **kwargs):
+            if input_ids is not None and input_ids.shape[1] == 1:
+                position_ids = torch.zeros_like(input_ids)  # BUG: not the cache length
+            return super().forward(input_ids=input_ids, position_ids=position_ids, **kwargs)
+
+    torch.manual_seed(0)
+    result = decode(RestartingPositions(LlamaConfig(**TINY)).to(torch.bfloat16))
+    assert result.status.value == "fail", result.message
+    assert result.details["first_divergence"] == result.details["prefill"] == 6
+    assert result.details["compute_dtype"] == "bfloat16" and "measured again in float32" in result.message
+
+
+# ------------------------------------------------------------------------------------- packing, as the model runs
+
+def packed(model, **fields):
+    return one(Subject(model, packing="position_ids", seq_len=16, **fields), "packing-isolation")
+
+
+def test_granitemoe_gets_use_cache_false_through_kwargs():
+    """GraniteMoe takes use_cache through **kwargs: without it a cache turns off packed detection."""
+    result = packed(tiny_hf("granitemoe"))
+    assert result.status.value == "pass", result.message
+
+
+def test_packing_is_judged_under_the_implementation_the_model_runs():
+    from hf_eager_packing_leak import model
+
+    warned = one(build_fixture("hf_eager_packing_leak"), "packing-isolation")
+    assert warned.status.value == "warn", warned.message
+    assert "eager" in warned.message and "do not switch" in warned.hint
+    eager = model()
+    eager.set_attn_implementation("eager")  # configured to run the leaking one: its verdict
+    assert packed(eager).status.value == "fail"
+
+
+def test_roberta_masked_lm_packed_by_position_ids_is_not_a_failure():
+    result = packed(MORE_MODELS["hf-roberta"]())
+    assert result.status.value in ("pass", "skip"), result.message
+
+
+def test_bfloat16_packing_rounding_is_not_a_failure():
+    """The packed row (a batch of one) one bfloat16 ulp away from the documents alone: a close call,
+    measured again in float32, not 'positions do not restart' (the sweep's llama@bf16)."""
+    result = packed(one_ulp_apart(torch.bfloat16, rounded=lambda ids: ids.shape[0] == 1))
+    assert result.status.value == "pass", result.message
+    assert result.details["compute_dtype"] == "bfloat16" and "measured again in float32" in result.message
+
+
+def test_documents_that_differ_with_positions_read_list_the_candidates():
+    """The row-offset fixture reads the restarting position ids and a table indexed from the row
+    start: measured, the ids reach the model, so 'positions do not restart' is not claimed alone."""
+    result = one(build_fixture("gpt_packed_row_offset"), "packing-isolation")
+    assert result.status.value == "fail" and result.details["cause"] == "unexplained"
+    assert result.details["cross_document_pairs"] == 0
+    assert result.details["change_with_running_positions"] > result.details["tolerance"]
+    assert "not told apart" in result.message and "positions that do not restart" in result.message
+
+
+def test_a_model_that_raises_on_padded_prompts_is_named_not_an_error():
+    result = decode(build_fixture("hf_refuses_padding"))
+    assert result.status.value == "warn", result.message
+    assert "raises when decoding left-padded prompts" in result.message and "RuntimeError" in result.message
+    assert "prefill of 6 tokens" in result.message  # the unpadded arm was judged and agrees

@@ -22,6 +22,7 @@ CHECK_MODULES = (
     "tfdoctor.checks.numerics",
     "tfdoctor.checks.padding",
     "tfdoctor.checks.invariance",
+    "tfdoctor.checks.decoding",
     "tfdoctor.checks.learning",
     "tfdoctor.checks.memory",
     "tfdoctor.checks.trainloop",

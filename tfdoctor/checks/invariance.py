@@ -1,5 +1,5 @@
 """Invariance checks: the same sequence gets the same logits however it is batched (alone or
-padded, packed with other documents, computed at once or token by token with a cache)."""
+padded, packed with other documents; token by token with a cache: decoding.py)."""
 
 from __future__ import annotations
 
@@ -32,14 +32,12 @@ UNKNOWN_SIDE_HINT = ("if you only ever pad on the right, say so: --padding-side 
                      "Subject(padding_side='right'); otherwise ")
 
 
-def _random_in_eval(first, again, tolerance: float) -> float | None:
-    """The gap between two identical forwards, when it is over the tolerance (else None)."""
-    import torch
+def _judged(subject, judge) -> Result:
+    """judge under each attention implementation, the model judged by the one it runs: under
+    another, a failure is a warning not to switch, and an exception is named, not an error."""
+    from tfdoctor.probes.configured_impl import judged_as_run
 
-    same_nan = torch.isnan(first) & torch.isnan(again)  # NaN in both is the same NaN (masked-row-nan's)
-    gap = (first - again).abs().masked_fill(same_nan, 0.0)
-    gap = float(torch.nan_to_num(gap, nan=float("inf"), posinf=float("inf")).max()) if first.numel() else 0.0
-    return gap if gap > tolerance else None
+    return judged_per_implementation(subject, judged_as_run(subject.model, judge))
 
 
 def _random_result(gap: float, what: str) -> Result:
@@ -199,7 +197,9 @@ def padding_equivalence(subject) -> Result:
                                 "pads_per_row": [subject.seq_len - L for L in arrangement.lengths]}
                 details["sides"][arrangement.side] = side_details
                 if bool(arrangement.differs.any()):
-                    noise = _random_in_eval(arrangement.logits, _again(subject, arrangement), arrangement.tolerance)
+                    from tfdoctor.probes.invariance import eval_noise
+
+                    noise = eval_noise(arrangement.logits, _again(subject, arrangement), arrangement.tolerance)
                     if noise is not None:
                         return _random_result(noise, f"{arrangement.side}-padded batch")
                     cause, evidence = _padding_cause(subject, arrangement)
@@ -229,7 +229,7 @@ def padding_equivalence(subject) -> Result:
             message += f" ({declared} padding, as declared)"
         return Result.failed(message, hint, details)
 
-    return judged_per_implementation(subject, judge)
+    return _judged(subject, judge)
 
 
 def _again(subject, arrangement):
@@ -255,15 +255,11 @@ def _cache_note(subject, comparison, rows, details: dict) -> str:
     """Hugging Face packing holds only without a cache: a loop that leaves config.use_cache on (and
     does not pass use_cache=False) trains with documents reading each other. Said, not judged: the
     Trainer switches the cache off, and how a hand-written loop calls the model is not known here."""
-    import torch
+    from tfdoctor.probes.invariance import change_with_config_cache
 
-    from tfdoctor.probes.invariance import packed_call
-
-    if subject.packing != "position_ids" or not getattr(getattr(subject.model, "config", None), "use_cache", False):
+    gap = change_with_config_cache(subject, rows, comparison)
+    if gap is None:
         return ""
-    with torch.no_grad():
-        default = packed_call(subject, rows, use_cache=None).float()
-    gap = float((default - comparison.logits).abs().max())
     details["difference_with_config_use_cache"] = gap
     if gap <= comparison.tolerance:
         return ""
@@ -293,147 +289,126 @@ def packing_isolation(subject) -> Result:
     Fix: mask attention to the same document, allowed = causal & (doc_ids[:, :, None] ==
     doc_ids[:, None, :]), and restart position ids at every document.
     """
-    import torch
-
-    from tfdoctor.context import current
-    from tfdoctor.probes.invariance import compare_packed, document_map, pack_rows, packed_call
-    from tfdoctor.probes.modes import evaluation
-
     if subject.packing is None:
         return Result.skipped("the Subject does not say how it packs documents: pass Subject(packing=fn) with "
                               "fn(model, input_ids, doc_ids, position_ids) -> logits, or packing='position_ids'")
-
-    def judge(implementation) -> Result:
-        with evaluation(subject.model):
-            generator = torch.Generator().manual_seed(current().seed + 12)
-            rows = pack_rows(subject, generator)
-            comparison = compare_packed(subject, rows, generator)
-            tolerance = comparison.tolerance
-            documents = sum(len(row) for row in rows.documents)
-            details = {"documents_per_row": [len(row) for row in rows.documents],
-                       "document_lengths": [[L for _, L in row] for row in rows.documents],
-                       "largest_difference": float(comparison.diff.max()), "output_scale": comparison.scale,
-                       "tolerance": tolerance, "packing": "position_ids" if isinstance(subject.packing, str)
-                       else getattr(subject.packing, "__name__", "fn"), "forwards": 2}
-            differing = [(r, d) for r, row in enumerate(rows.documents) for d, (s, L) in enumerate(row)
-                         if float(comparison.diff[r, s:s + L].max()) > tolerance]
-            if not differing:
-                note = _cache_note(subject, comparison, rows, details)
-                return Result.passed(f"each of {documents} documents packed {max(details['documents_per_row'])} to a "
-                                     f"row gets the same logits as alone (largest difference "
-                                     f"{details['largest_difference']:.2g}, tolerance {tolerance:.2g}){note}", details)
-            with torch.no_grad():
-                noise = _random_in_eval(comparison.logits, packed_call(subject, rows).float(), tolerance)
-            if noise is not None:
-                return _random_result(noise, "packed batch")
-            maps = document_map(subject, comparison, generator)
-        leaks = [(r, i, j) for r, grid in enumerate(maps) for i, row in enumerate(grid) for j, seen in enumerate(row)
-                 if seen and i != j]
-        leaked_into = {(r, i) for r, i, _ in leaks}
-        unmoved = [(r, d) for r, d in differing if (r, d) not in leaked_into]
-        details.update(differing_documents=[{"row": r, "document": d} for r, d in differing[:MAX_LISTED]],
-                       differing_count=len(differing), cross_document_pairs=len(leaks),
-                       document_map={str(r): _drawn_documents(grid) for r, grid in enumerate(maps)})
-        found = []
-        if leaks:
-            r, i, j = leaks[0]
-            listed = ", ".join(f"row {r} doc {i} reads doc {j}" for r, i, j in leaks[:4])
-            found.append(f"attention crosses the document boundary ({len(leaks)} pairs: {listed}"
-                         f"{', ...' if len(leaks) > 4 else ''})")
-            details["cause"] = "attention"
-        if unmoved:
-            listed = ", ".join(f"row {r} doc {d}" for r, d in unmoved[:4])
-            found.append(f"positions do not restart at each document ({listed} differ from alone though no other "
-                         "document moves them)")
-            details["cause"] = "positions" if not leaks else "attention and positions"
-        rows_listed = f"{len(differing)} of {documents} packed documents get other logits than alone " \
-                      f"(largest difference {details['largest_difference']:.3g})"
-        hints = []
-        if leaks:
-            hints.append("mask attention to each document: allowed = causal & (doc_ids[:, :, None] == "
-                         "doc_ids[:, None, :]) (flex_attention / varlen kernels: cu_seqlens from doc_ids)")
-        if unmoved:
-            hints.append("restart the positions at every document (position_ids from the collator, "
-                         "pos = arange within each document) and pass them to the model")
-        return Result.failed(f"{rows_listed}: " + "; ".join(found), "; ".join(hints), details)
-
-    return judged_per_implementation(subject, judge)
+    return _judged(subject, lambda implementation: _judge_packing(subject))
 
 
-# ----------------------------------------------------------------------------------------------
-# cache-consistency
-
-
-@check("cache-consistency", title="Decoding with the cache gives the full forward's logits",
-       kinds=("causal",), skip_reasons={"encoder": CAUSAL_ONLY, "seq2seq": CAUSAL_ONLY})
-def cache_consistency(subject) -> Result:
-    """Catches a key/value cache that changes the model: a cached path that drops the causal mask
-    (a prompt of several tokens then reads its own future), positions not offset by the cache length
-    (every decoded token is placed at position 0), a cache that is appended twice or sliced wrongly.
-    Training never runs the cache, so only generation is wrong.
-
-    Prefills half the probe sequence, then decodes up to 8 tokens one at a time through the model's
-    cache, and compares the logits at every position with one full forward (tolerance relative to
-    their scale). Hugging Face causal LMs are run automatically (use_cache=True and the returned
-    cache), under each attention implementation, also with a left-padded prompt batch (attention
-    mask extended at each step, position ids from the mask, as generation does); other models when
-    given Subject(incremental=fn) with fn(model, input_ids [B, t], state) -> (logits, state), state
-    None on the first call. Reports the first position that diverges and by how much.
-
-    Fix: keep the causal mask for multi-token calls with a cache (query i sees keys <= past + i) and
-    start the new tokens' positions at the cache length.
-    """
+def _measured_packing(subject):
+    """(rows, comparison, generator): the packed rows against every document alone."""
     import torch
 
     from tfdoctor.context import current
-    from tfdoctor.probes.invariance import _hf_causal, compare_cache
+    from tfdoctor.probes.invariance import compare_packed, pack_rows
+
+    generator = torch.Generator().manual_seed(current().seed + 12)
+    rows = pack_rows(subject, generator)
+    return rows, compare_packed(subject, rows, generator), generator
+
+
+def _judge_packing(subject) -> Result:
+    from tfdoctor.errors import first_line
+    from tfdoctor.probes.decoding import MODEL_ERRORS, raised_by_model
     from tfdoctor.probes.modes import evaluation
+    from tfdoctor.probes.precision import close_call, in_float32
+    from tfdoctor.tolerances import EQUIVALENCE_TOLERANCE
 
-    hugging_face = subject.incremental is None and _hf_causal(subject)  # a given incremental fn wins
-    if not hugging_face and subject.incremental is None:
-        return Result.skipped("no cached decoding to compare: pass Subject(incremental=fn) with "
-                              "fn(model, input_ids, state) -> (logits, state) (Hugging Face causal LMs need none)")
+    with evaluation(subject.model):
+        try:
+            rows, comparison, generator = _measured_packing(subject)
+        except MODEL_ERRORS as exc:
+            if not raised_by_model(exc):
+                raise
+            return Result.warned(f"the model raises when run packed ({first_line(exc)}), so packed training "
+                                 "cannot run on it as called", "pack with a document mask the model accepts, or "
+                                 "train unpacked", {"raised": first_line(exc)})
+        relative = float(comparison.diff.max()) / max(comparison.scale, 1e-30)
+        how, precision = close_call(subject.model, relative, EQUIVALENCE_TOLERANCE)
+        if how == "close":
+            return Result.passed(f"packed documents agree with alone within rounding; {precision['close_call']}",
+                                 precision)
+        if how == "float32":
+            with in_float32(subject.model):
+                return _packing_verdict(subject, *_measured_packing(subject), precision)
+        return _packing_verdict(subject, rows, comparison, generator, precision)
 
-    def judge(implementation) -> Result:
-        with evaluation(subject.model):
-            generator = torch.Generator().manual_seed(current().seed + 13)
-            arms = [compare_cache(subject, generator)]
-            if hugging_face:
-                arms.append(compare_cache(subject, generator, left_padded=True))
-        details = {"prefill": arms[0].prefill, "positions": int(arms[0].diff.numel()),
-                   "path": "use_cache" if hugging_face else "incremental", "arms": {}}
-        for arm in arms:
-            details["arms"][arm.label] = {"largest_difference": float(arm.diff.max()), "output_scale": arm.scale,
-                                          "tolerance": arm.tolerance, "first_divergence": arm.first_divergence(),
-                                          "difference_by_position": [float(f"{d:.3g}") for d in arm.diff.tolist()],
-                                          **arm.details}
-        broken = [arm for arm in arms if arm.first_divergence() is not None]
-        if not broken:
-            summary = "; ".join(f"{arm.label}: largest difference {float(arm.diff.max()):.2g}" for arm in arms)
-            return Result.passed(f"prefill of {arms[0].prefill} tokens then {arms[0].diff.numel() - arms[0].prefill} "
-                                 f"cached steps give the full forward's logits at every position ({summary})", details)
-        arm = broken[0]
-        at = arm.first_divergence()
-        gap = float(arm.diff[at])
-        details.update(arm=arm.label, first_divergence=at, difference_at_first=gap)
-        where = (f"position {at}, inside the {arm.prefill}-token prefill" if at < arm.prefill
-                 else f"position {at}, the {'first' if at == arm.prefill else f'{at - arm.prefill + 1}th'} token "
-                      "decoded with the cache")
-        if at < arm.prefill:
-            cause = ("the cached call of several tokens differs from the full forward: the cache path drops the "
-                     "causal mask (the prompt reads its own future)")
-            hint = ("keep the causal mask whenever more than one token is given with a cache: query i may see "
-                    "keys <= past_length + i (is_causal=True is wrong for a chunk after a cache; build the mask "
-                    "with the offset)")
-        else:
-            cause = ("the tokens decoded one at a time differ from the full forward while the prefill agrees: "
-                     "the new token's position is not offset by the cache length, or its keys/values are "
-                     "stored or read wrongly")
-            hint = ("start the new tokens' positions at the cache length (positions = arange(past, past + t)) and "
-                    "append their keys and values once")
-        batch = ("" if arm.label == "unpadded" else
-                 "with left-padded prompts (attention mask and position ids from it, as generation passes them), ")
-        return Result.failed(f"{batch}logits diverge first at {where}, by {gap:.3g} "
-                             f"({gap / max(arm.scale, 1e-30):.2g} of their scale): {cause}", hint, details)
 
-    return judged_per_implementation(subject, judge)
+def _packing_verdict(subject, rows, comparison, generator, precision: dict) -> Result:
+    import torch
+
+    from tfdoctor.probes.invariance import document_map, eval_noise, packed_call
+
+    tolerance = comparison.tolerance
+    documents = sum(len(row) for row in rows.documents)
+    details = {"documents_per_row": [len(row) for row in rows.documents],
+               "document_lengths": [[L for _, L in row] for row in rows.documents],
+               "largest_difference": float(comparison.diff.max()), "output_scale": comparison.scale,
+               "tolerance": tolerance, "packing": "position_ids" if isinstance(subject.packing, str)
+               else getattr(subject.packing, "__name__", "fn"), "forwards": 2, **precision}
+    note = f"; {precision['close_call']}" if "close_call" in precision else ""
+    differing = [(r, d) for r, row in enumerate(rows.documents) for d, (s, L) in enumerate(row)
+                 if float(comparison.diff[r, s:s + L].max()) > tolerance]
+    if not differing:
+        note = _cache_note(subject, comparison, rows, details) + note
+        return Result.passed(f"each of {documents} documents packed {max(details['documents_per_row'])} to a "
+                             f"row gets the same logits as alone (largest difference "
+                             f"{details['largest_difference']:.2g}, tolerance {tolerance:.2g}){note}", details)
+    with torch.no_grad():
+        noise = eval_noise(comparison.logits, packed_call(subject, rows).float(), tolerance)
+    if noise is not None:
+        return _random_result(noise, "packed batch")
+    maps = document_map(subject, comparison, generator)
+    leaks = [(r, i, j) for r, grid in enumerate(maps) for i, row in enumerate(grid) for j, seen in enumerate(row)
+             if seen and i != j]
+    leaked_into = {(r, i) for r, i, _ in leaks}
+    unmoved = [(r, d) for r, d in differing if (r, d) not in leaked_into]
+    details.update(differing_documents=[{"row": r, "document": d} for r, d in differing[:MAX_LISTED]],
+                   differing_count=len(differing), cross_document_pairs=len(leaks),
+                   document_map={str(r): _drawn_documents(grid) for r, grid in enumerate(maps)})
+    found, hints, causes = [], [], []
+    if leaks:
+        listed = ", ".join(f"row {r} doc {i} reads doc {j}" for r, i, j in leaks[:4])
+        found.append(f"attention crosses the document boundary ({len(leaks)} pairs: {listed}"
+                     f"{', ...' if len(leaks) > 4 else ''})")
+        hints.append("mask attention to each document: allowed = causal & (doc_ids[:, :, None] == "
+                     "doc_ids[:, None, :]) (flex_attention / varlen kernels: cu_seqlens from doc_ids)")
+        causes.append("attention")
+    if unmoved:
+        cause, said, hint = _unmoved_cause(subject, rows, comparison, unmoved, details)
+        found.append(said)
+        hints.append(hint)
+        causes.append(cause)
+    details["cause"] = " and ".join(causes)
+    rows_listed = f"{len(differing)} of {documents} packed documents get other logits than alone " \
+                  f"(largest difference {details['largest_difference']:.3g})"
+    return Result.failed(f"{rows_listed}: " + "; ".join(found) + note, "; ".join(hints), details)
+
+
+def _unmoved_cause(subject, rows, comparison, unmoved, details: dict) -> tuple[str, str, str]:
+    """Documents that differ from alone although no other document's tokens move them. Measured
+    apart: the packed rows again with position ids that run on across the row. Unchanged logits
+    mean the positions given never reach the model, so every document sits at its offset in the
+    row: positions do not restart. Otherwise (or for a document that starts its row, whose positions
+    are those alone) the cause was not told apart, and the candidates are listed."""
+    from tfdoctor.probes.invariance import change_with_running_positions
+
+    reach = change_with_running_positions(subject, rows, comparison)
+    details["change_with_running_positions"] = reach
+    offset = [(r, d) for r, d in unmoved if rows.documents[r][d][0] > 0]
+    listed = ", ".join(f"row {r} doc {d}" for r, d in unmoved[:4])
+    if reach <= comparison.tolerance and offset:
+        return ("positions", f"positions do not restart at each document: the position ids given do not reach the "
+                f"model (the packed logits do not change when they run on across the row, difference {reach:.2g}), "
+                f"so {listed} sit at their offset in the row and differ from alone though no other document's "
+                "tokens move them", "restart the positions at every document (position_ids from the collator, "
+                "pos = arange within each document) and pass them to the model")
+    measured = (f"the position ids given do reach the model (its logits change by {reach:.2g} when they run on "
+                "across the row)" if reach > comparison.tolerance else
+                "the documents start their rows, so their positions are those alone")
+    return ("unexplained", f"{listed} differ from alone though no other document's tokens move them, and {measured}; "
+            "the cause was not told apart: attention to the other documents that their content does not change "
+            "(keys that only dilute the softmax, an attention sink), a statistic over the whole row (a norm or "
+            "mean over positions), or positions that do not restart",
+            "hook each layer's output to see where a document packed and alone part; mask attention to each "
+            "document and restart the positions at each one")

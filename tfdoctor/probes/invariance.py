@@ -1,6 +1,6 @@
-"""The same sequences arranged differently: alone, padded among rows of other lengths, packed with
-other documents in one row, or computed token by token with the model's cache. A model must give
-each sequence the same logits in every arrangement.
+"""The same sequences arranged differently: alone, padded among rows of other lengths, or packed
+with other documents in one row (token by token with the model's cache: decoding.py). A model must
+give each sequence the same logits in every arrangement.
 
 Every arrangement is one batched forward (the cheap path of the dependency map): a causal model's
 sequence "alone" is the first L positions of a row that holds it and then unrelated filler, since
@@ -10,7 +10,7 @@ position i of a causal model reads only tokens <= i (future-leak checks that par
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -23,9 +23,6 @@ from tfdoctor.tolerances import EQUIVALENCE_TOLERANCE
 # the most documents per row (enough to see a boundary leak, few enough to name each one).
 MIN_DOCUMENT = 2
 MAX_DOCUMENTS = 4
-# cache-consistency: tokens decoded one at a time after the prefill. A skipped causal mask shows in
-# the prefill, an offset cache position at the first decoded token; 8 steps also show a drift.
-DECODE_STEPS = 8
 
 
 # ----------------------------------------------------------------------------------------------
@@ -40,9 +37,26 @@ def _accepts(model, name: str) -> bool:
     return name in parameters
 
 
-def _cache_argument(model) -> str:
-    """transformers 5 calls the cache `cache`; earlier releases `past_key_values`."""
-    return "cache" if _accepts(model, "cache") else "past_key_values"
+def _takes(model, name: str) -> bool:
+    """Whether an argument reaches the model: forward names it, or the model is a Hugging Face model
+    whose forward takes **kwargs (a subclass's forward(input_ids, **kwargs); GraniteMoe's use_cache).
+    Another library's **kwargs may refuse an argument it does not know, so it is not sent there."""
+    if _accepts(model, name):
+        return True
+    if not is_hugging_face(model):
+        return False
+    try:
+        parameters = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def _takes_use_cache(model) -> bool:
+    """use_cache reaches the model: a cache created because the flag did not arrive turns off
+    transformers' detection of packed sequences (GraniteMoe takes it through **kwargs)."""
+    return _takes(model, "use_cache") and (_accepts(model, "use_cache") or
+                                          hasattr(getattr(model, "config", None), "use_cache"))
 
 
 def mask_positions(mask: torch.Tensor) -> torch.Tensor:
@@ -52,18 +66,16 @@ def mask_positions(mask: torch.Tensor) -> torch.Tensor:
     return positions.masked_fill(mask == 0, 1)
 
 
-def hf_forward(model, ids, mask=None, positions=None, cache=None, use_cache=False):
+def hf_forward(model, ids, mask=None, positions=None, use_cache=False):
     """Logits and the returned cache of a Hugging Face causal LM. use_cache None leaves it to the
     model's config (as a hand-written loop that does not pass it does)."""
     kwargs = {"input_ids": ids}
     if mask is not None:
         kwargs["attention_mask"] = mask.long()
-    if positions is not None and _accepts(model, "position_ids"):
+    if positions is not None and _takes(model, "position_ids"):
         kwargs["position_ids"] = positions
-    if use_cache is not None and _accepts(model, "use_cache"):
+    if use_cache is not None and _takes_use_cache(model):
         kwargs["use_cache"] = bool(use_cache)
-    if use_cache and cache is not None:
-        kwargs[_cache_argument(model)] = cache
     out = model(**kwargs)
     returned = getattr(out, "cache", None)
     if returned is None:
@@ -71,7 +83,7 @@ def hf_forward(model, ids, mask=None, positions=None, cache=None, use_cache=Fals
     return extract_logits(out), returned
 
 
-def _hf_causal(subject: Subject) -> bool:
+def hf_causal(subject: Subject) -> bool:
     """A Hugging Face causal LM called the way tfdoctor calls it (no Subject forward of its own)."""
     return subject.forward is None and subject.kind == "causal" and is_hugging_face(subject.model)
 
@@ -119,7 +131,7 @@ def padded_call(subject: Subject, ids: torch.Tensor, real: torch.Tensor) -> torc
     """Logits of a padded batch, called as in training: the Subject's forward, or a Hugging Face
     model with attention_mask from the pads (causal LMs also with position ids from that mask, as
     generation builds them; where the user's own forward builds them, it decides)."""
-    if _hf_causal(subject):
+    if hf_causal(subject):
         return hf_forward(subject.model, ids, mask=real, positions=mask_positions(real))[0]
     return call(subject, ids)
 
@@ -230,11 +242,13 @@ def pack_rows(subject: Subject, generator: torch.Generator) -> PackedRows:
 
 
 def packed_call(subject: Subject, rows: PackedRows, ids: Optional[torch.Tensor] = None,
-                use_cache: Optional[bool] = False) -> torch.Tensor:
-    """Logits of packed rows (or of copies of them, stacked: copy c of row r at c * B + r)."""
+                use_cache: Optional[bool] = False, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Logits of packed rows (or of copies of them, stacked: copy c of row r at c * B + r), with
+    the rows' restarting positions unless other `positions` [B, T] are given."""
     ids = rows.ids if ids is None else ids
     copies = ids.shape[0] // rows.ids.shape[0]
-    doc_ids, positions = rows.doc_ids.repeat(copies, 1), rows.positions.repeat(copies, 1)
+    positions = rows.positions if positions is None else positions
+    doc_ids, positions = rows.doc_ids.repeat(copies, 1), positions.repeat(copies, 1)
     if subject.packing == PACKING_POSITION_IDS:
         # No attention mask and no cache: only then does transformers tell the documents apart by the
         # restarting position ids. The Trainer trains with config.use_cache = False.
@@ -265,6 +279,17 @@ class PackingComparison:
         return EQUIVALENCE_TOLERANCE * max(self.scale, 1e-30)
 
 
+def alone_call(subject: Subject, ids: torch.Tensor) -> torch.Tensor:
+    """Logits of one document per row, called the way the packed rows are (the packing fn with one
+    document id, or position ids 0..L-1): a model whose own positions follow another convention
+    (RoBERTa counts from padding_idx + 1) is compared with itself, not with its convention."""
+    n, width = ids.shape
+    positions = torch.arange(width, device=ids.device).expand(n, -1).contiguous()
+    if subject.packing == PACKING_POSITION_IDS:
+        return hf_forward(subject.model, ids, positions=positions, use_cache=False)[0]
+    return extract_logits(subject.packing(subject.model, ids.contiguous(), torch.zeros_like(positions), positions))
+
+
 def compare_packed(subject: Subject, rows: PackedRows, generator: torch.Generator) -> PackingComparison:
     """The packed rows in one forward against every document alone, all documents in one forward
     (each at the start of its own row, filler after it: a causal model never reads the filler)."""
@@ -276,7 +301,7 @@ def compare_packed(subject: Subject, rows: PackedRows, generator: torch.Generato
         alone_ids[n, :L] = rows.ids[r, s:s + L]
     with torch.no_grad():
         packed = packed_call(subject, rows).float()
-        reference = call(subject, alone_ids).float()
+        reference = alone_call(subject, alone_ids).float()
     diff = torch.zeros(B, T)
     for n, (r, s, L) in enumerate(docs):
         gap = (packed[r, s:s + L] - reference[n, :L]).abs().amax(-1)
@@ -310,82 +335,29 @@ def document_map(subject: Subject, comparison: PackingComparison, generator: tor
     return maps
 
 
-# ----------------------------------------------------------------------------------------------
-# cache-consistency
-
-
-@dataclass
-class CacheComparison:
-    label: str  # "unpadded" or "left-padded prompts"
-    prefill: int  # tokens given to the first (cached) call
-    diff: torch.Tensor  # [L] largest logit difference at each position over the batch's real tokens
-    scale: float
-    details: dict = field(default_factory=dict)
-
-    @property
-    def tolerance(self) -> float:
-        return EQUIVALENCE_TOLERANCE * max(self.scale, 1e-30)
-
-    def first_divergence(self) -> Optional[int]:
-        over = (self.diff > self.tolerance).nonzero()
-        return int(over[0]) if over.numel() else None
-
-
-def cache_lengths(subject: Subject) -> tuple[int, int]:
-    """(prefill, total): half the probe length as the prompt, then up to DECODE_STEPS tokens."""
-    T = subject.seq_len
-    prefill = max(2, T // 2) if T >= 3 else 1
-    return prefill, min(T, prefill + DECODE_STEPS)
-
-
-def _compare_steps(full: torch.Tensor, steps: torch.Tensor, real: torch.Tensor) -> tuple[torch.Tensor, float]:
-    gap = torch.nan_to_num((steps - full).abs().amax(-1), nan=float("inf"), posinf=float("inf"))  # [B, L]
-    gap = gap.masked_fill(~real, 0.0)
-    scale = finite_scale(full[real]) if bool(real.any()) else 0.0
-    return gap.amax(0).cpu(), scale
-
-
-def compare_cache(subject: Subject, generator: torch.Generator, left_padded: bool = False) -> CacheComparison:
-    """Prefill then one token at a time through the model's cache (Subject.incremental when given, else
-    the Hugging Face use_cache path), against one full forward.
-    left_padded: prompts of different lengths left-padded in one batch, with the attention mask
-    extended and position ids from it at every step, as generation does (Hugging Face only)."""
-    prefill, total = cache_lengths(subject)
-    B = subject.batch_size
-    ids = random_tokens(subject, B, total, generator)
-    real = torch.ones(B, total, dtype=torch.bool, device=ids.device)
-    if left_padded:
-        pad = subject.pad_id if subject.pad_id is not None else 0
-        for r in range(1, B):  # row 0 keeps its whole prompt; the others lose a growing share to pads
-            count = min(prefill - 1, r * prefill // B)
-            ids[r, :count] = pad
-            real[r, :count] = False
+def change_with_config_cache(subject: Subject, rows: PackedRows, comparison: PackingComparison) -> Optional[float]:
+    """How far the packed logits move when use_cache is left to a Hugging Face config that turns it
+    on (None when the Subject does not pack by position ids or the config has no cache on)."""
+    if subject.packing != PACKING_POSITION_IDS or not getattr(getattr(subject.model, "config", None), "use_cache", False):
+        return None
     with torch.no_grad():
-        if subject.incremental is None:  # a Hugging Face causal LM (cache-consistency checked it)
-            model = subject.model
-            positions = mask_positions(real)
-            full, _ = hf_forward(model, ids, mask=real, positions=positions)
-            first, cache = hf_forward(model, ids[:, :prefill], mask=real[:, :prefill],
-                                      positions=positions[:, :prefill], use_cache=True)
-            outputs = [first]
-            for i in range(prefill, total):
-                step, cache = hf_forward(model, ids[:, i:i + 1], mask=real[:, :i + 1], positions=positions[:, i:i + 1],
-                                         cache=cache, use_cache=True)
-                outputs.append(step)
-        else:
-            full = call(subject, ids)
-            first, state = subject.incremental(subject.model, ids[:, :prefill].contiguous(), None)
-            outputs = [extract_logits(first)]
-            for i in range(prefill, total):
-                step, state = subject.incremental(subject.model, ids[:, i:i + 1].contiguous(), state)
-                outputs.append(extract_logits(step))
-    steps = torch.cat([o.float() for o in outputs], dim=1)
-    if tuple(steps.shape) != tuple(full.shape):
-        from tfdoctor.errors import SubjectError
+        default = packed_call(subject, rows, use_cache=None).float()
+    return float((default - comparison.logits).abs().max())
 
-        raise SubjectError(f"incremental decoding returned logits {list(steps.shape)} in all, the full forward "
-                           f"{list(full.shape)}", "return logits [B, t, V] for the t tokens given at each call")
-    diff, scale = _compare_steps(full.float(), steps, real)
-    label = "left-padded prompts" if left_padded else "unpadded"
-    details = {"pads_per_row": (~real[:, :prefill]).sum(1).tolist()} if left_padded else {}
-    return CacheComparison(label, prefill, diff, scale, details)
+
+def change_with_running_positions(subject: Subject, rows: PackedRows, comparison: PackingComparison) -> float:
+    """How far the packed logits move when the position ids run on across each row instead of
+    restarting at each document: 0 when the positions given never reach the model."""
+    B, T = rows.ids.shape
+    running_on = torch.arange(T, device=rows.ids.device).expand(B, -1).contiguous()
+    with torch.no_grad():
+        moved = packed_call(subject, rows, positions=running_on).float()
+    return float(torch.nan_to_num((moved - comparison.logits).abs(), nan=float("inf")).max())
+
+
+def eval_noise(first: torch.Tensor, again: torch.Tensor, tolerance: float) -> Optional[float]:
+    """The gap between two identical forwards, when it is over the tolerance (else None)."""
+    same_nan = torch.isnan(first) & torch.isnan(again)  # NaN in both is the same NaN (masked-row-nan's)
+    gap = (first - again).abs().masked_fill(same_nan, 0.0)
+    gap = float(torch.nan_to_num(gap, nan=float("inf"), posinf=float("inf")).max()) if first.numel() else 0.0
+    return gap if gap > tolerance else None
