@@ -430,3 +430,27 @@ def test_nanogpt_check_fixture_of_the_bench_is_quiet():
     checks = by_id(report)
     assert checks["accumulation-scaling"]["details"]["micro_batches_per_step"] == 2
     assert checks["unscale-before-clip"]["status"] == "pass" and checks["amp-loss-scaling"]["status"] == "pass"
+
+
+# Outputs that are not [B, T, V] (issue 17, item 8): recovered where the shape says how, else only the
+# model checks skip; the loop checks always judge the trace.
+@pytest.mark.parametrize("script, only, code, expected", [
+    ("lightning_demo_seq2seq.py", "future-leak,init-loss,objective", 0,
+     {"future-leak": "pass", "init-loss": "pass", "objective": "pass"}),
+    ("lightning_demo_target_leak.py", "future-leak", 1, {"future-leak": "fail"}),
+    ("xt_seq2seq_copy.py", "future-leak,objective,accumulation-scaling", 0,
+     {"future-leak": "pass", "objective": "pass", "accumulation-scaling": "pass"}),
+    ("xt_seq2seq_copy_no_accum_division.py", "accumulation-scaling", 1, {"accumulation-scaling": "fail"}),
+    ("loss_only_tied_head.py", "future-leak,objective", 1, {"future-leak": "skip", "objective": "fail"}),
+])
+def test_outputs_that_are_not_logits_still_get_a_report(script, only, code, expected):
+    done = tfdoctor("run", f"{SCRIPTS}/{script}", "--format", "json", "--only", only)
+    assert done.returncode == code, done.stderr
+    report = as_json(done)
+    assert {k: c["status"] for k, c in by_id(report).items()} == expected
+    if script.startswith("lightning_demo"):
+        assert "flattened" in report["discovered"]["probe_call"]
+    if script.startswith("xt_"):
+        assert ".decoder.net" in report["discovered"]["probe_call"]
+    if script == "loss_only_tied_head.py":
+        assert "TiedLossLM's output is not logits" in by_id(report)["future-leak"]["message"]

@@ -174,6 +174,10 @@ class ScriptRecorder(_Recorder):
         self.opening: Optional[torch.nn.Module] = None
         self.logits_returned: dict[int, bool] = {}  # id(module) -> whether its first forward returned logits
         self.held_lm: dict[int, tuple[torch.nn.Module, dict]] = {}  # id(module) -> (the LM, its call described)
+        self.logits_shapes: dict[int, list[int]] = {}  # id(module) -> shape of the logits its first forward gave
+        # A candidate returning neither logits nor a directly called LM: the outermost module deeper inside
+        # its first forward that returned [B, T, V] scores (x-transformers' XTransformer -> decoder -> net).
+        self.deep_lm: dict[int, tuple[int, torch.nn.Module]] = {}  # id(module) -> (depth, that module)
 
     # ------------------------------------------------------------------ binding
 
@@ -251,16 +255,56 @@ class ScriptRecorder(_Recorder):
             return
         if module is self.opening and self.in_forward <= 1:
             self.opening = None
-            self.logits_returned[id(module)] = self._logits(output, module) is not None
+            logits = self._logits(output, module)
+            self.logits_returned[id(module)] = logits is not None
+            if logits is not None:
+                self.logits_shapes[id(module)] = list(logits.shape)
         super().forward_post(module, args, kwargs, output)
 
     def inner_call(self, module: torch.nn.Module, args, kwargs, output) -> None:
         """A module called directly from a candidate's first forward: the first one with trainable
         parameters that returns scores over the vocabulary is the LM the candidate runs."""
         opening = self.opening
-        if id(opening) not in self.held_lm and any(p.requires_grad for p in module.parameters()) and \
-                self._logits(output, opening) is not None:
+        if id(opening) in self.held_lm or not any(p.requires_grad for p in module.parameters()):
+            return
+        logits = self._logits(output, opening)
+        if logits is not None:
             self.held_lm[id(opening)] = (module, _describe_call_args(args, kwargs))
+            self.logits_shapes.setdefault(id(module), list(logits.shape))
+            self.inner_scores(module, output)
+
+    def deep_call(self, module: torch.nn.Module, output) -> None:
+        """A module called further down a candidate's first forward: the outermost one returning logits
+        [B, T, V] is kept (see recovered.py), in case neither the candidate nor a module it calls does."""
+        held = self.deep_lm.get(id(self.opening))
+        if held is not None and held[0] <= self.depth:
+            return
+        logits = self._logits(output, self.opening)
+        if logits is not None and logits.dim() == 3:
+            self.deep_lm[id(self.opening)] = (self.depth, module)
+            self.inner_scores(module, output)
+
+    def inner_scores(self, module: torch.nn.Module, output) -> None:
+        """Logits returned by the LM inside the running forward (held, or deeper): scored rows the loop
+        grades even when the loss is computed without a softmax call tfdoctor sees (x-transformers'
+        logsumexp cross-entropy). Rows the model's own output also reaches are left to it (_forward_ends)."""
+        if not self.record or not self.in_forward:
+            return
+        try:
+            logits = extract_logits(output)
+        except Exception:  # noqa: BLE001 - no logits in this call's output
+            return
+        if isinstance(logits, torch.Tensor) and logits.is_floating_point() and logits.requires_grad \
+                and logits.dim() >= 2 and logits.shape[-1] == self.vocab:
+            self.pending.append((logits, logits.dim() - 1, f"{type(module).__name__} output"))
+
+    @property
+    def scoring(self) -> set:
+        """ids of the modules inside the audited model whose outputs are its logits."""
+        if self.bound is None:
+            return set()
+        held, deep = self.held_lm.get(id(self.bound)), self.deep_lm.get(id(self.bound))
+        return {id(m) for m in (held[0] if held else None, deep[1] if deep else None) if m is not None}
 
     @property
     def returns_logits(self) -> Optional[bool]:
@@ -530,6 +574,10 @@ class ScriptRecorder(_Recorder):
                     recorder.depth -= 1
                 if recorder.depth == 1 and recorder.opening is not None:  # called by a candidate's first forward
                     recorder.inner_call(module, args, kwargs, output)
+                elif recorder.depth > 1 and recorder.opening is not None:
+                    recorder.deep_call(module, output)
+                elif recorder.in_forward and recorder.opening is None and id(module) in recorder.scoring:
+                    recorder.inner_scores(module, output)
                 return output
 
             @functools.wraps(load_original)
