@@ -454,3 +454,36 @@ def test_outputs_that_are_not_logits_still_get_a_report(script, only, code, expe
         assert ".decoder.net" in report["discovered"]["probe_call"]
     if script == "loss_only_tied_head.py":
         assert "TiedLossLM's output is not logits" in by_id(report)["future-leak"]["message"]
+
+
+def test_ddp_with_an_unused_parameter_and_find_unused_parameters_is_quiet():
+    """Issue 17 item 9: DDP(find_unused_parameters=True) hands the returned logits back with a None
+    gradient and the unused parameter gets none: tfdoctor's hooks take both, on every rank."""
+    done = tfdoctor("run", "--nproc", "2", f"{SCRIPTS}/ddp_unused_parameter.py", "--steps", "2", "--format", "json",
+                    "--only", "objective,zero-grad,grad-health,optimizer-coverage,rank-sync")
+    assert done.returncode == 0, done.stderr
+    assert {c["status"] for c in as_json(done)["checks"]} == {"pass"}
+
+
+def test_an_exception_raised_in_tfdoctors_own_code_is_located_there():
+    from tfdoctor.errors import OutputShapeError
+    from tfdoctor.recording.sites import raised_in_tfdoctor
+    from tfdoctor.subject import extract_logits
+
+    with pytest.raises(OutputShapeError) as ours:
+        extract_logits(object())
+    assert raised_in_tfdoctor(ours.value).startswith("tfdoctor/subject.py:")
+    assert raised_in_tfdoctor(ours.value).endswith(" in extract_logits")
+    with pytest.raises(ZeroDivisionError) as theirs:
+        1 / 0
+    assert raised_in_tfdoctor(theirs.value) is None
+
+
+def test_zero_grad_between_backward_and_step_fails_at_its_line():
+    """Issue 17 item 10: every step ran on cleared gradients (pre-clip norm 0 -> 0)."""
+    done = tfdoctor("run", f"{SCRIPTS}/zero_grad_before_step.py", "--format", "json", "--only", "zero-grad")
+    assert done.returncode == 1, done.stderr
+    result = by_id(as_json(done))["zero-grad"]
+    assert result["status"] == "fail" and result["details"]["steps_on_wiped_gradients"] == [1, 2]
+    line = _line("zero_grad_before_step.py", "    optimizer.zero_grad(set_to_none=True)  # the bug: after the step, not here")
+    assert result["details"]["location"] == f"{SCRIPTS}/zero_grad_before_step.py:{line}"

@@ -74,6 +74,9 @@ EXPECTED = {
     # optimizer.step(closure): the forward and backward run inside the step (LBFGS evaluates it repeatedly)
     "lbfgs_closure": SIMPLE,
     "closure_no_zero_grad": dict(SIMPLE, **{"zero-grad": F}),
+    # issue 17: a step on gradients wiped after the backward (item 10); None and unused gradients (item 9)
+    "zero_grad_after_backward": dict(SIMPLE, **{"zero-grad": F}),
+    "frozen_midway": SIMPLE,
 }
 
 # The model each family of loops trains (by file-name prefix; the fixture GPT otherwise), and the
@@ -540,3 +543,12 @@ def test_cli_exit_1_names_the_planted_bug():
     failed = [c for c in json.loads(done.stdout)["checks"] if c["status"] in ("fail", "error")]
     assert [c["id"] for c in failed] == ["accumulation-scaling"]
     assert "4.00x" in failed[0]["message"] and "loss / 4" in failed[0]["hint"]
+
+
+def test_a_step_on_gradients_wiped_after_the_backward_names_the_zero_grad_line():
+    result = audit("zero_grad_after_backward")["zero-grad"]
+    assert result.details["steps_on_wiped_gradients"] and result.details["call"] == "zero_grad()"
+    line = (FIXTURES / "loops" / "zero_grad_after_backward.py").read_text().splitlines().index(
+        "        optimizer.zero_grad()") + 1
+    assert result.details["location"].endswith(f"zero_grad_after_backward.py:{line}")
+    assert "between backward() and the step" in result.message

@@ -32,6 +32,11 @@ class OutputShapeError(SubjectError):
     under `tfdoctor run` only the model checks skip; the loop checks still judge the recorded trace."""
 
 
+class InternalError(Exception):
+    """tfdoctor's own code raised while the user's code ran (a hook or patch of the recorder): reported
+    as tfdoctor's error with its location, never as the script's."""
+
+
 def first_line(exc: BaseException) -> str:
     """`Type: first line of the message`, for a one-line report of an exception tfdoctor caught."""
     text = str(exc).strip().splitlines()

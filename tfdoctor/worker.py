@@ -28,7 +28,7 @@ import threading
 import traceback
 from typing import Any, Callable
 
-from tfdoctor.errors import OutputShapeError, TfdoctorError, UsageError
+from tfdoctor.errors import InternalError, OutputShapeError, TfdoctorError, UsageError
 from tfdoctor.recording.distributed import world
 from tfdoctor.recording.sites import raised_at
 
@@ -289,7 +289,8 @@ def main(argv: list[str]) -> None:
     except KeyboardInterrupt:
         code = 130
     except BaseException as error:  # noqa: BLE001 - everything else is reported, never a traceback
-        channel.send("internal-error", message=f"{type(error).__name__}: {error}",
+        said = str(error) if isinstance(error, InternalError) else f"{type(error).__name__}: {error}"
+        channel.send("internal-error", message=said,
                      traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)))
     finally:
         _close_session(session, request.get("release_fd"))

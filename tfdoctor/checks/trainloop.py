@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+from tfdoctor.checks.wiped import wiped_steps
 from tfdoctor.registry import check
 from tfdoctor.result import Result
 
@@ -762,6 +763,10 @@ def zero_grad(subject) -> Result:
     were cleared (set to None or zero), however the loop clears them. Judged on the parameters the
     optimizers update (a loop with no optimizer object: all of them, its own update step counting).
 
+    Also fails a loop that clears them too early: an optimizer step handed all-zero or missing
+    gradients while the backward before it had produced non-zero ones (`zero_grad()` moved between
+    `backward()` and `step()`), so every update is empty.
+
     Fix: `optimizer.zero_grad(set_to_none=True)` after each step.
     """
     trace = _trace(subject)
@@ -778,6 +783,15 @@ def zero_grad(subject) -> Result:
     norms = [norm for _, norm, _ in _step_norms(trace)]
     details = {"steps_checked": len(firsts), "steps_not_cleared": len(stale),
                "zero_grad_calls": len(trace.of("zero_grad")), "grad_norm_at_step": norms}
+    wiped = wiped_steps(trace)
+    if wiped:
+        details["steps_on_wiped_gradients"] = [w["step"] for w in wiped]
+        return Result.failed(
+            f"{len(wiped)} of {len(norms)} optimizer steps ran on all-zero or missing gradients although the "
+            "backward before each had produced non-zero ones: they were cleared between backward() and the "
+            "step (zero_grad() or `.grad = None` in between), so the weights never learn",
+            "call optimizer.zero_grad(set_to_none=True) after optimizer.step() (or before the backward), "
+            "never between backward() and step()", {**details, "location": wiped[0]["where"], "call": wiped[0]["call"]})
     if not stale:
         return Result.passed(f"gradients cleared after each of {len(firsts)} optimizer steps", details)
     return Result.failed(

@@ -36,9 +36,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from tfdoctor.errors import LoadError, first_line
+from tfdoctor.errors import InternalError, LoadError, first_line
 from tfdoctor.probes.trace import Trace, _finish, _Recorder, isolated_copy
-from tfdoctor.recording.sites import call_site, raised_at, user_frames
+from tfdoctor.recording.sites import call_site, raised_at, raised_in_tfdoctor, user_frames
 from tfdoctor.subject import extract_logits, vocab_size_of
 
 class ScriptError(LoadError):
@@ -809,6 +809,10 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
             raise
         except Exception as exc:  # the script's own error: named below, never a traceback
             ended, error = "raised", exc
+            ours = raised_in_tfdoctor(exc)
+            if ours is not None:  # a hook or patch of tfdoctor's raised inside the script's call
+                raise InternalError(f"at {ours}, while {os.path.basename(path or module)} "
+                                    f"ran: {first_line(exc)}; not your script's fault") from exc
         finally:
             sys.argv, sys.path[:] = saved_argv, saved_path
     seconds = time.perf_counter() - started
