@@ -77,6 +77,7 @@ EXPECTED = {
     # issue 17: a step on gradients wiped after the backward (item 10); None and unused gradients (item 9)
     "zero_grad_after_backward": dict(SIMPLE, **{"zero-grad": F}),
     "frozen_midway": SIMPLE,
+    "next_by_length": ACCUM,  # item 13: len(batches) and what iterating them yields agree
 }
 
 # The model each family of loops trains (by file-name prefix; the fixture GPT otherwise), and the
