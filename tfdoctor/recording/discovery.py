@@ -379,9 +379,9 @@ def audited(recorder) -> Audited:
         if name is not None:  # a model that could not be copied has a stand-in, and no submodules
             held = recorder.snapshot.get_submodule(name) if recorder.uncopied is None else recorder.snapshot
             return Audited(inner, held, call, name)
-    deep = recorder.deep_lm.get(id(recorder.bound))
+    deep = recorder.deep
     if recorder.returns_logits is False and deep is not None and recorder.uncopied is None:
-        name = next((n for n, m in trained.named_modules() if m is deep[1] and n), None)
+        name = next((n for n, m in trained.named_modules() if m is deep and n), None)
         return Audited(trained, recorder.snapshot, recorder.call, logits_from=name)
     return Audited(trained, recorder.snapshot, recorder.call)
 

@@ -177,7 +177,7 @@ class ScriptRecorder(_Recorder):
         self.logits_shapes: dict[int, list[int]] = {}  # id(module) -> shape of the logits its first forward gave
         # A candidate returning neither logits nor a directly called LM: the outermost module deeper inside
         # its first forward that returned [B, T, V] scores (x-transformers' XTransformer -> decoder -> net).
-        self.deep_lm: dict[int, tuple[int, torch.nn.Module]] = {}  # id(module) -> (depth, that module)
+        self.deep_lm: dict[int, tuple] = {}  # id(module) -> (depth, that module or None, its output until read)
 
     # ------------------------------------------------------------------ binding
 
@@ -259,6 +259,11 @@ class ScriptRecorder(_Recorder):
             self.logits_returned[id(module)] = logits is not None
             if logits is not None:
                 self.logits_shapes[id(module)] = list(logits.shape)
+            deep = self.deep_lm.get(id(module))
+            if deep is not None:
+                if logits is None and deep[1] is not None:
+                    self.inner_scores(deep[1], deep[2])
+                self.deep_lm[id(module)] = deep[:2] + (None,)  # no hold on that forward's graph
         super().forward_post(module, args, kwargs, output)
 
     def inner_call(self, module: torch.nn.Module, args, kwargs, output) -> None:
@@ -277,12 +282,16 @@ class ScriptRecorder(_Recorder):
         """A module called further down a candidate's first forward: the outermost one returning logits
         [B, T, V] is kept (see recovered.py), in case neither the candidate nor a module it calls does."""
         held = self.deep_lm.get(id(self.opening))
-        if held is not None and held[0] <= self.depth:
-            return
         logits = self._logits(output, self.opening)
-        if logits is not None and logits.dim() == 3:
-            self.deep_lm[id(self.opening)] = (self.depth, module)
-            self.inner_scores(module, output)
+        if logits is None or logits.dim() != 3:
+            # A trained module returning after the kept one, outside it: the kept one's [B, T, d] output was
+            # a hidden state whose width happens to equal V (an MLP's), not the logits the loss read.
+            if held is not None and held[1] is not None and any(p.requires_grad for p in module.parameters()) \
+                    and not any(m is held[1] for m in module.modules()):
+                self.deep_lm[id(self.opening)] = (held[0], None, None)
+            return
+        if held is None or held[1] is None or any(m is held[1] for m in module.modules()):
+            self.deep_lm[id(self.opening)] = (self.depth, module, output)  # the outermost module returning them
 
     def inner_scores(self, module: torch.nn.Module, output) -> None:
         """Logits returned by the LM inside the running forward (held, or deeper): scored rows the loop
@@ -305,6 +314,12 @@ class ScriptRecorder(_Recorder):
             return set()
         held, deep = self.held_lm.get(id(self.bound)), self.deep_lm.get(id(self.bound))
         return {id(m) for m in (held[0] if held else None, deep[1] if deep else None) if m is not None}
+
+    @property
+    def deep(self) -> Optional[torch.nn.Module]:
+        """The module deeper inside the bound model's first forward whose output is its logits, or None."""
+        held = self.deep_lm.get(id(self.bound)) if self.bound is not None else None
+        return held[1] if held is not None else None
 
     @property
     def returns_logits(self) -> Optional[bool]:
