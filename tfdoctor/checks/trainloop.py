@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from tfdoctor.checks.wiped import wiped_steps
+from tfdoctor.recording.wiped import wiped_steps
 from tfdoctor.registry import check
 from tfdoctor.result import Result
 
