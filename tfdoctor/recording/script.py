@@ -174,6 +174,7 @@ class ScriptRecorder(_Recorder):
         self.opening: Optional[torch.nn.Module] = None
         self.logits_returned: dict[int, bool] = {}  # id(module) -> whether its first forward returned logits
         self.held_lm: dict[int, tuple[torch.nn.Module, dict]] = {}  # id(module) -> (the LM, its call described)
+        self.vocab_of: dict[int, Optional[int]] = {}  # id(candidate) -> its vocabulary size, read once
         self.logits_shapes: dict[int, list[int]] = {}  # id(module) -> shape of the logits its first forward gave
         # A candidate returning neither logits nor a directly called LM: the outermost module deeper inside
         # its first forward that returned [B, T, V] scores (x-transformers' XTransformer -> decoder -> net).
@@ -331,14 +332,15 @@ class ScriptRecorder(_Recorder):
         """The LM the bound model called from its first forward, and how, or None."""
         return self.held_lm.get(id(self.bound)) if self.bound is not None else None
 
-    @staticmethod
-    def _logits(output, owner: torch.nn.Module) -> Optional[torch.Tensor]:
+    def _logits(self, output, owner: torch.nn.Module) -> Optional[torch.Tensor]:
         """`output`'s scores over the vocabulary of `owner` (the candidate whose first forward is open)."""
         try:
             logits = extract_logits(output)
         except Exception:  # a bare loss, an output with no logits in it
             return None
-        vocab = vocab_size_of(unwrap(owner))
+        vocab = self.vocab_of.get(id(owner))
+        if vocab is None:  # read once per candidate: a first forward makes hundreds of module calls
+            vocab = self.vocab_of[id(owner)] = vocab_size_of(unwrap(owner))
         ok = isinstance(logits, torch.Tensor) and logits.dim() >= 2 and logits.shape[-1] == vocab
         return logits if ok else None
 
