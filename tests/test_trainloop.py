@@ -78,11 +78,13 @@ EXPECTED = {
     "zero_grad_after_backward": dict(SIMPLE, **{"zero-grad": F}),
     "frozen_midway": SIMPLE,
     "next_by_length": ACCUM,  # item 13: len(batches) and what iterating them yields agree
+    # item 11: a fused LM head (TRL's fused_lm_head) holds no scores: the checks reading them skip, saying so
+    "fused_head": dict(SIMPLE, objective=S, **{"ignore-index": S}),
 }
 
 # The model each family of loops trains (by file-name prefix; the fixture GPT otherwise), and the
 # pad id a loop was written for when it is not PAD_ID.
-MODEL_OF = {"hf_": "hf_gpt2", "annotated_": "annotated_model", "xt_": "xt_decoder", "time_major": "time_major_lm",
+MODEL_OF = {"fused_head": "fused_head_gpt", "hf_": "hf_gpt2", "annotated_": "annotated_model", "xt_": "xt_decoder", "time_major": "time_major_lm",
             "loss_only": "gpt_returns_loss"}
 PAD_OF = {"hf_eos_as_pad": 1, "hf_eos_as_pad_twice": 1}  # hf_gpt2's eos id
 
@@ -553,3 +555,7 @@ def test_a_step_on_gradients_wiped_after_the_backward_names_the_zero_grad_line()
         "        optimizer.zero_grad()") + 1
     assert result.details["location"].endswith(f"zero_grad_after_backward.py:{line}")
     assert "between backward() and the step" in result.message
+
+
+def test_a_fused_lm_head_is_named_where_the_scores_are_missing():
+    assert "fused LM head" in audit("fused_head")["accumulation-scaling"].message

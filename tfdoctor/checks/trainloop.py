@@ -325,6 +325,11 @@ def _alignment(trace, subject) -> dict:
 
 def _no_scores(trace, subject) -> str:
     """Why no graded token could be read."""
+    fused = next((e.data["fused_head"] for e in trace.of("forward") if e.data.get("fused_head")), None)
+    if not trace.scores and fused:
+        return (f"the model returns {fused} with per-token log_probs and no logits: its loss comes from a fused "
+                "LM head (TRL's fused_lm_head) that never holds scores over the vocabulary, so which token each "
+                "position was graded on, and its weight, cannot be read")
     if not trace.scores:
         return (f"no scores over the vocabulary (V={subject.vocab_size}) received a gradient from the loop's "
                 "backward: neither the model's output nor the input of a softmax / cross-entropy over V "

@@ -560,6 +560,8 @@ class _Recorder(TorchFunctionMode):
             logits = extract_logits(output)
         except Exception:  # an output we cannot read logits from (a bare loss): the scored calls decide
             logits = None
+        if logits is None and isinstance(getattr(output, "log_probs", None), torch.Tensor):
+            forward.data["fused_head"] = type(output).__name__  # per-token log-probs, no scores (TRL)
         output_node = None
         if (isinstance(logits, torch.Tensor) and logits.dim() >= 2 and logits.is_floating_point()
                 and logits.shape[-1] == self.vocab):
