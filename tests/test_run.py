@@ -487,3 +487,15 @@ def test_zero_grad_between_backward_and_step_fails_at_its_line():
     assert result["status"] == "fail" and result["details"]["steps_on_wiped_gradients"] == [1, 2]
     line = _line("zero_grad_before_step.py", "    optimizer.zero_grad(set_to_none=True)  # the bug: after the step, not here")
     assert result["details"]["location"] == f"{SCRIPTS}/zero_grad_before_step.py:{line}"
+
+
+def test_completion_only_packed_fine_tuning_is_the_token_mean():
+    """Issue 17 item 11: prompt tokens at -100 and padding-free packed rows, the model's loss over
+    the Trainer's num_items_in_batch: every graded token is counted, the step is their mean."""
+    done = tfdoctor("run", f"{SCRIPTS}/hf_sft_completion_only.py", "--format", "json",
+                    "--only", "accumulation-scaling,token-weighting", "--", "--packed")
+    assert done.returncode == 0, done.stderr
+    checks = by_id(as_json(done))
+    assert checks["accumulation-scaling"]["status"] == "pass"
+    assert checks["accumulation-scaling"]["details"]["gradient_factor"] == pytest.approx(1.0, abs=0.02)
+    assert checks["token-weighting"]["status"] == "pass"
