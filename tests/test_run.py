@@ -430,3 +430,72 @@ def test_nanogpt_check_fixture_of_the_bench_is_quiet():
     checks = by_id(report)
     assert checks["accumulation-scaling"]["details"]["micro_batches_per_step"] == 2
     assert checks["unscale-before-clip"]["status"] == "pass" and checks["amp-loss-scaling"]["status"] == "pass"
+
+
+# Outputs that are not [B, T, V] (issue 17, item 8): recovered where the shape says how, else only the
+# model checks skip; the loop checks always judge the trace.
+@pytest.mark.parametrize("script, only, code, expected", [
+    ("lightning_demo_seq2seq.py", "future-leak,init-loss,objective", 0,
+     {"future-leak": "pass", "init-loss": "pass", "objective": "pass"}),
+    ("lightning_demo_target_leak.py", "future-leak", 1, {"future-leak": "fail"}),
+    ("xt_seq2seq_copy.py", "future-leak,objective,accumulation-scaling", 0,
+     {"future-leak": "pass", "objective": "pass", "accumulation-scaling": "pass"}),
+    ("xt_seq2seq_copy_no_accum_division.py", "accumulation-scaling", 1, {"accumulation-scaling": "fail"}),
+    ("loss_only_tied_head.py", "future-leak,objective", 1, {"future-leak": "skip", "objective": "fail"}),
+])
+def test_outputs_that_are_not_logits_still_get_a_report(script, only, code, expected):
+    done = tfdoctor("run", f"{SCRIPTS}/{script}", "--format", "json", "--only", only)
+    assert done.returncode == code, done.stderr
+    report = as_json(done)
+    assert {k: c["status"] for k, c in by_id(report).items()} == expected
+    if script.startswith("lightning_demo"):
+        assert "flattened" in report["discovered"]["probe_call"]
+    if script.startswith("xt_"):
+        assert ".decoder.net" in report["discovered"]["probe_call"]
+    if script == "loss_only_tied_head.py":
+        assert "TiedLossLM's output is not logits" in by_id(report)["future-leak"]["message"]
+
+
+def test_ddp_with_an_unused_parameter_and_find_unused_parameters_is_quiet():
+    """Issue 17 item 9: DDP(find_unused_parameters=True) hands the returned logits back with a None
+    gradient and the unused parameter gets none: tfdoctor's hooks take both, on every rank."""
+    done = tfdoctor("run", "--nproc", "2", f"{SCRIPTS}/ddp_unused_parameter.py", "--steps", "2", "--format", "json",
+                    "--only", "objective,zero-grad,grad-health,optimizer-coverage,rank-sync")
+    assert done.returncode == 0, done.stderr
+    assert {c["status"] for c in as_json(done)["checks"]} == {"pass"}
+
+
+def test_an_exception_raised_in_tfdoctors_own_code_is_located_there():
+    from tfdoctor.errors import OutputShapeError
+    from tfdoctor.recording.sites import raised_in_tfdoctor
+    from tfdoctor.subject import extract_logits
+
+    with pytest.raises(OutputShapeError) as ours:
+        extract_logits(object())
+    assert raised_in_tfdoctor(ours.value).startswith("tfdoctor/subject.py:")
+    assert raised_in_tfdoctor(ours.value).endswith(" in extract_logits")
+    with pytest.raises(ZeroDivisionError) as theirs:
+        1 / 0
+    assert raised_in_tfdoctor(theirs.value) is None
+
+
+def test_zero_grad_between_backward_and_step_fails_at_its_line():
+    """Issue 17 item 10: every step ran on cleared gradients (pre-clip norm 0 -> 0)."""
+    done = tfdoctor("run", f"{SCRIPTS}/zero_grad_before_step.py", "--format", "json", "--only", "zero-grad")
+    assert done.returncode == 1, done.stderr
+    result = by_id(as_json(done))["zero-grad"]
+    assert result["status"] == "fail" and result["details"]["steps_on_wiped_gradients"] == [1, 2]
+    line = _line("zero_grad_before_step.py", "    optimizer.zero_grad(set_to_none=True)  # the bug: after the step, not here")
+    assert result["details"]["location"] == f"{SCRIPTS}/zero_grad_before_step.py:{line}"
+
+
+def test_completion_only_packed_fine_tuning_is_the_token_mean():
+    """Issue 17 item 11: prompt tokens at -100 and padding-free packed rows, the model's loss over
+    the Trainer's num_items_in_batch: every graded token is counted, the step is their mean."""
+    done = tfdoctor("run", f"{SCRIPTS}/hf_sft_completion_only.py", "--format", "json",
+                    "--only", "accumulation-scaling,token-weighting", "--", "--packed")
+    assert done.returncode == 0, done.stderr
+    checks = by_id(as_json(done))
+    assert checks["accumulation-scaling"]["status"] == "pass"
+    assert checks["accumulation-scaling"]["details"]["gradient_factor"] == pytest.approx(1.0, abs=0.02)
+    assert checks["token-weighting"]["status"] == "pass"

@@ -74,11 +74,17 @@ EXPECTED = {
     # optimizer.step(closure): the forward and backward run inside the step (LBFGS evaluates it repeatedly)
     "lbfgs_closure": SIMPLE,
     "closure_no_zero_grad": dict(SIMPLE, **{"zero-grad": F}),
+    # issue 17: a step on gradients wiped after the backward (item 10); None and unused gradients (item 9)
+    "zero_grad_after_backward": dict(SIMPLE, **{"zero-grad": F}),
+    "frozen_midway": SIMPLE,
+    "next_by_length": ACCUM,  # item 13: len(batches) and what iterating them yields agree
+    # item 11: a fused LM head (TRL's fused_lm_head) holds no scores: the checks reading them skip, saying so
+    "fused_head": dict(SIMPLE, objective=S, **{"ignore-index": S}),
 }
 
 # The model each family of loops trains (by file-name prefix; the fixture GPT otherwise), and the
 # pad id a loop was written for when it is not PAD_ID.
-MODEL_OF = {"hf_": "hf_gpt2", "annotated_": "annotated_model", "xt_": "xt_decoder", "time_major": "time_major_lm",
+MODEL_OF = {"fused_head": "fused_head_gpt", "hf_": "hf_gpt2", "annotated_": "annotated_model", "xt_": "xt_decoder", "time_major": "time_major_lm",
             "loss_only": "gpt_returns_loss"}
 PAD_OF = {"hf_eos_as_pad": 1, "hf_eos_as_pad_twice": 1}  # hf_gpt2's eos id
 
@@ -540,3 +546,16 @@ def test_cli_exit_1_names_the_planted_bug():
     failed = [c for c in json.loads(done.stdout)["checks"] if c["status"] in ("fail", "error")]
     assert [c["id"] for c in failed] == ["accumulation-scaling"]
     assert "4.00x" in failed[0]["message"] and "loss / 4" in failed[0]["hint"]
+
+
+def test_a_step_on_gradients_wiped_after_the_backward_names_the_zero_grad_line():
+    result = audit("zero_grad_after_backward")["zero-grad"]
+    assert result.details["steps_on_wiped_gradients"] and result.details["call"] == "zero_grad()"
+    line = (FIXTURES / "loops" / "zero_grad_after_backward.py").read_text().splitlines().index(
+        "        optimizer.zero_grad()") + 1
+    assert result.details["location"].endswith(f"zero_grad_after_backward.py:{line}")
+    assert "between backward() and the step" in result.message
+
+
+def test_a_fused_lm_head_is_named_where_the_scores_are_missing():
+    assert "fused LM head" in audit("fused_head")["accumulation-scaling"].message

@@ -27,6 +27,16 @@ class SubjectError(TfdoctorError):
     """The model loaded but cannot be probed: unknown vocabulary, wrong output shape, forward raised."""
 
 
+class OutputShapeError(SubjectError):
+    """The model's output is not logits [B, T, V] (a loss, flattened rows tfdoctor could not place):
+    under `tfdoctor run` only the model checks skip; the loop checks still judge the recorded trace."""
+
+
+class InternalError(Exception):
+    """tfdoctor's own code raised while the user's code ran (a hook or patch of the recorder): reported
+    as tfdoctor's error with its location, never as the script's."""
+
+
 def first_line(exc: BaseException) -> str:
     """`Type: first line of the message`, for a one-line report of an exception tfdoctor caught."""
     text = str(exc).strip().splitlines()

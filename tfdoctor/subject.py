@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from tfdoctor.errors import SubjectError, UsageError
+from tfdoctor.errors import OutputShapeError, SubjectError, UsageError
 from tfdoctor.registry import KINDS
 from tfdoctor.tolerances import RELATIVE_TOLERANCE
 
@@ -195,7 +195,7 @@ def extract_logits(output) -> Any:
         return output["logits"]
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
         return output[0]
-    raise SubjectError(
+    raise OutputShapeError(
         f"the model returned {type(output).__name__}, not logits",
         "return a tensor [B, T, V], an object with .logits, or a tuple whose first item is the logits",
     )
@@ -383,7 +383,7 @@ def _preflight(subject: Subject) -> tuple:
                                "check --kind, --vocab and --seq-len, or give Subject(forward=...)") from exc
     shape = tuple(logits.shape)
     if shape != (B, T, subject.vocab_size):
-        raise SubjectError(
+        raise OutputShapeError(
             f"output shape [B, T, V] = [{B}, {T}, {subject.vocab_size}] expected but got {list(shape)}",
             "return logits over the vocabulary for every position, or pass the right --vocab",
         )

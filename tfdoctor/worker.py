@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -27,7 +28,7 @@ import threading
 import traceback
 from typing import Any, Callable
 
-from tfdoctor.errors import TfdoctorError, UsageError
+from tfdoctor.errors import InternalError, OutputShapeError, TfdoctorError, UsageError
 from tfdoctor.recording.distributed import world
 from tfdoctor.recording.sites import raised_at
 
@@ -119,6 +120,12 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
     if session is not None:
         facts["world_size"] = session.world.size
     model_subject, loop_subject = subjects(run, facts, request.get("fields", {}))
+    unreadable = None if uncopied is not None else _unreadable_output(model_subject)
+    if unreadable is not None:  # only the model checks need the logits; the loop checks judge the trace
+        stand_in = TraceOnly(model_subject.vocab_size or run.recorder.vocab, unwrap(run.recorder.bound))
+        loop_subject = dataclasses.replace(loop_subject, model=stand_in, forward=None, packing=None)
+        uncopied = unreadable
+        facts.setdefault("notes", []).append(unreadable)
     if inform is not None:
         inform(facts)
     specs = select(request.get("only"), request.get("skip"))
@@ -145,6 +152,23 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
     if model_ids:
         run_checks(model_subject, model_ids, **common)
     return True
+
+
+def _unreadable_output(subject):
+    """Why the model checks cannot read the audited model's output as logits [B, T, V] (a model that
+    returns its loss, rows tfdoctor could not place), or None when they can, or when there is no
+    vocabulary to stand in for (then the run stops on that, as before)."""
+    from tfdoctor.subject import resolve, vocab_size_of
+
+    if not (subject.vocab_size or vocab_size_of(subject.model)):
+        return None
+    try:
+        resolve(subject)
+    except OutputShapeError as error:
+        return (f"model checks skipped: {type(subject.model).__name__}'s output is not logits over the vocabulary "
+                f"for every position, and no module inside it returns them ({error.message}); the loop checks "
+                "judge the recorded trace")
+    return None
 
 
 def run_memory_request(request: dict, progress=None):
@@ -265,7 +289,8 @@ def main(argv: list[str]) -> None:
     except KeyboardInterrupt:
         code = 130
     except BaseException as error:  # noqa: BLE001 - everything else is reported, never a traceback
-        channel.send("internal-error", message=f"{type(error).__name__}: {error}",
+        said = str(error) if isinstance(error, InternalError) else f"{type(error).__name__}: {error}"
+        channel.send("internal-error", message=said,
                      traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)))
     finally:
         _close_session(session, request.get("release_fd"))

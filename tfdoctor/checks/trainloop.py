@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+from tfdoctor.recording.wiped import wiped_steps
 from tfdoctor.registry import check
 from tfdoctor.result import Result
 
@@ -324,6 +325,11 @@ def _alignment(trace, subject) -> dict:
 
 def _no_scores(trace, subject) -> str:
     """Why no graded token could be read."""
+    fused = next((e.data["fused_head"] for e in trace.of("forward") if e.data.get("fused_head")), None)
+    if not trace.scores and fused:
+        return (f"the model returns {fused} with per-token log_probs and no logits: its loss comes from a fused "
+                "LM head (TRL's fused_lm_head) that never holds scores over the vocabulary, so which token each "
+                "position was graded on, and its weight, cannot be read")
     if not trace.scores:
         return (f"no scores over the vocabulary (V={subject.vocab_size}) received a gradient from the loop's "
                 "backward: neither the model's output nor the input of a softmax / cross-entropy over V "
@@ -762,6 +768,10 @@ def zero_grad(subject) -> Result:
     were cleared (set to None or zero), however the loop clears them. Judged on the parameters the
     optimizers update (a loop with no optimizer object: all of them, its own update step counting).
 
+    Also fails a loop that clears them too early: an optimizer step handed all-zero or missing
+    gradients while the backward before it had produced non-zero ones (`zero_grad()` moved between
+    `backward()` and `step()`), so every update is empty.
+
     Fix: `optimizer.zero_grad(set_to_none=True)` after each step.
     """
     trace = _trace(subject)
@@ -778,6 +788,15 @@ def zero_grad(subject) -> Result:
     norms = [norm for _, norm, _ in _step_norms(trace)]
     details = {"steps_checked": len(firsts), "steps_not_cleared": len(stale),
                "zero_grad_calls": len(trace.of("zero_grad")), "grad_norm_at_step": norms}
+    wiped = wiped_steps(trace)
+    if wiped:
+        details["steps_on_wiped_gradients"] = [w["step"] for w in wiped]
+        return Result.failed(
+            f"{len(wiped)} of {len(norms)} optimizer steps ran on all-zero or missing gradients although the "
+            "backward before each had produced non-zero ones: they were cleared between backward() and the "
+            "step (zero_grad() or `.grad = None` in between), so the weights never learn",
+            "call optimizer.zero_grad(set_to_none=True) after optimizer.step() (or before the backward), "
+            "never between backward() and step()", {**details, "location": wiped[0]["where"], "call": wiped[0]["call"]})
     if not stale:
         return Result.passed(f"gradients cleared after each of {len(firsts)} optimizer steps", details)
     return Result.failed(

@@ -384,7 +384,7 @@ class _Recorder(TorchFunctionMode):
         scaled = any(node is not None and id(node) in near for node, _ in self.scale_nodes)
         scale = next((s for node, s in reversed(self.scale_nodes) if node is not None and id(node) in near), None) \
             if scaled else None
-        self.event("backward", value=value, grads_clear=clear, scaled=scaled, scale=scale, amp=self.amp())
+        data = self.event("backward", value=value, grads_clear=clear, scaled=scaled, scale=scale, amp=self.amp())
         self.backward_since_step = True
         self.current_backward = len(self.events) - 1
         try:
@@ -392,6 +392,7 @@ class _Recorder(TorchFunctionMode):
         finally:
             self.current_backward = None
             self.after_backward = _sample(p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params)
+            data["grads_after"] = bool(self.after_backward.any())  # seen non-zero on a sample after it
             if not self.optimizers:  # no optimizer seen yet: watch for the loop updating weights itself
                 norm, finite = _grad_norm(self.params)
                 self.sampled = (_sample(self.params), _sample(p.grad if p.grad is not None else torch.zeros_like(p)
@@ -457,6 +458,8 @@ class _Recorder(TorchFunctionMode):
             data["targets"] = target.detach().reshape(-1).cpu()
         if out.requires_grad:
             def hook(grad, data=data):
+                if grad is None:  # DDP hands back outputs the loss never read with no gradient
+                    return
                 data["grad"] = grad.detach().float().reshape(-1).cpu()
                 data["backward"] = self.current_backward
             out.register_hook(hook)
@@ -487,6 +490,8 @@ class _Recorder(TorchFunctionMode):
         recorder = self
 
         def hook(grad):
+            if grad is None:  # these scores are not what the loss read (DDP's copy of an output, find_unused_parameters)
+                return
             recorder.busy = True
             try:
                 with torch.no_grad():
@@ -555,11 +560,17 @@ class _Recorder(TorchFunctionMode):
             logits = extract_logits(output)
         except Exception:  # an output we cannot read logits from (a bare loss): the scored calls decide
             logits = None
+        if logits is None and isinstance(getattr(output, "log_probs", None), torch.Tensor):
+            forward.data["fused_head"] = type(output).__name__  # per-token log-probs, no scores (TRL)
         output_node = None
         if (isinstance(logits, torch.Tensor) and logits.dim() >= 2 and logits.is_floating_point()
                 and logits.shape[-1] == self.vocab):
             self._watch(logits, logits.dim() - 1, forward.data["index"], "output")
             output_node = logits.grad_fn
+            if type(output_node).__name__ == "_DDPSinkBackward":  # DDP(find_unused_parameters=True): every
+                # output passes one node, the i-th output from its i-th input: the logits' own node is that one
+                inputs = output_node.next_functions
+                output_node = inputs[logits.output_nr][0] if logits.output_nr < len(inputs) else output_node
         for tensor, dim, name in self.pending:
             # a softmax over the scores the model returns (log-probabilities out) scores the same rows
             # (computed from a watched tensor, `logits.view(-1, V)`, is skipped by _watch anyway: that

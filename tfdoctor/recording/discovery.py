@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from tfdoctor.probes.trace import Trace
+from tfdoctor.recording.recovered import capturing, flattened, unflattening
 from tfdoctor.recording.script import ScriptError, ScriptRun, unwrap
 from tfdoctor.recording.sites import display_path
 from tfdoctor.recording.unshard import users_class
@@ -367,6 +368,7 @@ class Audited:
     snapshot: torch.nn.Module
     call: Optional[dict]
     held_as: Optional[str] = None  # the attribute path inside the trained module, when it is held
+    logits_from: Optional[str] = None  # the submodule whose output inside the whole call holds the logits
 
 
 def audited(recorder) -> Audited:
@@ -377,6 +379,10 @@ def audited(recorder) -> Audited:
         if name is not None:  # a model that could not be copied has a stand-in, and no submodules
             held = recorder.snapshot.get_submodule(name) if recorder.uncopied is None else recorder.snapshot
             return Audited(inner, held, call, name)
+    deep = recorder.deep
+    if recorder.returns_logits is False and deep is not None and recorder.uncopied is None:
+        name = next((n for n, m in trained.named_modules() if m is deep and n), None)
+        return Audited(trained, recorder.snapshot, recorder.call, logits_from=name)
     return Audited(trained, recorder.snapshot, recorder.call)
 
 
@@ -528,7 +534,16 @@ def subjects(run: ScriptRun, facts: dict, overrides: dict):
     recorder = run.recorder
     pad_id = overrides.get("pad_id", facts.get("pad_id"))
     judged = audited(recorder)
-    forward, why = replay_forward(judged.call, judged.snapshot, pad_id, _decoder_key(run.trace, judged.call))
+    decoder = _decoder_key(run.trace, judged.call)
+    forward, why = replay_forward(judged.call, judged.snapshot, pad_id, decoder)
+    key = decoder or _ids_key(judged.call)
+    shape = recorder.logits_shapes.get(id(judged.model)) or recorder.logits_shapes.get(id(recorder.bound))
+    if key is not None and flattened(shape, _value_of(judged.call, key)):
+        forward = unflattening(forward)
+        why += f"; its logits come flattened, {shape}, and are read as [B, T, V]"
+    elif judged.logits_from:
+        forward = capturing(forward, judged.logits_from)
+        why += f"; it returns no logits, so they are read off its .{judged.logits_from} inside the call"
     facts["probe_call"] = why
     T = (facts.get("batch_shape") or [None, None])[1]
     seq_len = overrides.get("seq_len") or (min(T, MAX_PROBE_SEQ_LEN) if T and T >= 2 else None)

@@ -36,9 +36,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from tfdoctor.errors import LoadError, first_line
+from tfdoctor.errors import InternalError, LoadError, first_line
 from tfdoctor.probes.trace import Trace, _finish, _Recorder, isolated_copy
-from tfdoctor.recording.sites import call_site, raised_at, user_frames
+from tfdoctor.recording.sites import call_site, raised_at, raised_in_tfdoctor, user_frames
 from tfdoctor.subject import extract_logits, vocab_size_of
 
 class ScriptError(LoadError):
@@ -174,6 +174,11 @@ class ScriptRecorder(_Recorder):
         self.opening: Optional[torch.nn.Module] = None
         self.logits_returned: dict[int, bool] = {}  # id(module) -> whether its first forward returned logits
         self.held_lm: dict[int, tuple[torch.nn.Module, dict]] = {}  # id(module) -> (the LM, its call described)
+        self.vocab_of: dict[int, Optional[int]] = {}  # id(candidate) -> its vocabulary size, read once
+        self.logits_shapes: dict[int, list[int]] = {}  # id(module) -> shape of the logits its first forward gave
+        # A candidate returning neither logits nor a directly called LM: the outermost module deeper inside
+        # its first forward that returned [B, T, V] scores (x-transformers' XTransformer -> decoder -> net).
+        self.deep_lm: dict[int, tuple] = {}  # id(module) -> (depth, that module or None, its output until read)
 
     # ------------------------------------------------------------------ binding
 
@@ -251,16 +256,71 @@ class ScriptRecorder(_Recorder):
             return
         if module is self.opening and self.in_forward <= 1:
             self.opening = None
-            self.logits_returned[id(module)] = self._logits(output, module) is not None
+            logits = self._logits(output, module)
+            self.logits_returned[id(module)] = logits is not None
+            if logits is not None:
+                self.logits_shapes[id(module)] = list(logits.shape)
+            deep = self.deep_lm.get(id(module))
+            if deep is not None:
+                if logits is None and deep[1] is not None:
+                    self.inner_scores(deep[1], deep[2])
+                self.deep_lm[id(module)] = deep[:2] + (None,)  # no hold on that forward's graph
         super().forward_post(module, args, kwargs, output)
 
     def inner_call(self, module: torch.nn.Module, args, kwargs, output) -> None:
         """A module called directly from a candidate's first forward: the first one with trainable
         parameters that returns scores over the vocabulary is the LM the candidate runs."""
         opening = self.opening
-        if id(opening) not in self.held_lm and any(p.requires_grad for p in module.parameters()) and \
-                self._logits(output, opening) is not None:
+        if id(opening) in self.held_lm or not any(p.requires_grad for p in module.parameters()):
+            return
+        logits = self._logits(output, opening)
+        if logits is not None:
             self.held_lm[id(opening)] = (module, _describe_call_args(args, kwargs))
+            self.logits_shapes.setdefault(id(module), list(logits.shape))
+            self.inner_scores(module, output)
+
+    def deep_call(self, module: torch.nn.Module, output) -> None:
+        """A module called further down a candidate's first forward: the outermost one returning logits
+        [B, T, V] is kept (see recovered.py), in case neither the candidate nor a module it calls does."""
+        held = self.deep_lm.get(id(self.opening))
+        logits = self._logits(output, self.opening)
+        if logits is None or logits.dim() != 3:
+            # A trained module returning after the kept one, outside it: the kept one's [B, T, d] output was
+            # a hidden state whose width happens to equal V (an MLP's), not the logits the loss read.
+            if held is not None and held[1] is not None and any(p.requires_grad for p in module.parameters()) \
+                    and not any(m is held[1] for m in module.modules()):
+                self.deep_lm[id(self.opening)] = (held[0], None, None)
+            return
+        if held is None or held[1] is None or any(m is held[1] for m in module.modules()):
+            self.deep_lm[id(self.opening)] = (self.depth, module, output)  # the outermost module returning them
+
+    def inner_scores(self, module: torch.nn.Module, output) -> None:
+        """Logits returned by the LM inside the running forward (held, or deeper): scored rows the loop
+        grades even when the loss is computed without a softmax call tfdoctor sees (x-transformers'
+        logsumexp cross-entropy). Rows the model's own output also reaches are left to it (_forward_ends)."""
+        if not self.record or not self.in_forward:
+            return
+        try:
+            logits = extract_logits(output)
+        except Exception:  # noqa: BLE001 - no logits in this call's output
+            return
+        if isinstance(logits, torch.Tensor) and logits.is_floating_point() and logits.requires_grad \
+                and logits.dim() >= 2 and logits.shape[-1] == self.vocab:
+            self.pending.append((logits, logits.dim() - 1, f"{type(module).__name__} output"))
+
+    @property
+    def scoring(self) -> set:
+        """ids of the modules inside the audited model whose outputs are its logits."""
+        if self.bound is None:
+            return set()
+        held, deep = self.held_lm.get(id(self.bound)), self.deep_lm.get(id(self.bound))
+        return {id(m) for m in (held[0] if held else None, deep[1] if deep else None) if m is not None}
+
+    @property
+    def deep(self) -> Optional[torch.nn.Module]:
+        """The module deeper inside the bound model's first forward whose output is its logits, or None."""
+        held = self.deep_lm.get(id(self.bound)) if self.bound is not None else None
+        return held[1] if held is not None else None
 
     @property
     def returns_logits(self) -> Optional[bool]:
@@ -272,14 +332,15 @@ class ScriptRecorder(_Recorder):
         """The LM the bound model called from its first forward, and how, or None."""
         return self.held_lm.get(id(self.bound)) if self.bound is not None else None
 
-    @staticmethod
-    def _logits(output, owner: torch.nn.Module) -> Optional[torch.Tensor]:
+    def _logits(self, output, owner: torch.nn.Module) -> Optional[torch.Tensor]:
         """`output`'s scores over the vocabulary of `owner` (the candidate whose first forward is open)."""
         try:
             logits = extract_logits(output)
         except Exception:  # a bare loss, an output with no logits in it
             return None
-        vocab = vocab_size_of(unwrap(owner))
+        vocab = self.vocab_of.get(id(owner))
+        if vocab is None:  # read once per candidate: a first forward makes hundreds of module calls
+            vocab = self.vocab_of[id(owner)] = vocab_size_of(unwrap(owner))
         ok = isinstance(logits, torch.Tensor) and logits.dim() >= 2 and logits.shape[-1] == vocab
         return logits if ok else None
 
@@ -530,6 +591,10 @@ class ScriptRecorder(_Recorder):
                     recorder.depth -= 1
                 if recorder.depth == 1 and recorder.opening is not None:  # called by a candidate's first forward
                     recorder.inner_call(module, args, kwargs, output)
+                elif recorder.depth > 1 and recorder.opening is not None:
+                    recorder.deep_call(module, output)
+                elif recorder.in_forward and recorder.opening is None and id(module) in recorder.scoring:
+                    recorder.inner_scores(module, output)
                 return output
 
             @functools.wraps(load_original)
@@ -761,6 +826,10 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
             raise
         except Exception as exc:  # the script's own error: named below, never a traceback
             ended, error = "raised", exc
+            ours = raised_in_tfdoctor(exc)
+            if ours is not None:  # a hook or patch of tfdoctor's raised inside the script's call
+                raise InternalError(f"at {ours}, while {os.path.basename(path or module)} "
+                                    f"ran: {first_line(exc)}; not your script's fault") from exc
         finally:
             sys.argv, sys.path[:] = saved_argv, saved_path
     seconds = time.perf_counter() - started

@@ -83,3 +83,16 @@ def raised_at(error: BaseException) -> str:
         return ""
     frame = frames[-1]
     return f"{display_path(frame.filename)}:{frame.lineno} in {frame.name}"
+
+
+def raised_in_tfdoctor(error: BaseException) -> Optional[str]:
+    """"path:line in function" when the exception was raised by tfdoctor's own code (the innermost
+    frame of its traceback is in the tfdoctor package: a hook or patch the recorder installed), else
+    None (the user's code, or a library it called, raised)."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames or not os.path.abspath(frames[-1].filename).startswith(_PACKAGE + os.sep):
+        return None
+    frame = frames[-1]
+    return f"{os.path.relpath(frame.filename, os.path.dirname(_PACKAGE))}:{frame.lineno} in {frame.name}"
