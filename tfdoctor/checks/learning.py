@@ -210,9 +210,11 @@ def _context_floor(subject, batch) -> dict:
 
 def _overfit_verdict(subject, batch, attempts, target, goal, floor, note, budget) -> Result:
     last = attempts[-1]
+    if not (last.curve[-1] < goal or last.out_of_time or last.detached):  # failed: show the best attempt
+        last = min(attempts, key=lambda a: a.best if math.isfinite(a.best) else math.inf)
     curve = last.curve
     final, steps = curve[-1], len(curve)
-    details = {"steps": steps, "max_steps": OVERFIT_STEPS if len(attempts) == 1 else OVERFIT_RETRY_STEPS,
+    details = {"steps": steps, "max_steps": last.steps,
                "start_loss": curve[0], "final_loss": final, "best_loss": last.best, "target_loss": goal,
                "lr": last.plan.lr, "optimizer": last.plan.label, "dropout_off_by": last.mode,
                "batch_shape": list(batch.targets.shape), "loss_curve": curve, "sparkline": sparkline(curve),
@@ -226,7 +228,7 @@ def _overfit_verdict(subject, batch, attempts, target, goal, floor, note, budget
         notes.append(note)
     if last.mode == "train":
         notes.append("its backward refuses eval(), so dropout was switched off in train() (every p = 0)")
-    tried = attempts[:-1]
+    tried = [a for a in attempts if a is not last]
     if tried:
         notes.append("before: " + "; ".join(f"{a.plan.label} got no lower than {a.best:.3f} in {len(a.curve)} "
                                             "steps" for a in tried))
@@ -278,7 +280,7 @@ def _overfit_with_loop(subject, budget) -> Result:
     from tfdoctor.context import current, progress
     from tfdoctor.probes.batches import train_batches
     from tfdoctor.probes.loss import eval_loss, lm_batch_of
-    from tfdoctor.probes.overfit import Feed, StepLog, replay, seeded
+    from tfdoctor.probes.overfit import Feed, FeedStopped, StepLog, replay, seeded
     from tfdoctor.probes.trace import guarded, isolated_copy
 
     seed = current().seed
@@ -310,7 +312,10 @@ def _overfit_with_loop(subject, budget) -> Result:
     log = StepLog(model)
     with guarded(subject.model), seeded(seed), warnings.catch_warnings(), log.installed(), torch.enable_grad():
         warnings.simplefilter("ignore")
-        subject.train(model, feed)
+        try:
+            subject.train(model, feed)
+        except FeedStopped:
+            pass
     advance(max(0, LOOP_BATCHES - feed.handed))
     final = probes[-1][1] if state["learned"] else eval_loss(subject, model, batch)
     if not state["learned"]:

@@ -152,7 +152,7 @@ def masked_row_nan(subject) -> Result:
     import torch.nn.functional as F
 
     from tfdoctor.context import current
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.probes.modes import DropoutOff
     from tfdoctor.probes.padding import padded_batch
     from tfdoctor.subject import call, random_tokens
 
@@ -166,12 +166,18 @@ def masked_row_nan(subject) -> Result:
         graded = batch.real_outputs.clone()
         if subject.kind == "seq2seq":
             graded[0] = False  # the target of an all-padding source is not graded either
-        with evaluation(subject.model), torch.enable_grad():
+        targets = random_tokens(subject, *graded.shape, generator=generator).masked_fill(~graded, -100)
+
+        def forward_backward():
             logits = call(subject, *batch.inputs)
-            targets = random_tokens(subject, *graded.shape, generator=generator).masked_fill(~graded, -100)
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                    ignore_index=-100)
-            grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+            return logits, loss, torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+
+        # eval() switches dropout off; a backward that refuses eval() (Reformer, RWKV) runs in train()
+        # with every dropout at p=0 instead
+        with DropoutOff(subject.model) as dropout_off, torch.enable_grad():
+            logits, loss, grads = dropout_off.step(forward_backward)
         bad_outputs = (~torch.isfinite(logits.detach()).all(dim=-1)).cpu()
         bad_params = [name for (name, _), g in zip(params, grads) if g is not None and not bool(torch.isfinite(g).all())]
         details = {"pad_side": batch.side, "pads_per_row": batch.padded.sum(1).tolist(),

@@ -14,7 +14,6 @@ know the loss the model's measured context allows (overfit-batch without --train
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import inspect
@@ -26,7 +25,7 @@ from typing import Callable, Optional
 import torch
 
 from tfdoctor.probes.loss import LMBatch, lm_loss
-from tfdoctor.probes.modes import evaluation, training_without_dropout
+from tfdoctor.probes.modes import DropoutOff
 from tfdoctor.subject import Subject
 
 # AdamW rates tried one after another until one memorises: tfdoctor's own, then what a user would
@@ -45,6 +44,7 @@ class Plan:
 @dataclass
 class Attempt:
     plan: Plan
+    steps: int = 0  # the most steps it was allowed
     curve: list[float] = field(default_factory=list)
     mode: str = "eval"  # how dropout was switched off: eval(), or train() with every dropout at p=0
     out_of_time: bool = False
@@ -74,9 +74,10 @@ def _non_leaves(model: torch.nn.Module) -> dict:
 def trainable_copy(model: torch.nn.Module) -> tuple[torch.nn.Module, Optional[str]]:
     """A deep copy of `model`, and a note when non-leaf tensors it holds had to be copied detached."""
     memo = _non_leaves(model)
+    detached = len(memo)  # deepcopy adds every object it copies to the memo
     clone = copy.deepcopy(model, memo)
-    note = (f"{len(memo)} non-leaf tensor(s) the model holds as attributes (kept from a forward) were "
-            "copied detached" if memo else None)
+    note = (f"{detached} non-leaf tensor(s) the model holds as attributes (kept from a forward) were "
+            "copied detached" if detached else None)
     return clone, note
 
 
@@ -121,7 +122,7 @@ def memorise(subject: Subject, model: torch.nn.Module, batch: LMBatch, plan: Pla
              exceeded: Callable[[], bool], advance: Callable[[int], None]) -> Attempt:
     """Train `model` (a private copy) on `batch` with `plan`'s optimizer until the loss is under
     `goal`, `steps` losses are measured, the loss is non-finite or the budget is spent."""
-    attempt = Attempt(plan)
+    attempt = Attempt(plan, steps)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = plan.build(params)
     clone = dataclasses.replace(subject, model=model)
@@ -134,20 +135,10 @@ def memorise(subject: Subject, model: torch.nn.Module, batch: LMBatch, plan: Pla
             loss.backward()
         return loss, value
 
-    with contextlib.ExitStack() as mode, torch.enable_grad():
-        mode.enter_context(evaluation(model))
+    with DropoutOff(model) as dropout_off, torch.enable_grad():
         for step in range(steps):
-            try:
-                loss, value = forward_backward()
-            except Exception:
-                if step or attempt.mode != "eval":
-                    raise
-                # Reformer asserts model.training in its reversible backward; RWKV's eval forward
-                # updates its state in place: switch dropout off in train() instead, and redo the step.
-                mode.close()
-                mode.enter_context(training_without_dropout(model))
-                attempt.mode = "train"
-                loss, value = forward_backward()
+            loss, value = dropout_off.step(forward_backward)
+            attempt.mode = dropout_off.mode
             attempt.curve.append(value)
             advance(1)
             if not math.isfinite(value) or value < goal:

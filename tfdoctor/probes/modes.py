@@ -153,16 +153,36 @@ def training_without_dropout(model: torch.nn.Module) -> Iterator[torch.nn.Module
             module.training = training
 
 
-def without_dropout(model: torch.nn.Module, step: Callable[[], T]) -> tuple[T, str]:
-    """step() (a forward and a backward) with dropout off, and the mode it ran in: in eval() first;
-    when the model cannot backpropagate there, again in train() with every dropout at p=0
-    (training_without_dropout). An exception in both modes is raised from the train() attempt."""
-    try:
-        with evaluation(model):
-            return step(), "eval"
-    except Exception as first:
+class DropoutOff:
+    """Dropout off for a training loop on a private copy of a model: eval() for the block, and when
+    the first step cannot run there (a backward that refuses eval()), train() with every dropout at
+    p=0 from then on (training_without_dropout). `mode` says which."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.mode = "eval"
+        self._stack = contextlib.ExitStack()
+        self._steps = 0
+
+    def __enter__(self) -> "DropoutOff":
+        self._stack.enter_context(evaluation(self.model))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def step(self, step: Callable[[], T]) -> T:
+        """step() (a forward and a backward); the first one is retried in train() if eval() fails."""
+        self._steps += 1
+        if self._steps > 1:
+            return step()
         try:
-            with training_without_dropout(model):
-                return step(), "train"
-        except Exception as second:
-            raise second from first
+            return step()
+        except Exception as first:
+            self._stack.close()
+            self._stack.enter_context(training_without_dropout(self.model))
+            self.mode = "train"
+            try:
+                return step()
+            except Exception as second:
+                raise second from first
