@@ -232,3 +232,28 @@ def test_model_and_process_left_as_found():
     assert torch.randn(1).dtype == torch.float32
     out = model(torch.randint(0, 96, (1, 8)))  # no function mode left behind: plain float32 forward
     assert out.dtype == torch.float32 and torch.overrides._get_current_function_mode_stack() == []
+
+
+# ------------------------------------------------------------------------------------------------
+# masked-row-nan names the op where the first NaN appears (issue 17 item 7)
+
+
+def test_nan_gradient_from_a_root_at_zero_is_not_blamed_on_the_softmax():
+    """eps outside the root of a zero pad embedding's mean square: the gradient is NaN at the pads,
+    the attention's finfo.min mask is innocent. The same model with eps inside the root is quiet."""
+    bad = run_checks(build_fixture("gpt_pad_rms_root"), only="masked-row-nan")["masked-row-nan"]
+    assert bad.status.value == "fail", bad.message
+    assert bad.details["first_nonfinite"] == {"phase": "backward", "op": "pow", "module": "emb_norm",
+                                              "node": "PowBackward0"}
+    assert "softmax(-inf" not in bad.message and "not at an attention softmax" in bad.message
+    assert "inside the root" in bad.hint
+    good = run_checks(build_fixture("gpt_pad_rms"), only="masked-row-nan")["masked-row-nan"]
+    assert good.status.value == "pass", good.message
+
+
+def test_nan_from_a_fully_masked_softmax_row_is_blamed_on_it():
+    result = run_checks(build_fixture("gpt_pad_neg_inf"), only="masked-row-nan")["masked-row-nan"]
+    assert result.status.value == "fail"
+    assert result.details["first_nonfinite"]["op"] == "softmax"
+    assert result.details["first_nonfinite"]["module"] == "blocks.0.attn"
+    assert "softmax(-inf, ..., -inf) = NaN" in result.message

@@ -280,7 +280,7 @@ def _overfit_with_loop(subject, budget) -> Result:
     from tfdoctor.context import current, progress
     from tfdoctor.probes.batches import train_batches
     from tfdoctor.probes.loss import eval_loss, lm_batch_of
-    from tfdoctor.probes.overfit import Feed, FeedStopped, StepLog, replay, seeded
+    from tfdoctor.probes.overfit import Feed, StepLog, replay, seeded
     from tfdoctor.probes.trace import guarded, isolated_copy
 
     seed = current().seed
@@ -312,10 +312,7 @@ def _overfit_with_loop(subject, budget) -> Result:
     log = StepLog(model)
     with guarded(subject.model), seeded(seed), warnings.catch_warnings(), log.installed(), torch.enable_grad():
         warnings.simplefilter("ignore")
-        try:
-            subject.train(model, feed)
-        except FeedStopped:
-            pass
+        feed.drive(subject.train, model)
     advance(max(0, LOOP_BATCHES - feed.handed))
     final = probes[-1][1] if state["learned"] else eval_loss(subject, model, batch)
     if not state["learned"]:

@@ -153,6 +153,7 @@ def masked_row_nan(subject) -> Result:
 
     from tfdoctor.context import current
     from tfdoctor.probes.modes import DropoutOff
+    from tfdoctor.probes.nonfinite import explained, first_nonfinite
     from tfdoctor.probes.padding import padded_batch
     from tfdoctor.subject import call, random_tokens
 
@@ -196,9 +197,10 @@ def masked_row_nan(subject) -> Result:
         if bad_params:
             seen.append(f"{len(bad_params)} parameters get NaN/Inf gradients although the loss ignores the pads "
                         f"(loss {float(loss.detach()):.3g})")
-        return Result.failed(
-            "; ".join(seen) + ": queries with every key masked give softmax(-inf, ..., -inf) = NaN",
-            "fill masked scores with torch.finfo(scores.dtype).min instead of float('-inf') (a fully masked "
-            "row then averages instead of dividing 0 by 0)", details)
+        with DropoutOff(subject.model) as dropout_off, torch.enable_grad():  # which op made it, and where
+            origin = dropout_off.step(lambda: first_nonfinite(subject.model, forward_backward))
+        details["first_nonfinite"] = origin.to_dict() if origin else None
+        cause, hint = explained(origin)
+        return Result.failed("; ".join(seen) + ": " + cause, hint, details)
 
     return judged_per_implementation(subject, judge)

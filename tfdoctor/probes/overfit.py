@@ -56,6 +56,13 @@ class Feed(list):
             self.handed += 1
             yield batch
 
+    def drive(self, train: Callable, model: torch.nn.Module) -> None:
+        """train(model, self), until it returns or the feed stops it."""
+        try:
+            train(model, self)
+        except FeedStopped:
+            pass
+
 
 @contextlib.contextmanager
 def seeded(seed: int) -> Iterator[None]:
