@@ -257,3 +257,49 @@ def test_nan_from_a_fully_masked_softmax_row_is_blamed_on_it():
     assert result.details["first_nonfinite"]["op"] == "softmax"
     assert result.details["first_nonfinite"]["module"] == "blocks.0.attn"
     assert "softmax(-inf, ..., -inf) = NaN" in result.message
+
+
+# ------------------------------------------------------------------------------------------------
+# finite-logits: NaN on valid random tokens is a failed check, not a usage error (issue 17 item 17)
+
+
+@pytest.fixture(scope="module")
+def diagonal_blocked_report():
+    return run_checks(build_fixture("gpt_diagonal_blocked"), only=["future-leak", "init-loss"])
+
+
+def test_nan_logits_fail_finite_logits_naming_rows_positions_and_the_mask_row(diagonal_blocked_report):
+    report = diagonal_blocked_report
+    assert [r.id for r in report.results] == ["finite-logits", "future-leak", "init-loss"]
+    result = report["finite-logits"]
+    assert result.status.value == "fail" and report.exit_code() == 1
+    assert result.details["nan_in_every_row"] == [0]
+    assert result.details["rows"] == {"0": [0], "1": [0], "2": [0]}
+    assert result.details["first_nonfinite"]["op"] == "softmax"
+    assert "position 0 is NaN in every row" in result.message and "diagonal=1" in result.hint
+
+
+def test_model_checks_skip_on_nan_logits_saying_why(diagonal_blocked_report):
+    for check_id in ("future-leak", "init-loss"):
+        assert diagonal_blocked_report[check_id].status.value == "skip"
+        assert "see finite-logits" in diagonal_blocked_report[check_id].message
+
+
+def test_finite_logits_passes_a_correct_model():
+    result = run_checks(build_fixture("gpt_correct"), only="finite-logits")["finite-logits"]
+    assert result.status.value == "pass" and result.details["nonfinite_positions"] == 0
+
+
+def test_nan_logits_exit_1_from_the_command():
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    done = subprocess.run([sys.executable, "-m", "tfdoctor", "check", "tests/targets/hostile.py:nan_logits",
+                           "--only", "init-loss", "--format", "json"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1, done.stderr
+    checks = {c["id"]: c["status"] for c in json.loads(done.stdout)["checks"]}
+    assert checks == {"finite-logits": "fail", "init-loss": "skip"}

@@ -241,7 +241,9 @@ def _overfit_verdict(subject, batch, attempts, target, goal, floor, note, budget
             "keep the forward differentiable: remove the no_grad / set_grad_enabled(False) / "
             ".detach() on the path to the logits", details)
     if final < goal:
-        reached = f"loss {curve[0]:.2f} -> {final:.4g} in {steps} steps with {last.plan.label} (target < {goal:.4g})"
+        default = last is attempts[0] and not last.plan.recorded  # tfdoctor's own first rate: no need to say
+        by = "" if default else f" with {last.plan.label}"
+        reached = f"loss {curve[0]:.2f} -> {final:.4g} in {steps} steps{by} (target < {goal:.4g})"
         if floor:
             reached += (f": the model reads only the input tokens at offsets {floor['offsets']} before each "
                         f"target (measured dependency map), so its floor on this batch is H(next | those "

@@ -23,6 +23,8 @@ SITES_SHOWN = 3
 # half-precision-mask: out-of-range constants listed per dtype in the details (a constant used in
 # every layer repeats once per layer); the count covers them all.
 CONSTANTS_LISTED = 10
+# finite-logits: positions listed per row in the details.
+FINITE_POSITIONS_LISTED = 32
 
 MASK_ORDER_HINT = (
     "mask the scores before the softmax and never the probabilities after it: "
@@ -60,6 +62,76 @@ def row_sum_tolerance(dtype_name: str) -> float:
     dtype = getattr(torch, dtype_name.removeprefix("torch."), torch.float32)
     eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
     return max(ROW_SUM_TOLERANCE, ROUNDING_EPS_MULTIPLE * eps)
+
+
+@check("finite-logits", title="The logits are finite on valid random tokens")
+def finite_logits(subject) -> Result:
+    """Catches a model whose logits are NaN or Inf on ordinary input (random tokens, no padding): a
+    causal mask that leaves some query row with no key (softmax over all -inf), a root or a division
+    at zero, an overflow. Every other check would misjudge such logits, so when the first call
+    tfdoctor makes already gives NaN this check fails and the model checks are skipped.
+
+    One forward in eval mode under no_grad on random tokens (the row of tfdoctor's first call and
+    two more); fails naming the rows and positions that are NaN or Inf (or -inf over the whole
+    vocabulary), the positions NaN in every row (a mask row that blocks every key), and the op and
+    module where the first NaN appears.
+
+    Fix: build masks that leave every query at least one key (its own position); fill with
+    `torch.finfo(scores.dtype).min`; keep epsilons inside roots and denominators.
+    """
+    import torch
+
+    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.probes.nonfinite import explained, first_nonfinite
+    from tfdoctor.subject import call
+
+    ids = _finite_probe_ids(subject)
+    with torch.no_grad(), evaluation(subject.model):
+        logits = call(subject, *ids)
+        bad = (torch.isnan(logits) | torch.isposinf(logits)).any(-1) | torch.isneginf(logits).all(-1)  # (B, T)
+        origin = first_nonfinite(subject.model, lambda: call(subject, *ids)) if bool(bad.any()) else None
+    B, T = bad.shape
+    details = {"probe_shape": [B, T], "nonfinite_positions": int(bad.sum()), "positions": B * T}
+    if not bool(bad.any()):
+        return Result.passed(f"all {B * T} positions of {B} random rows give finite logits", details)
+    rows = {r: [int(t) for t in bad[r].nonzero().flatten().tolist()] for r in range(B) if bool(bad[r].any())}
+    everywhere = [int(t) for t in bad.all(0).nonzero().flatten().tolist()]
+    details.update({"rows": {str(r): ps[:FINITE_POSITIONS_LISTED] for r, ps in rows.items()},
+                    "nan_in_every_row": everywhere, "first_nonfinite": origin.to_dict() if origin else None})
+    shown = "; ".join(f"row {r}: positions {_spans(ps)}" for r, ps in list(rows.items())[:SITES_SHOWN])
+    cause, hint = explained(origin)
+    if everywhere and len(everywhere) < T:
+        which = f"positions {_spans(everywhere)} are" if len(everywhere) > 1 else f"position {everywhere[0]} is"
+        cause += (f"; {which} NaN in every row, so the likely cause is the mask row of that query, which blocks "
+                  "every key")
+        hint = ("leave every query at least one key, its own position (torch.triu(ones, diagonal=1) as the "
+                "blocked mask, torch.tril(ones) as the allowed one); " + hint)
+    return Result.failed(f"the logits are NaN/Inf at {int(bad.sum())} of {B * T} positions on valid random tokens "
+                         f"({shown}): {cause}", hint, details)
+
+
+def _finite_probe_ids(subject):
+    """tfdoctor's first call's row (seed 0, as subject resolution draws it) and PROBE_ROWS random ones."""
+    import torch
+
+    from tfdoctor.subject import random_tokens
+
+    first = torch.Generator().manual_seed(0)
+    count = 2 if subject.kind == "seq2seq" else 1
+    heads = [random_tokens(subject, 1, subject.seq_len, first) for _ in range(count)]
+    return tuple(torch.cat([head, rest]) for head, rest in zip(heads, _probe_ids(subject, seed_offset=13)))
+
+
+def _spans(positions: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    spans, start = [], None
+    for i, p in enumerate(positions):
+        if start is None:
+            start = p
+        if i + 1 == len(positions) or positions[i + 1] != p + 1:
+            spans.append(f"{start}" if start == p else f"{start}-{p}")
+            start = None
+    return ", ".join(spans)
 
 
 @check("softmax-mask-order", title="Attention weights are masked before the softmax and sum to one")
