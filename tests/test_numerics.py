@@ -175,15 +175,53 @@ def _where_minus_1e9(fully_masked_first_row):
     return attend
 
 
-def test_constant_that_silently_saturates_warns():
+def test_constant_that_silently_saturates_passes_with_a_note_where_no_row_can_be_fully_masked():
+    """No pad id: no row is ever fully masked, so -1e9 becoming -inf in float16 changes nothing."""
     result = run_checks(OneHeadLM(_where_minus_1e9(False)), only="half-precision-mask")["half-precision-mask"]
-    assert result.status.value == "warn", result.message
+    assert result.status.value == "pass", result.message
     assert result.details["runs"]["float16"]["outcome"] == "finite"
     constant = result.details["runs"]["float16"]["constants"][0]
     assert (constant["value"], constant["op"], constant["raised"]) == (-1e9, "where", False)
     assert result.details["runs"]["float16"]["constants_seen"] == 1  # one attention, one forward
     assert result.details["runs"]["bfloat16"]["constants"] == []
-    assert "-1e+09" in result.message and "-inf" in result.message
+    assert result.details["padded_runs"] is None
+    assert "note: the constant -1e+09" in result.message and "--pad-id" in result.message
+
+
+def test_saturating_constant_fails_where_a_padded_row_turns_nan_and_the_correct_mask_passes():
+    bad = run_checks(build_fixture("gpt_pad_where_1e9"), only="half-precision-mask")["half-precision-mask"]
+    assert bad.status.value == "fail", bad.message
+    assert bad.details["runs"]["float16"]["outcome"] == "finite"  # no padding: harmless
+    assert bad.details["padded_runs"]["float16"]["outcome"] == "non-finite"
+    assert "fully padded row" in bad.message and "-1e+09" in bad.message
+    good = run_checks(build_fixture("gpt_pad_masked"), only="half-precision-mask")["half-precision-mask"]
+    assert good.status.value == "pass", good.message
+
+
+class BufferLM(nn.Module):
+    """Writes a projection into a float32 buffer in place with index_add_ (as an MoE layer gathers its
+    experts' outputs): under float16 autocast the projection is float16 and index_add_ refuses it."""
+
+    def __init__(self, vocab=50, d=16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.proj = nn.Linear(d, d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        x = self.emb(ids)  # (B, T, d), float32
+        out = torch.zeros_like(x).flatten(0, 1)
+        rows = torch.arange(out.shape[0])
+        out.index_add_(0, rows, self.proj(x).flatten(0, 1))  # float16 under autocast: dtype mismatch
+        return self.head(out.view_as(x))
+
+
+def test_a_forward_that_cannot_run_under_autocast_gets_a_named_warning_not_an_error():
+    result = run_checks(BufferLM(), only="half-precision-mask")["half-precision-mask"]
+    assert result.status.value == "warn", result.message
+    run = result.details["runs"]["float16"]
+    assert run["outcome"] == "raised" and run["error"].startswith("RuntimeError: ")
+    assert "cannot run under float16 autocast" in result.message and "index_add_" in result.message
 
 
 def test_non_finite_outputs_only_in_float16_fail():

@@ -20,9 +20,6 @@ ROW_SUM_TOLERANCE = 1e-3
 ROUNDING_EPS_MULTIPLE = 16
 # Sites named in the message; the details list them all.
 SITES_SHOWN = 3
-# half-precision-mask: out-of-range constants listed per dtype in the details (a constant used in
-# every layer repeats once per layer); the count covers them all.
-CONSTANTS_LISTED = 10
 # finite-logits: positions listed per row in the details.
 FINITE_POSITIONS_LISTED = 32
 
@@ -50,10 +47,6 @@ def _probe_ids(subject, seed_offset: int):
     generator = torch.Generator().manual_seed(current().seed + seed_offset)
     count = 2 if subject.kind == "seq2seq" else 1
     return tuple(random_tokens(subject, PROBE_ROWS, subject.seq_len, generator) for _ in range(count))
-
-
-def _listed(constants) -> dict:
-    return {"constants": [c.to_dict() for c in constants[:CONSTANTS_LISTED]], "constants_seen": len(constants)}
 
 
 def row_sum_tolerance(dtype_name: str) -> float:
@@ -237,7 +230,7 @@ def half_precision_mask(subject) -> Result:
 def _half_precision_mask(subject) -> Result:
     import torch
 
-    from tfdoctor.probes.attention import watching_constants
+    from tfdoctor.probes.autocast import autocast_run
     from tfdoctor.probes.modes import evaluation
     from tfdoctor.subject import call, device_of
 
@@ -251,7 +244,6 @@ def _half_precision_mask(subject) -> Result:
         unsupported.append("bfloat16")
 
     ids = _probe_ids(subject, seed_offset=12)
-    runs = {}
     with torch.no_grad(), evaluation(subject.model):
         reference = call(subject, *ids)
         own = str(reference.dtype).removeprefix("torch.")
@@ -259,58 +251,81 @@ def _half_precision_mask(subject) -> Result:
         if not bool(torch.isfinite(reference).all()):
             return Result.skipped(f"the outputs are already NaN/Inf in the model's own precision ({own}), "
                                   "so reduced precision cannot be judged (see masked-row-nan)")
-        for dtype in dtypes:
-            name = str(dtype).removeprefix("torch.")
-            with watching_constants(subject.model, (dtype,)) as constants:
-                try:
-                    with torch.autocast(device, dtype=dtype):
-                        logits = call(subject, *ids).float()
-                except RuntimeError as exc:
-                    if "overflow" not in str(exc):
-                        raise
-                    runs[name] = {"outcome": "overflow error", "error": str(exc), **_listed(constants)}
-                    continue
-            finite = torch.isfinite(logits)
-            difference = (logits - reference).abs()
-            runs[name] = {
-                "outcome": "finite" if bool(finite.all()) else "non-finite",
-                "nonfinite_outputs": int((~finite).sum()), "outputs": finite.numel(),
-                "max_abs_difference": float(difference[finite].max()) if bool(finite.any()) else None,
-                **_listed(constants),
-            }
+        runs = {str(dtype).removeprefix("torch."): autocast_run(subject, device, dtype, ids, reference)
+                for dtype in dtypes}
     details = {"device": device, "own_dtype": own, "runs": runs, "unsupported_dtypes": unsupported,
                "probe_shape": [PROBE_ROWS, subject.seq_len]}
-
-    failures = {name: run for name, run in runs.items() if run["outcome"] != "finite"}
+    failures = {name: run for name, run in runs.items() if run["outcome"] in ("overflow error", "non-finite")}
     if failures:
-        parts = []
-        for name, run in failures.items():
-            constant = run["constants"][0] if run["constants"] else None
-            raised = run["outcome"] == "overflow error"
-            if constant:
-                where = (f"the constant {constant['value']:g} in {constant['op']} (module {constant['module']}) "
-                         f"does not fit {name} (largest {torch.finfo(getattr(torch, name)).max:g})")
-            elif raised:
-                where = "the value that overflowed was not a constant passed to a torch call"
-            else:
-                where = "no out-of-range constant was seen, so activations overflow the dtype's range"
-            if raised:
-                parts.append(f"under {name} autocast the forward raises \"{run['error']}\": {where}")
-            else:
-                parts.append(f"under {name} autocast {run['nonfinite_outputs']} of {run['outputs']} outputs "
-                             f"are NaN/Inf (finite in {own}): {where}")
-        return Result.failed("; ".join(parts), HALF_MASK_HINT, details)
-
+        return Result.failed("; ".join(_failure(name, run, own) for name, run in failures.items()),
+                             HALF_MASK_HINT, details)
     saturated = [(name, run) for name, run in runs.items() if run["constants"]]
+    if saturated:
+        padded = _padded_runs(subject, device, [name for name, _ in saturated])
+        details["padded_runs"] = padded
+        broken = {name: run for name, run in (padded or {}).items() if run["outcome"] in ("overflow error", "non-finite")}
+        if broken:
+            name, run = next(iter(broken.items()))
+            constant = run["constants"][0] if run["constants"] else saturated[0][1]["constants"][0]
+            return Result.failed(
+                f"with a fully padded row, under {name} autocast {run.get('nonfinite_outputs', 0)} of "
+                f"{run.get('outputs', 0)} outputs are NaN/Inf (finite in {own}): the constant {constant['value']:g} "
+                f"in {constant['op']} (module {constant['module']}) does not fit {name} and becomes "
+                f"{'-' if constant['value'] < 0 else '+'}inf", HALF_MASK_HINT, details)
+    raised = {name: run for name, run in runs.items() if run["outcome"] == "raised"}
+    if raised:
+        return Result.warned(
+            "; ".join(f"the forward cannot run under {name} autocast: {run['error']} (raised at {run['at']})"
+                      for name, run in raised.items())
+            + ", so the mask could not be judged there", "run the model under the autocast dtype you train with, "
+            "and keep in-place writes out of autocast regions (or write into a buffer of the autocast dtype)",
+            details)
+    note = ""
     if saturated:
         name, run = saturated[0]
         constant = run["constants"][0]
-        return Result.warned(
-            f"the constant {constant['value']:g} in {constant['op']} (module {constant['module']}) does not fit "
-            f"{name} and silently becomes {'-' if constant['value'] < 0 else '+'}inf under {name} autocast "
-            f"({run['constants_seen']} such use(s)); outputs stay finite here, but a fully masked row (a "
-            "padded batch) then turns NaN", HALF_MASK_HINT, details)
-
+        why = ("even with a fully padded row in the batch" if padded is not None else
+               "without padding no row is fully masked (pass --pad-id to probe a padded batch)")
+        note = (f"; note: the constant {constant['value']:g} in {constant['op']} (module {constant['module']}) "
+                f"saturates to {'-' if constant['value'] < 0 else '+'}inf under {name} ({run['constants_seen']} "
+                f"use(s)), and the outputs stay finite {why}")
     spread = ", ".join(f"{name} {run['max_abs_difference']:.2g}" for name, run in runs.items())
     return Result.passed(f"finite outputs under {' and '.join(runs)} autocast on {device}; largest "
-                         f"difference from {own}: {spread}", details)
+                         f"difference from {own}: {spread}{note}", details)
+
+
+def _failure(name: str, run: dict, own: str) -> str:
+    import torch
+
+    constant = run["constants"][0] if run["constants"] else None
+    raised = run["outcome"] == "overflow error"
+    if constant:
+        where = (f"the constant {constant['value']:g} in {constant['op']} (module {constant['module']}) "
+                 f"does not fit {name} (largest {torch.finfo(getattr(torch, name)).max:g})")
+    elif raised:
+        where = "the value that overflowed was not a constant passed to a torch call"
+    else:
+        where = "no out-of-range constant was seen, so activations overflow the dtype's range"
+    if raised:
+        return f"under {name} autocast the forward raises \"{run['error']}\": {where}"
+    return (f"under {name} autocast {run['nonfinite_outputs']} of {run['outputs']} outputs are NaN/Inf "
+            f"(finite in {own}): {where}")
+
+
+def _padded_runs(subject, device: str, names: list[str]):
+    """The autocast runs of `names` on a batch with a fully padded row (where a saturated -inf mask
+    constant can matter); None without a pad id (no row is ever fully masked then)."""
+    import torch
+
+    from tfdoctor.context import current
+    from tfdoctor.probes.autocast import autocast_run
+    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.probes.padding import padded_batch
+    from tfdoctor.subject import call
+
+    if subject.pad_id is None:
+        return None
+    batch = padded_batch(subject, torch.Generator().manual_seed(current().seed + 14), fully_padded_row=True)
+    with torch.no_grad(), evaluation(subject.model):
+        reference = call(subject, *batch.inputs).float()
+        return {name: autocast_run(subject, device, getattr(torch, name), batch.inputs, reference) for name in names}
