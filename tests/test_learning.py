@@ -99,6 +99,8 @@ def test_model_holding_non_leaf_tensors_is_copied_detached():
     report = run_checks(model, only=["masked-row-nan", "overfit-batch"], pad_id=0)
     assert report["overfit-batch"].status.value == "pass", report["overfit-batch"].message
     assert "non-leaf tensor(s)" in report["overfit-batch"].message
+    looped = overfit_with("correct", "gpt_keeps_attention")  # through a loop: its copies too
+    assert looped.status.value == "pass", looped.message
 
 
 def test_the_scripts_own_optimizer_is_tried_first_and_a_small_rate_fails_nothing():

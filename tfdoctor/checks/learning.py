@@ -303,11 +303,11 @@ def _overfit_with_loop(subject, budget) -> Result:
     from tfdoctor.context import current, progress
     from tfdoctor.probes.batches import train_batches
     from tfdoctor.probes.loss import eval_loss, lm_batch_of
-    from tfdoctor.probes.overfit import Feed, StepLog, replay, seeded
-    from tfdoctor.probes.trace import guarded, isolated_copy
+    from tfdoctor.probes.overfit import Feed, StepLog, isolated_trainable_copy, replay, seeded
+    from tfdoctor.probes.trace import guarded
 
     seed = current().seed
-    model, _ = isolated_copy(subject.model)
+    model = isolated_trainable_copy(subject.model)
     for p in model.parameters():
         p.grad = None
     raw = train_batches(subject, 1, torch.Generator().manual_seed(seed + 2))[0]

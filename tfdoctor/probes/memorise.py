@@ -14,13 +14,14 @@ know the loss the model's measured context allows (overfit-batch without --train
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import inspect
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -56,26 +57,58 @@ class Attempt:
         return min(finite) if finite else float("nan")
 
 
-def _non_leaves(model: torch.nn.Module) -> dict:
-    """id(tensor) -> a detached copy, for every non-leaf tensor a module holds as a plain attribute
-    (directly or in a list, tuple or dict): deepcopy refuses those."""
-    memo: dict = {}
+def _non_leaf(value) -> bool:
+    return isinstance(value, torch.Tensor) and not value.is_leaf
+
+
+def _held(value) -> list:
+    """The tensors an attribute holds: itself, or the items of a list, tuple or dict."""
+    return list(value.values()) if isinstance(value, dict) else list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+@contextlib.contextmanager
+def detached_attributes(model: torch.nn.Module) -> Iterator[int]:
+    """For the block, every non-leaf tensor a module holds as a plain attribute (directly or in a
+    list, tuple or dict) is replaced by its detached self, which deepcopy accepts; then put back.
+    Yields how many were replaced."""
+    swapped: list[tuple[dict, str, object]] = []
+    count = 0
     for module in model.modules():
-        for name, value in vars(module).items():
+        for name, value in list(vars(module).items()):
             if name in ("_parameters", "_buffers", "_modules"):
                 continue
-            values = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
-            for v in values:
-                if isinstance(v, torch.Tensor) and not v.is_leaf:
-                    memo[id(v)] = v.detach().clone()
-    return memo
+            held = _held(value)
+            if not any(_non_leaf(v) for v in held):
+                continue
+            count += sum(_non_leaf(v) for v in held)
+            if isinstance(value, dict):
+                new = {k: v.detach() if _non_leaf(v) else v for k, v in value.items()}
+            elif isinstance(value, (list, tuple)):
+                new = type(value)(v.detach() if _non_leaf(v) else v for v in value)
+            else:
+                new = value.detach()
+            swapped.append((module.__dict__, name, value))
+            module.__dict__[name] = new
+    try:
+        yield count
+    finally:
+        for owner, name, value in reversed(swapped):
+            owner[name] = value
+
+
+def isolated_trainable_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """trace.isolated_copy (function attributes rebuilt on the copy) of a model that may hold
+    non-leaf tensors kept from a forward (copied detached)."""
+    from tfdoctor.probes.trace import isolated_copy
+
+    with detached_attributes(model):
+        return isolated_copy(model)[0]
 
 
 def trainable_copy(model: torch.nn.Module) -> tuple[torch.nn.Module, Optional[str]]:
     """A deep copy of `model`, and a note when non-leaf tensors it holds had to be copied detached."""
-    memo = _non_leaves(model)
-    detached = len(memo)  # deepcopy adds every object it copies to the memo
-    clone = copy.deepcopy(model, memo)
+    with detached_attributes(model) as detached:
+        clone = copy.deepcopy(model)
     note = (f"{detached} non-leaf tensor(s) the model holds as attributes (kept from a forward) were "
             "copied detached" if detached else None)
     return clone, note

@@ -30,6 +30,7 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from tfdoctor.probes.loss import LMBatch, eval_loss, lm_loss
+from tfdoctor.probes.memorise import isolated_trainable_copy
 from tfdoctor.probes.modes import DropoutOff
 from tfdoctor.subject import Subject
 
@@ -140,9 +141,7 @@ class StepLog:
                     self.with_grad.add(id(p))
 
     def _copy_model(self) -> None:
-        from tfdoctor.probes.trace import isolated_copy
-
-        self.reference, _ = isolated_copy(self.model)
+        self.reference = isolated_trainable_copy(self.model)  # an attention map kept from a forward included
         pairs = list(zip(self.model.parameters(), self.reference.parameters()))
         pairs += list(zip(self.model.buffers(), self.reference.buffers()))
         self.memo = {id(mine): theirs for mine, theirs in pairs}
