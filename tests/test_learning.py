@@ -330,13 +330,13 @@ def test_thread_count_changes_no_verdict(monkeypatch):
 # models whose backward refuses eval() (issue 17 item 4)
 
 
-def _tiny_reformer():
+def _tiny_reformer(axial=(4, 8)):
     from transformers import ReformerConfig, ReformerModelWithLMHead
 
     config = ReformerConfig(vocab_size=64, hidden_size=32, num_attention_heads=2, attention_head_size=16,
-                            feed_forward_size=64, axial_pos_shape=(4, 8), axial_pos_embds_dim=(16, 16),
+                            feed_forward_size=64, axial_pos_shape=axial, axial_pos_embds_dim=(16, 16),
                             attn_layers=["local", "lsh"], num_hashes=1, num_buckets=8, lsh_attn_chunk_length=8,
-                            local_attn_chunk_length=8, is_decoder=True, max_position_embeddings=32,
+                            local_attn_chunk_length=8, is_decoder=True, max_position_embeddings=axial[0] * axial[1],
                             pad_token_id=0)
     return ReformerModelWithLMHead(config)
 
@@ -371,3 +371,13 @@ def test_training_without_dropout_puts_every_rate_back():
         assert model.training and all(getattr(model.config, name) == 0.0 for name in rates)
         assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
     assert not model.training and rates == {name: getattr(model.config, name) for name in rates}
+
+
+def test_a_model_trainable_only_at_another_length_skips_saying_why():
+    """Reformer in train() needs the sequence length its axial positions factor (8 x 8 = 64): at 32
+    neither mode can take a gradient, so both checks skip naming both exceptions."""
+    report = run_checks(_tiny_reformer(axial=(8, 8)), only=["masked-row-nan", "overfit-batch"], pad_id=0, seq_len=32)
+    for result in report.results:
+        assert result.status.value == "skip", result.message
+        assert "in eval() (AssertionError" in result.message and "(ValueError" in result.message
+        assert "--seq-len" in result.message

@@ -182,6 +182,7 @@ def _overfit_alone(subject, budget) -> Result:
     from tfdoctor.errors import first_line
     from tfdoctor.probes.loss import lm_batch
     from tfdoctor.probes.memorise import memorise, plans, trainable_copy
+    from tfdoctor.probes.modes import BackwardRefused
 
     if subject.vocab_size < OVERFIT_MIN_VOCAB:
         return Result.skipped(f"a vocabulary of {subject.vocab_size} tokens: memorising random tokens this "
@@ -201,8 +202,13 @@ def _overfit_alone(subject, budget) -> Result:
     for plan in plans(current().options.get("recorded_optimizers")):
         model, note = first if not attempts else trainable_copy(subject.model)
         steps = OVERFIT_STEPS if not attempts else OVERFIT_RETRY_STEPS
-        attempt = memorise(subject, model, batch, plan, goal, steps, budget.exceeded,
-                           progress(f"overfit-batch ({plan.label})", steps))
+        try:
+            attempt = memorise(subject, model, batch, plan, goal, steps, budget.exceeded,
+                               progress(f"overfit-batch ({plan.label})", steps))
+        except BackwardRefused as refused:
+            return Result.skipped(f"the model cannot be trained at these shapes: {refused} (pass the --seq-len "
+                                  "it trains at)", {"eval_error": first_line(refused.in_eval),
+                                                    "train_error": first_line(refused.in_train)})
         attempts.append(attempt)
         if attempt.detached or attempt.out_of_time or attempt.curve[-1] < goal:
             break

@@ -152,7 +152,7 @@ def masked_row_nan(subject) -> Result:
     import torch.nn.functional as F
 
     from tfdoctor.context import current
-    from tfdoctor.probes.modes import DropoutOff
+    from tfdoctor.probes.modes import BackwardRefused, DropoutOff
     from tfdoctor.probes.nonfinite import explained, first_nonfinite
     from tfdoctor.probes.padding import padded_batch
     from tfdoctor.subject import call, random_tokens
@@ -177,8 +177,12 @@ def masked_row_nan(subject) -> Result:
 
         # eval() switches dropout off; a backward that refuses eval() (Reformer, RWKV) runs in train()
         # with every dropout at p=0 instead
-        with DropoutOff(subject.model) as dropout_off, torch.enable_grad():
-            logits, loss, grads = dropout_off.step(forward_backward)
+        try:
+            with DropoutOff(subject.model) as dropout_off, torch.enable_grad():
+                logits, loss, grads = dropout_off.step(forward_backward)
+        except BackwardRefused as refused:
+            return Result.skipped(f"no gradient can be taken at these shapes: {refused} (pass the --seq-len "
+                                  "the model trains at)")
         bad_outputs = (~torch.isfinite(logits.detach()).all(dim=-1)).cpu()
         bad_params = [name for (name, _), g in zip(params, grads) if g is not None and not bool(torch.isfinite(g).all())]
         details = {"pad_side": batch.side, "pads_per_row": batch.padded.sum(1).tolist(),

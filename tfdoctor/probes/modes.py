@@ -153,6 +153,18 @@ def training_without_dropout(model: torch.nn.Module) -> Iterator[torch.nn.Module
             module.training = training
 
 
+class BackwardRefused(Exception):
+    """The model could run a forward and backward neither in eval() nor in train() with every
+    dropout at p=0 (Reformer in train() needs the sequence length its axial positions factor)."""
+
+    def __init__(self, in_eval: Exception, in_train: Exception):
+        from tfdoctor.errors import first_line
+
+        self.in_eval, self.in_train = in_eval, in_train
+        super().__init__(f"its backward fails in eval() ({first_line(in_eval)}) and in train() with every "
+                         f"dropout at p=0 ({first_line(in_train)})")
+
+
 class DropoutOff:
     """Dropout off for a training loop on a private copy of a model: eval() for the block, and when
     the first step cannot run there (a backward that refuses eval()), train() with every dropout at
@@ -172,7 +184,8 @@ class DropoutOff:
         self._stack.close()
 
     def step(self, step: Callable[[], T]) -> T:
-        """step() (a forward and a backward); the first one is retried in train() if eval() fails."""
+        """step() (a forward and a backward); the first one is retried in train() if eval() fails,
+        and BackwardRefused is raised when it fails there too."""
         self._steps += 1
         if self._steps > 1:
             return step()
@@ -185,4 +198,4 @@ class DropoutOff:
             try:
                 return step()
             except Exception as second:
-                raise second from first
+                raise BackwardRefused(first, second) from second
