@@ -87,6 +87,15 @@ def test_context_floor_is_the_conditional_entropy_of_the_batch():
     assert context_offsets(torch.ones(4, 4, dtype=torch.bool)) is None  # reads later tokens
 
 
+def test_a_loss_still_falling_keeps_the_attempt_going_and_a_plateau_ends_it():
+    from tfdoctor.probes.memorise import FALLING_WINDOW, still_falling
+
+    falling = [6.0 * 0.99 ** i for i in range(300)]  # a slow learner (a tiny Inkling: ~1% a step)
+    plateau = [1.37 + 1e-4 * 0.9 ** i for i in range(300)]  # a model that cannot read its tokens
+    assert still_falling(falling) and not still_falling(plateau)
+    assert not still_falling(falling[:FALLING_WINDOW])  # too short to tell
+
+
 def test_model_holding_non_leaf_tensors_is_copied_detached():
     """masked-row-nan's forward with gradients on leaves each attention's `self.attn` a non-leaf
     tensor, which copy.deepcopy refuses: overfit-batch copies it detached instead of erroring."""

@@ -42,6 +42,9 @@ SPARKLINE_POINTS = 60
 # for this many steps each: a model that stalls at a rate too high for it memorises quickly at one
 # that fits (x-transformers' enwik8 model: 7 steps at 3e-4).
 OVERFIT_RETRY_STEPS = 100
+# Steps an attempt may take beyond its budget while its loss is still falling (probes/memorise.py):
+# a slow learner is not a broken one. Still falling at the end: inconclusive, never a failure.
+OVERFIT_EXTRA_STEPS = 300
 # A causal model whose outputs read at most this many of its past tokens (a bigram drafter reads
 # one) is judged against H(next | those tokens) on the batch, the loss its context allows.
 CONTEXT_FLOOR_MAX_OFFSETS = 4
@@ -204,7 +207,8 @@ def _overfit_alone(subject, budget) -> Result:
         steps = OVERFIT_STEPS if not attempts else OVERFIT_RETRY_STEPS
         try:
             attempt = memorise(subject, model, batch, plan, goal, steps, budget.exceeded,
-                               progress(f"overfit-batch ({plan.label})", steps))
+                               progress(f"overfit-batch ({plan.label})", steps),
+                               0 if attempts else OVERFIT_EXTRA_STEPS)
         except BackwardRefused as refused:
             return Result.skipped(f"the model cannot be trained at these shapes: {refused} (pass the --seq-len "
                                   "it trains at)", {"eval_error": first_line(refused.in_eval),
@@ -236,6 +240,8 @@ def _context_floor(subject, batch) -> dict:
 
 
 def _overfit_verdict(subject, batch, attempts, target, goal, floor, note, budget) -> Result:
+    from tfdoctor.probes.memorise import still_falling
+
     last = attempts[-1]
     if not (last.curve[-1] < goal or last.out_of_time or last.detached):  # failed: show the best attempt
         last = min(attempts, key=lambda a: a.best if math.isfinite(a.best) else math.inf)
@@ -282,6 +288,12 @@ def _overfit_verdict(subject, batch, attempts, target, goal, floor, note, budget
                               f"{last.plan.label}: loss {curve[0]:.2f} -> {final:.3f} so far, target {goal:.3f} "
                               f"not reached (raise --timeout-per-check to finish){suffix}", details)
     rates = ", ".join(f"{a.plan.label} (best {a.best:.3f})" for a in attempts)
+    first = attempts[0]
+    if still_falling(first.curve):  # the first attempt ran past its steps and was still learning
+        return Result.skipped(f"inconclusive: loss {first.curve[0]:.2f} -> {first.curve[-1]:.3f} in "
+                              f"{len(first.curve)} steps with {first.plan.label}, still falling at the end but not "
+                              f"under {goal:.3f} (tried {rates}): the model learns, too slowly for this probe to tell",
+                              details)
     if not math.isfinite(final):
         return Result.failed(f"loss became {final} after {steps} steps on a single batch, at every rate tried: "
                              f"{rates}", "look for -inf masks on fully masked rows and for overflowing "
