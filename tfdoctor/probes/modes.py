@@ -185,7 +185,8 @@ class DropoutOff:
 
     def step(self, step: Callable[[], T]) -> T:
         """step() (a forward and a backward); the first one is retried in train() if eval() fails,
-        and BackwardRefused is raised when it fails there too."""
+        and BackwardRefused is raised when it fails there too in another way (the same exception
+        in both modes is the model's own, and is raised as it is)."""
         self._steps += 1
         if self._steps > 1:
             return step()
@@ -198,4 +199,6 @@ class DropoutOff:
             try:
                 return step()
             except Exception as second:
+                if type(second) is type(first) and str(second) == str(first):
+                    raise  # the same failure in both modes: the model's own, not the mode's
                 raise BackwardRefused(first, second) from second
