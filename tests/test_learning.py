@@ -18,6 +18,17 @@ def test_init_loss_passes_at_chance(name):
     assert abs(result.details["excess_nats"]) < 0.3
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_init_loss_on_the_warning_line_is_a_pass_with_a_note_whatever_the_seed(seed):
+    import torch
+
+    torch.manual_seed(seed)
+    result = run_checks(build_fixture("gpt_warm_head"), only="init-loss", seed=seed)["init-loss"]
+    assert result.status.value == "pass", result.message
+    assert 1.0 < result.details["excess_nats"] < 2.0 and result.details["close_call"] == {"line_nats": 1.5}
+    assert "close call" in result.message
+
+
 def test_init_loss_fails_oversized_init():
     result = run_checks(build_fixture("gpt_big_init"), only="init-loss")["init-loss"]
     assert result.status.value == "fail"
@@ -41,6 +52,75 @@ def test_overfit_batch_fails_when_forward_ignores_tokens():
     assert result.details["best_loss"] > 1.0
     assert len(result.details["loss_curve"]) == result.details["steps"]
     assert result.details["sparkline"]
+
+
+def test_overfit_batch_fails_a_broken_model_at_every_rate_it_tries():
+    result = run_checks(build_fixture("gpt_ignores_tokens"), only="overfit-batch")["overfit-batch"]
+    assert [a["lr"] for a in result.details["attempts"]] == [3e-3, 1e-3, 3e-4]
+    assert all(a["best_loss"] > 1.0 for a in result.details["attempts"])
+    assert "context_floor" not in result.details  # it reads no token at all: nothing lowers its target
+
+
+def test_bigram_model_is_judged_against_the_loss_its_context_allows():
+    """A bigram drafter reads only its current token: it reaches H(next | current) on the batch, not 0."""
+    result = run_checks(build_fixture("gpt_bigram"), only="overfit-batch")["overfit-batch"]
+    assert result.status.value == "pass", result.message
+    floor = result.details["context_floor"]
+    assert floor["offsets"] == [0] and floor["nats"] > 0.3
+    assert result.details["final_loss"] < result.details["target_loss"] == pytest.approx(
+        floor["nats"] + 0.05 * math.log(96))
+    assert "offsets [0]" in result.message
+
+
+def test_context_floor_is_the_conditional_entropy_of_the_batch():
+    from tfdoctor.probes.memorise import context_floor, context_offsets
+
+    ids = torch.tensor([[1, 2, 1, 2], [1, 3, 5, 6]])
+    targets = torch.tensor([[2, 1, 3, 7], [4, 5, 6, -100]])
+    # after 1: 2, 3, 4 (three ways, 3 x ln 3); after 2: 1, 7 (two ways, 2 x ln 2); 3 -> 5; 5 -> 6
+    expected = (3 * math.log(3) + 2 * math.log(2)) / 7
+    assert context_floor(ids, targets, [0]) == pytest.approx(expected)
+    # (prev, current): (start, 1) -> 2, 4 and (1, 2) -> 1, 7 are the two pairs seen twice
+    assert context_floor(ids, targets, [0, 1]) == pytest.approx(4 * math.log(2) / 7)
+    assert context_offsets(torch.eye(4, dtype=torch.bool)) == [0]
+    assert context_offsets(torch.zeros(4, 4, dtype=torch.bool)) is None
+    assert context_offsets(torch.ones(4, 4, dtype=torch.bool)) is None  # reads later tokens
+
+
+def test_a_loss_still_falling_keeps_the_attempt_going_and_a_plateau_ends_it():
+    from tfdoctor.probes.memorise import FALLING_WINDOW, still_falling
+
+    falling = [6.0 * 0.99 ** i for i in range(300)]  # a slow learner (a tiny Inkling: ~1% a step)
+    plateau = [1.37 + 1e-4 * 0.9 ** i for i in range(300)]  # a model that cannot read its tokens
+    assert still_falling(falling) and not still_falling(plateau)
+    assert not still_falling(falling[:FALLING_WINDOW])  # too short to tell
+
+
+def test_model_holding_non_leaf_tensors_is_copied_detached():
+    """masked-row-nan's forward with gradients on leaves each attention's `self.attn` a non-leaf
+    tensor, which copy.deepcopy refuses: overfit-batch copies it detached instead of erroring."""
+    from tfdoctor.probes.memorise import trainable_copy
+
+    model = build_fixture("gpt_keeps_attention")
+    clone, note = trainable_copy(model)
+    assert "2 non-leaf tensor(s)" in note and clone.blocks[0].attn.attn.grad_fn is None
+    assert model.blocks[0].attn.attn.grad_fn is not None  # the user's own attribute is left as it was
+    report = run_checks(model, only=["masked-row-nan", "overfit-batch"], pad_id=0)
+    assert report["overfit-batch"].status.value == "pass", report["overfit-batch"].message
+    assert "non-leaf tensor(s)" in report["overfit-batch"].message
+    looped = overfit_with("correct", "gpt_keeps_attention")  # through a loop: its copies too
+    assert looped.status.value == "pass", looped.message
+
+
+def test_the_scripts_own_optimizer_is_tried_first_and_a_small_rate_fails_nothing():
+    recorded = [{"class": "AdamW", "groups": [{"lr": 1e-7, "initial_lr": 1e-7, "betas": [0.9, 0.95],
+                                               "weight_decay": 0.1, "eps": 1e-8, "foreach": None}]}]
+    result = run_checks(build_fixture("gpt_correct"), only="overfit-batch",
+                        options={"recorded_optimizers": recorded})["overfit-batch"]
+    assert result.status.value == "pass", result.message
+    first, second = result.details["attempts"]
+    assert first["optimizer"].startswith("your AdamW (lr 1e-07") and first["best_loss"] > 4
+    assert second["lr"] == 3e-3 and "before: your AdamW" in result.message
 
 
 @pytest.mark.parametrize("name", sorted(CAUSAL_MODELS))
@@ -179,6 +259,14 @@ def test_time_budget_also_bounds_the_model_only_run():
     assert result.details["steps"] == 1 and result.details["budget"]["timeout_per_check"] == 1e-9
 
 
+def test_loop_drawing_len_over_k_times_from_one_iterator_is_not_cut_short():
+    """`for _ in range(len(batches) // k): next(it)`: the feed stops the loop once it has learned,
+    without ending its iteration before len() says (StopIteration inside the loop before)."""
+    result = overfit_with("next_by_length")
+    assert result.status.value == "pass", result.message
+    assert result.details["stopped_early"] is True and result.details["batches"] < LOOP_BATCHES
+
+
 def test_loop_check_leaves_the_process_and_the_model_as_found():
     from torch.optim import optimizer as optim_module
 
@@ -245,3 +333,60 @@ def test_thread_count_changes_no_verdict(monkeypatch):
     assert double.status == single.status and double.details["batches"] == single.details["batches"]
     for key in ("start_loss", "final_loss"):
         assert double.details[key] == pytest.approx(single.details[key], rel=1e-4)
+
+
+# ------------------------------------------------------------------------------------------------
+# models whose backward refuses eval() (issue 17 item 4)
+
+
+def _tiny_reformer(axial=(4, 8)):
+    from transformers import ReformerConfig, ReformerModelWithLMHead
+
+    config = ReformerConfig(vocab_size=64, hidden_size=32, num_attention_heads=2, attention_head_size=16,
+                            feed_forward_size=64, axial_pos_shape=axial, axial_pos_embds_dim=(16, 16),
+                            attn_layers=["local", "lsh"], num_hashes=1, num_buckets=8, lsh_attn_chunk_length=8,
+                            local_attn_chunk_length=8, is_decoder=True, max_position_embeddings=axial[0] * axial[1],
+                            pad_token_id=0)
+    return ReformerModelWithLMHead(config)
+
+
+def _tiny_rwkv():
+    from transformers import RwkvConfig, RwkvForCausalLM
+
+    return RwkvForCausalLM(RwkvConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, attention_hidden_size=32,
+                                      intermediate_size=64, context_length=32, pad_token_id=0))
+
+
+@pytest.mark.parametrize("build", [_tiny_reformer, _tiny_rwkv])
+def test_backward_that_refuses_eval_runs_in_train_with_dropout_off(build):
+    """Reformer asserts model.training in its reversible backward; RWKV's eval forward updates its
+    state in place. Both errored; dropout is now switched off in train() instead, and put back."""
+    model = build()
+    model.eval()
+    dropouts = {name: value for name, value in vars(model.config).items() if "dropout" in name}
+    report = run_checks(model, only=["masked-row-nan", "overfit-batch"], pad_id=0, seq_len=32)
+    assert [r.status.value for r in report.results] == ["pass", "pass"], [r.message for r in report.results]
+    assert report["overfit-batch"].details["dropout_off_by"] == "train"
+    assert not model.training and dropouts == {k: v for k, v in vars(model.config).items() if "dropout" in k}
+
+
+def test_training_without_dropout_puts_every_rate_back():
+    from tfdoctor.probes.modes import training_without_dropout
+
+    model = _tiny_reformer()
+    model.eval()
+    rates = {name: getattr(model.config, name) for name in ("hidden_dropout_prob", "lsh_attention_probs_dropout_prob")}
+    with training_without_dropout(model):
+        assert model.training and all(getattr(model.config, name) == 0.0 for name in rates)
+        assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    assert not model.training and rates == {name: getattr(model.config, name) for name in rates}
+
+
+def test_a_model_trainable_only_at_another_length_skips_saying_why():
+    """Reformer in train() needs the sequence length its axial positions factor (8 x 8 = 64): at 32
+    neither mode can take a gradient, so both checks skip naming both exceptions."""
+    report = run_checks(_tiny_reformer(axial=(8, 8)), only=["masked-row-nan", "overfit-batch"], pad_id=0, seq_len=32)
+    for result in report.results:
+        assert result.status.value == "skip", result.message
+        assert "in eval() (AssertionError" in result.message and "(ValueError" in result.message
+        assert "--seq-len" in result.message

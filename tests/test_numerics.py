@@ -175,15 +175,53 @@ def _where_minus_1e9(fully_masked_first_row):
     return attend
 
 
-def test_constant_that_silently_saturates_warns():
+def test_constant_that_silently_saturates_passes_with_a_note_where_no_row_can_be_fully_masked():
+    """No pad id: no row is ever fully masked, so -1e9 becoming -inf in float16 changes nothing."""
     result = run_checks(OneHeadLM(_where_minus_1e9(False)), only="half-precision-mask")["half-precision-mask"]
-    assert result.status.value == "warn", result.message
+    assert result.status.value == "pass", result.message
     assert result.details["runs"]["float16"]["outcome"] == "finite"
     constant = result.details["runs"]["float16"]["constants"][0]
     assert (constant["value"], constant["op"], constant["raised"]) == (-1e9, "where", False)
     assert result.details["runs"]["float16"]["constants_seen"] == 1  # one attention, one forward
     assert result.details["runs"]["bfloat16"]["constants"] == []
-    assert "-1e+09" in result.message and "-inf" in result.message
+    assert result.details["padded_runs"] is None
+    assert "note: the constant -1e+09" in result.message and "--pad-id" in result.message
+
+
+def test_saturating_constant_fails_where_a_padded_row_turns_nan_and_the_correct_mask_passes():
+    bad = run_checks(build_fixture("gpt_pad_where_1e9"), only="half-precision-mask")["half-precision-mask"]
+    assert bad.status.value == "fail", bad.message
+    assert bad.details["runs"]["float16"]["outcome"] == "finite"  # no padding: harmless
+    assert bad.details["padded_runs"]["float16"]["outcome"] == "non-finite"
+    assert "fully padded row" in bad.message and "-1e+09" in bad.message
+    good = run_checks(build_fixture("gpt_pad_masked"), only="half-precision-mask")["half-precision-mask"]
+    assert good.status.value == "pass", good.message
+
+
+class BufferLM(nn.Module):
+    """Writes a projection into a float32 buffer in place with index_add_ (as an MoE layer gathers its
+    experts' outputs): under float16 autocast the projection is float16 and index_add_ refuses it."""
+
+    def __init__(self, vocab=50, d=16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.proj = nn.Linear(d, d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        x = self.emb(ids)  # (B, T, d), float32
+        out = torch.zeros_like(x).flatten(0, 1)
+        rows = torch.arange(out.shape[0])
+        out.index_add_(0, rows, self.proj(x).flatten(0, 1))  # float16 under autocast: dtype mismatch
+        return self.head(out.view_as(x))
+
+
+def test_a_forward_that_cannot_run_under_autocast_gets_a_named_warning_not_an_error():
+    result = run_checks(BufferLM(), only="half-precision-mask")["half-precision-mask"]
+    assert result.status.value == "warn", result.message
+    run = result.details["runs"]["float16"]
+    assert run["outcome"] == "raised" and run["error"].startswith("RuntimeError: ")
+    assert "cannot run under float16 autocast" in result.message and "index_add_" in result.message
 
 
 def test_non_finite_outputs_only_in_float16_fail():
@@ -232,3 +270,74 @@ def test_model_and_process_left_as_found():
     assert torch.randn(1).dtype == torch.float32
     out = model(torch.randint(0, 96, (1, 8)))  # no function mode left behind: plain float32 forward
     assert out.dtype == torch.float32 and torch.overrides._get_current_function_mode_stack() == []
+
+
+# ------------------------------------------------------------------------------------------------
+# masked-row-nan names the op where the first NaN appears (issue 17 item 7)
+
+
+def test_nan_gradient_from_a_root_at_zero_is_not_blamed_on_the_softmax():
+    """eps outside the root of a zero pad embedding's mean square: the gradient is NaN at the pads,
+    the attention's finfo.min mask is innocent. The same model with eps inside the root is quiet."""
+    bad = run_checks(build_fixture("gpt_pad_rms_root"), only="masked-row-nan")["masked-row-nan"]
+    assert bad.status.value == "fail", bad.message
+    assert bad.details["first_nonfinite"] == {"phase": "backward", "op": "pow", "module": "emb_norm",
+                                              "node": "PowBackward0"}
+    assert "softmax(-inf" not in bad.message and "not at an attention softmax" in bad.message
+    assert "inside the root" in bad.hint
+    good = run_checks(build_fixture("gpt_pad_rms"), only="masked-row-nan")["masked-row-nan"]
+    assert good.status.value == "pass", good.message
+
+
+def test_nan_from_a_fully_masked_softmax_row_is_blamed_on_it():
+    result = run_checks(build_fixture("gpt_pad_neg_inf"), only="masked-row-nan")["masked-row-nan"]
+    assert result.status.value == "fail"
+    assert result.details["first_nonfinite"]["op"] == "softmax"
+    assert result.details["first_nonfinite"]["module"] == "blocks.0.attn"
+    assert "softmax(-inf, ..., -inf) = NaN" in result.message
+
+
+# ------------------------------------------------------------------------------------------------
+# finite-logits: NaN on valid random tokens is a failed check, not a usage error (issue 17 item 17)
+
+
+@pytest.fixture(scope="module")
+def diagonal_blocked_report():
+    return run_checks(build_fixture("gpt_diagonal_blocked"), only=["future-leak", "init-loss"])
+
+
+def test_nan_logits_fail_finite_logits_naming_rows_positions_and_the_mask_row(diagonal_blocked_report):
+    report = diagonal_blocked_report
+    assert [r.id for r in report.results] == ["finite-logits", "future-leak", "init-loss"]
+    result = report["finite-logits"]
+    assert result.status.value == "fail" and report.exit_code() == 1
+    assert result.details["nan_in_every_row"] == [0]
+    assert result.details["rows"] == {"0": [0], "1": [0], "2": [0]}
+    assert result.details["first_nonfinite"]["op"] == "softmax"
+    assert "position 0 is NaN in every row" in result.message and "diagonal=1" in result.hint
+
+
+def test_model_checks_skip_on_nan_logits_saying_why(diagonal_blocked_report):
+    for check_id in ("future-leak", "init-loss"):
+        assert diagonal_blocked_report[check_id].status.value == "skip"
+        assert "see finite-logits" in diagonal_blocked_report[check_id].message
+
+
+def test_finite_logits_passes_a_correct_model():
+    result = run_checks(build_fixture("gpt_correct"), only="finite-logits")["finite-logits"]
+    assert result.status.value == "pass" and result.details["nonfinite_positions"] == 0
+
+
+def test_nan_logits_exit_1_from_the_command():
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    done = subprocess.run([sys.executable, "-m", "tfdoctor", "check", "tests/targets/hostile.py:nan_logits",
+                           "--only", "init-loss", "--format", "json"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1, done.stderr
+    checks = {c["id"]: c["status"] for c in json.loads(done.stdout)["checks"]}
+    assert checks == {"finite-logits": "fail", "init-loss": "skip"}

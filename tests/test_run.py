@@ -51,6 +51,8 @@ def test_correct_plain_loop_is_quiet_and_discovered():
     # every model check ran on the discovered model, every loop check on the real trace
     assert checks["padding-mask"]["status"] == "pass" and checks["init-loss"]["status"] == "pass"
     assert checks["ignore-index"]["status"] == "pass" and checks["accumulation-scaling"]["status"] == "pass"
+    # overfit-batch trains with the script's own optimizer first, at its base rate (the scheduler's initial_lr)
+    assert checks["overfit-batch"]["details"]["attempts"][0]["optimizer"] == "your AdamW (lr 1e-03, weight_decay 0.01)"
     # the script's own prints went to stderr, never into the JSON on stdout
     assert "epoch 0 step 1" in done.stderr and "epoch 0 step" not in done.stdout
 

@@ -128,7 +128,6 @@ def test_usage_errors_before_anything_runs(args, expected):
     ("complex_logits", "the model returns complex64 logits, and cross-entropy needs real ones"),
     ("integer_logits", "the model returns int64 logits (ids or a decision"),
     ("bool_logits", "the model returns bool logits"),
-    ("nan_logits", "the model's logits are NaN or Inf on random tokens"),
     ("vocab_1", "a vocabulary of 1 token leaves nothing to predict"),
     ("on_meta", "the model is on the meta device"),
 ])

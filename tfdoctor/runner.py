@@ -50,7 +50,9 @@ def run_checks(subject_or_model, only=None, skip=None, *, seed: int = 0, target:
     with running(ctx), preserved_process_state():
         subject = as_subject(subject_or_model, **fields)
         _refuse_meta(subject.model)
-        subject = resolve(subject)  # its test forward draws random ids
+        subject, unusable = _resolved(subject)  # its test forward draws random ids
+        if unusable is not None:
+            specs = _judging_nonfinite(specs)
         report = Report(target or type(subject.model).__name__)
         if sum(p.numel() for p in subject.model.parameters()) <= SINGLE_THREAD_MAX_PARAMS:
             torch.set_num_threads(1)
@@ -58,7 +60,8 @@ def run_checks(subject_or_model, only=None, skip=None, *, seed: int = 0, target:
         for spec in specs:
             if listener is not None:
                 listener("start", spec.id)
-            result = _run_one(spec, subject, seed)
+            blocked = unusable is not None and spec.id != "finite-logits" and "train" not in spec.needs
+            result = _blocked(spec) if blocked else _run_one(spec, subject, seed)
             if listener is not None:
                 listener("result", result)
             if training_flags(subject.model) != flags:  # a check must not leave the mode changed
@@ -66,6 +69,32 @@ def run_checks(subject_or_model, only=None, skip=None, *, seed: int = 0, target:
                     module.training = flag
             report.results.append(result)
     return report
+
+
+def _resolved(subject: Subject):
+    """(the resolved subject, None), or, when its logits are NaN/Inf on random tokens, (the subject as
+    far as it resolved, the NonFiniteLogits): finite-logits then fails and the model checks skip."""
+    from tfdoctor.subject import NonFiniteLogits
+
+    try:
+        return resolve(subject), None
+    except NonFiniteLogits as exc:
+        return exc.subject, exc
+
+
+def _judging_nonfinite(specs: list[CheckSpec]) -> list[CheckSpec]:
+    """The selection with finite-logits first whenever a model check is in it (selected or not: the
+    report must say why the model checks skip)."""
+    if not any("train" not in s.needs for s in specs):
+        return specs
+    return select("finite-logits") + [s for s in specs if s.id != "finite-logits"]
+
+
+def _blocked(spec: CheckSpec) -> Result:
+    result = Result.skipped("the model's logits are NaN/Inf on valid random tokens, so this check cannot judge "
+                            "them (see finite-logits)")
+    result.id, result.title = spec.id, spec.title
+    return result
 
 
 def _refuse_meta(model) -> None:

@@ -387,11 +387,20 @@ def _preflight(subject: Subject) -> tuple:
             f"output shape [B, T, V] = [{B}, {T}, {subject.vocab_size}] expected but got {list(shape)}",
             "return logits over the vocabulary for every position, or pass the right --vocab",
         )
-    _refuse_unusable_logits(logits)
+    _refuse_unusable_logits(logits, subject)
     return ids, logits
 
 
-def _refuse_unusable_logits(logits) -> None:
+class NonFiniteLogits(SubjectError):
+    """The logits are NaN or Inf on valid random tokens: finite-logits judges that, and `subject`
+    (resolved up to that call) is what it judges; no model check can judge such logits."""
+
+    def __init__(self, message: str, hint: str, subject: Subject):
+        super().__init__(message, hint)
+        self.subject = subject
+
+
+def _refuse_unusable_logits(logits, subject: Subject) -> None:
     """Logits every check would misjudge: named here once, instead of a crash panel (or a verdict
     about dropout) in each check."""
     import torch
@@ -407,10 +416,10 @@ def _refuse_unusable_logits(logits) -> None:
     unusable = torch.isnan(logits) | torch.isposinf(logits) | torch.isneginf(logits).all(-1, keepdim=True)
     if bool(unusable.any()):
         bad = int(unusable.expand_as(logits).sum())
-        raise SubjectError(f"the model's logits are NaN or Inf on random tokens ({bad} of {logits.numel()} "
+        raise NonFiniteLogits(f"the model's logits are NaN or Inf on random tokens ({bad} of {logits.numel()} "
                            "values), so no check can judge them",
                            "find the first non-finite activation with torch.autograd.set_detect_anomaly(True) "
-                           "or forward hooks; a float('-inf') mask over a whole row is a common cause")
+                           "or forward hooks; a float('-inf') mask over a whole row is a common cause", subject)
 
 
 def _agree(a, b) -> bool:

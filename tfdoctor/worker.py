@@ -149,8 +149,9 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
                   options=request.get("options", {}), listener=listener)
     if loop_ids:
         run_checks(loop_subject, loop_ids, **common)
-    if model_ids:
-        run_checks(model_subject, model_ids, **common)
+    if model_ids:  # overfit-batch tries the script's own optimizer first (probes/memorise.py)
+        options = dict(common["options"], recorded_optimizers=run.trace.optimizers)
+        run_checks(model_subject, model_ids, **dict(common, options=options))
     return True
 
 

@@ -20,9 +20,8 @@ ROW_SUM_TOLERANCE = 1e-3
 ROUNDING_EPS_MULTIPLE = 16
 # Sites named in the message; the details list them all.
 SITES_SHOWN = 3
-# half-precision-mask: out-of-range constants listed per dtype in the details (a constant used in
-# every layer repeats once per layer); the count covers them all.
-CONSTANTS_LISTED = 10
+# finite-logits: positions listed per row in the details.
+FINITE_POSITIONS_LISTED = 32
 
 MASK_ORDER_HINT = (
     "mask the scores before the softmax and never the probabilities after it: "
@@ -50,16 +49,82 @@ def _probe_ids(subject, seed_offset: int):
     return tuple(random_tokens(subject, PROBE_ROWS, subject.seq_len, generator) for _ in range(count))
 
 
-def _listed(constants) -> dict:
-    return {"constants": [c.to_dict() for c in constants[:CONSTANTS_LISTED]], "constants_seen": len(constants)}
-
-
 def row_sum_tolerance(dtype_name: str) -> float:
     import torch
 
     dtype = getattr(torch, dtype_name.removeprefix("torch."), torch.float32)
     eps = torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
     return max(ROW_SUM_TOLERANCE, ROUNDING_EPS_MULTIPLE * eps)
+
+
+@check("finite-logits", title="The logits are finite on valid random tokens")
+def finite_logits(subject) -> Result:
+    """Catches a model whose logits are NaN or Inf on ordinary input (random tokens, no padding): a
+    causal mask that leaves some query row with no key (softmax over all -inf), a root or a division
+    at zero, an overflow. Every other check would misjudge such logits, so when the first call
+    tfdoctor makes already gives NaN this check fails and the model checks are skipped.
+
+    One forward in eval mode under no_grad on random tokens (the row of tfdoctor's first call and
+    two more); fails naming the rows and positions that are NaN or Inf (or -inf over the whole
+    vocabulary), the positions NaN in every row (a mask row that blocks every key), and the op and
+    module where the first NaN appears.
+
+    Fix: build masks that leave every query at least one key (its own position); fill with
+    `torch.finfo(scores.dtype).min`; keep epsilons inside roots and denominators.
+    """
+    import torch
+
+    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.probes.nonfinite import explained, first_nonfinite
+    from tfdoctor.subject import call
+
+    ids = _finite_probe_ids(subject)
+    with torch.no_grad(), evaluation(subject.model):
+        logits = call(subject, *ids)
+        bad = (torch.isnan(logits) | torch.isposinf(logits)).any(-1) | torch.isneginf(logits).all(-1)  # (B, T)
+        origin = first_nonfinite(subject.model, lambda: call(subject, *ids)) if bool(bad.any()) else None
+    B, T = bad.shape
+    details = {"probe_shape": [B, T], "nonfinite_positions": int(bad.sum()), "positions": B * T}
+    if not bool(bad.any()):
+        return Result.passed(f"all {B * T} positions of {B} random rows give finite logits", details)
+    rows = {r: [int(t) for t in bad[r].nonzero().flatten().tolist()] for r in range(B) if bool(bad[r].any())}
+    everywhere = [int(t) for t in bad.all(0).nonzero().flatten().tolist()]
+    details.update({"rows": {str(r): ps[:FINITE_POSITIONS_LISTED] for r, ps in rows.items()},
+                    "nan_in_every_row": everywhere, "first_nonfinite": origin.to_dict() if origin else None})
+    shown = "; ".join(f"row {r}: positions {_spans(ps)}" for r, ps in list(rows.items())[:SITES_SHOWN])
+    cause, hint = explained(origin)
+    if everywhere and len(everywhere) < T:
+        which = f"positions {_spans(everywhere)} are" if len(everywhere) > 1 else f"position {everywhere[0]} is"
+        cause += (f"; {which} NaN in every row, so the likely cause is the mask row of that query, which blocks "
+                  "every key")
+        hint = ("leave every query at least one key, its own position (torch.triu(ones, diagonal=1) as the "
+                "blocked mask, torch.tril(ones) as the allowed one); " + hint)
+    return Result.failed(f"the logits are NaN/Inf at {int(bad.sum())} of {B * T} positions on valid random tokens "
+                         f"({shown}): {cause}", hint, details)
+
+
+def _finite_probe_ids(subject):
+    """tfdoctor's first call's row (seed 0, as subject resolution draws it) and PROBE_ROWS random ones."""
+    import torch
+
+    from tfdoctor.subject import random_tokens
+
+    first = torch.Generator().manual_seed(0)
+    count = 2 if subject.kind == "seq2seq" else 1
+    heads = [random_tokens(subject, 1, subject.seq_len, first) for _ in range(count)]
+    return tuple(torch.cat([head, rest]) for head, rest in zip(heads, _probe_ids(subject, seed_offset=13)))
+
+
+def _spans(positions: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    spans, start = [], None
+    for i, p in enumerate(positions):
+        if start is None:
+            start = p
+        if i + 1 == len(positions) or positions[i + 1] != p + 1:
+            spans.append(f"{start}" if start == p else f"{start}-{p}")
+            start = None
+    return ", ".join(spans)
 
 
 @check("softmax-mask-order", title="Attention weights are masked before the softmax and sum to one")
@@ -165,7 +230,7 @@ def half_precision_mask(subject) -> Result:
 def _half_precision_mask(subject) -> Result:
     import torch
 
-    from tfdoctor.probes.attention import watching_constants
+    from tfdoctor.probes.autocast import autocast_run
     from tfdoctor.probes.modes import evaluation
     from tfdoctor.subject import call, device_of
 
@@ -179,7 +244,6 @@ def _half_precision_mask(subject) -> Result:
         unsupported.append("bfloat16")
 
     ids = _probe_ids(subject, seed_offset=12)
-    runs = {}
     with torch.no_grad(), evaluation(subject.model):
         reference = call(subject, *ids)
         own = str(reference.dtype).removeprefix("torch.")
@@ -187,58 +251,81 @@ def _half_precision_mask(subject) -> Result:
         if not bool(torch.isfinite(reference).all()):
             return Result.skipped(f"the outputs are already NaN/Inf in the model's own precision ({own}), "
                                   "so reduced precision cannot be judged (see masked-row-nan)")
-        for dtype in dtypes:
-            name = str(dtype).removeprefix("torch.")
-            with watching_constants(subject.model, (dtype,)) as constants:
-                try:
-                    with torch.autocast(device, dtype=dtype):
-                        logits = call(subject, *ids).float()
-                except RuntimeError as exc:
-                    if "overflow" not in str(exc):
-                        raise
-                    runs[name] = {"outcome": "overflow error", "error": str(exc), **_listed(constants)}
-                    continue
-            finite = torch.isfinite(logits)
-            difference = (logits - reference).abs()
-            runs[name] = {
-                "outcome": "finite" if bool(finite.all()) else "non-finite",
-                "nonfinite_outputs": int((~finite).sum()), "outputs": finite.numel(),
-                "max_abs_difference": float(difference[finite].max()) if bool(finite.any()) else None,
-                **_listed(constants),
-            }
+        runs = {str(dtype).removeprefix("torch."): autocast_run(subject, device, dtype, ids, reference)
+                for dtype in dtypes}
     details = {"device": device, "own_dtype": own, "runs": runs, "unsupported_dtypes": unsupported,
                "probe_shape": [PROBE_ROWS, subject.seq_len]}
-
-    failures = {name: run for name, run in runs.items() if run["outcome"] != "finite"}
+    failures = {name: run for name, run in runs.items() if run["outcome"] in ("overflow error", "non-finite")}
     if failures:
-        parts = []
-        for name, run in failures.items():
-            constant = run["constants"][0] if run["constants"] else None
-            raised = run["outcome"] == "overflow error"
-            if constant:
-                where = (f"the constant {constant['value']:g} in {constant['op']} (module {constant['module']}) "
-                         f"does not fit {name} (largest {torch.finfo(getattr(torch, name)).max:g})")
-            elif raised:
-                where = "the value that overflowed was not a constant passed to a torch call"
-            else:
-                where = "no out-of-range constant was seen, so activations overflow the dtype's range"
-            if raised:
-                parts.append(f"under {name} autocast the forward raises \"{run['error']}\": {where}")
-            else:
-                parts.append(f"under {name} autocast {run['nonfinite_outputs']} of {run['outputs']} outputs "
-                             f"are NaN/Inf (finite in {own}): {where}")
-        return Result.failed("; ".join(parts), HALF_MASK_HINT, details)
-
+        return Result.failed("; ".join(_failure(name, run, own) for name, run in failures.items()),
+                             HALF_MASK_HINT, details)
     saturated = [(name, run) for name, run in runs.items() if run["constants"]]
+    if saturated:
+        padded = _padded_runs(subject, device, [name for name, _ in saturated])
+        details["padded_runs"] = padded
+        broken = {name: run for name, run in (padded or {}).items() if run["outcome"] in ("overflow error", "non-finite")}
+        if broken:
+            name, run = next(iter(broken.items()))
+            constant = run["constants"][0] if run["constants"] else saturated[0][1]["constants"][0]
+            return Result.failed(
+                f"with a fully padded row, under {name} autocast {run.get('nonfinite_outputs', 0)} of "
+                f"{run.get('outputs', 0)} outputs are NaN/Inf (finite in {own}): the constant {constant['value']:g} "
+                f"in {constant['op']} (module {constant['module']}) does not fit {name} and becomes "
+                f"{'-' if constant['value'] < 0 else '+'}inf", HALF_MASK_HINT, details)
+    raised = {name: run for name, run in runs.items() if run["outcome"] == "raised"}
+    if raised:
+        return Result.warned(
+            "; ".join(f"the forward cannot run under {name} autocast: {run['error']} (raised at {run['at']})"
+                      for name, run in raised.items())
+            + ", so the mask could not be judged there", "run the model under the autocast dtype you train with, "
+            "and keep in-place writes out of autocast regions (or write into a buffer of the autocast dtype)",
+            details)
+    note = ""
     if saturated:
         name, run = saturated[0]
         constant = run["constants"][0]
-        return Result.warned(
-            f"the constant {constant['value']:g} in {constant['op']} (module {constant['module']}) does not fit "
-            f"{name} and silently becomes {'-' if constant['value'] < 0 else '+'}inf under {name} autocast "
-            f"({run['constants_seen']} such use(s)); outputs stay finite here, but a fully masked row (a "
-            "padded batch) then turns NaN", HALF_MASK_HINT, details)
-
+        why = ("even with a fully padded row in the batch" if padded is not None else
+               "without padding no row is fully masked (pass --pad-id to probe a padded batch)")
+        note = (f"; note: the constant {constant['value']:g} in {constant['op']} (module {constant['module']}) "
+                f"saturates to {'-' if constant['value'] < 0 else '+'}inf under {name} ({run['constants_seen']} "
+                f"use(s)), and the outputs stay finite {why}")
     spread = ", ".join(f"{name} {run['max_abs_difference']:.2g}" for name, run in runs.items())
     return Result.passed(f"finite outputs under {' and '.join(runs)} autocast on {device}; largest "
-                         f"difference from {own}: {spread}", details)
+                         f"difference from {own}: {spread}{note}", details)
+
+
+def _failure(name: str, run: dict, own: str) -> str:
+    import torch
+
+    constant = run["constants"][0] if run["constants"] else None
+    raised = run["outcome"] == "overflow error"
+    if constant:
+        where = (f"the constant {constant['value']:g} in {constant['op']} (module {constant['module']}) "
+                 f"does not fit {name} (largest {torch.finfo(getattr(torch, name)).max:g})")
+    elif raised:
+        where = "the value that overflowed was not a constant passed to a torch call"
+    else:
+        where = "no out-of-range constant was seen, so activations overflow the dtype's range"
+    if raised:
+        return f"under {name} autocast the forward raises \"{run['error']}\": {where}"
+    return (f"under {name} autocast {run['nonfinite_outputs']} of {run['outputs']} outputs are NaN/Inf "
+            f"(finite in {own}): {where}")
+
+
+def _padded_runs(subject, device: str, names: list[str]):
+    """The autocast runs of `names` on a batch with a fully padded row (where a saturated -inf mask
+    constant can matter); None without a pad id (no row is ever fully masked then)."""
+    import torch
+
+    from tfdoctor.context import current
+    from tfdoctor.probes.autocast import autocast_run
+    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.probes.padding import padded_batch
+    from tfdoctor.subject import call
+
+    if subject.pad_id is None:
+        return None
+    batch = padded_batch(subject, torch.Generator().manual_seed(current().seed + 14), fully_padded_row=True)
+    with torch.no_grad(), evaluation(subject.model):
+        reference = call(subject, *batch.inputs).float()
+        return {name: autocast_run(subject, device, getattr(torch, name), batch.inputs, reference) for name in names}

@@ -216,7 +216,8 @@ def masked_row_nan(subject) -> Result:
     import torch.nn.functional as F
 
     from tfdoctor.context import current
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.probes.modes import BackwardRefused, DropoutOff
+    from tfdoctor.probes.nonfinite import explained, first_nonfinite
     from tfdoctor.probes.padding import padded_batch
     from tfdoctor.subject import call, random_tokens
 
@@ -230,12 +231,22 @@ def masked_row_nan(subject) -> Result:
         graded = batch.real_outputs.clone()
         if subject.kind == "seq2seq":
             graded[0] = False  # the target of an all-padding source is not graded either
-        with evaluation(subject.model), torch.enable_grad():
+        targets = random_tokens(subject, *graded.shape, generator=generator).masked_fill(~graded, -100)
+
+        def forward_backward():
             logits = call(subject, *batch.inputs)
-            targets = random_tokens(subject, *graded.shape, generator=generator).masked_fill(~graded, -100)
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                    ignore_index=-100)
-            grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+            return logits, loss, torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+
+        # eval() switches dropout off; a backward that refuses eval() (Reformer, RWKV) runs in train()
+        # with every dropout at p=0 instead
+        try:
+            with DropoutOff(subject.model) as dropout_off, torch.enable_grad():
+                logits, loss, grads = dropout_off.step(forward_backward)
+        except BackwardRefused as refused:
+            return Result.skipped(f"no gradient can be taken at these shapes: {refused} (pass the --seq-len "
+                                  "the model trains at)")
         bad_outputs = (~torch.isfinite(logits.detach()).all(dim=-1)).cpu()
         bad_params = [name for (name, _), g in zip(params, grads) if g is not None and not bool(torch.isfinite(g).all())]
         details = {"pad_side": batch.side, "pads_per_row": batch.padded.sum(1).tolist(),
@@ -254,9 +265,10 @@ def masked_row_nan(subject) -> Result:
         if bad_params:
             seen.append(f"{len(bad_params)} parameters get NaN/Inf gradients although the loss ignores the pads "
                         f"(loss {float(loss.detach()):.3g})")
-        return Result.failed(
-            "; ".join(seen) + ": queries with every key masked give softmax(-inf, ..., -inf) = NaN",
-            "fill masked scores with torch.finfo(scores.dtype).min instead of float('-inf') (a fully masked "
-            "row then averages instead of dividing 0 by 0)", details)
+        with DropoutOff(subject.model) as dropout_off, torch.enable_grad():  # which op made it, and where
+            origin = dropout_off.step(lambda: first_nonfinite(subject.model, forward_backward))
+        details["first_nonfinite"] = origin.to_dict() if origin else None
+        cause, hint = explained(origin)
+        return Result.failed("; ".join(seen) + ": " + cause, hint, details)
 
     return judged_per_implementation(subject, judge)

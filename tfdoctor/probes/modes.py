@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import random
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -92,3 +94,111 @@ def preserved_process_state() -> Iterator[None]:
 
 def training_flags(model: torch.nn.Module) -> list[bool]:
     return [module.training for module in model.modules()]
+
+
+# Modules whose `p` is a dropout probability, and the words that name a dropout-like rate in a
+# module's or a config's attributes (HF: attention_dropout, hidden_dropout_prob, layerdrop,
+# drop_path_rate; modules often keep `self.dropout = config.attention_dropout` as a float and call
+# F.dropout(x, p=self.dropout, training=self.training)).
+_DROPOUT_MODULES = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d,
+                    torch.nn.AlphaDropout, torch.nn.FeatureAlphaDropout)
+_DROP_WORDS = ("dropout", "layerdrop", "drop_path", "drop_prob", "drop_rate")
+
+
+def _drop_rates(owner) -> list[str]:
+    """The attributes of `owner` that hold a dropout-like rate (a float, never a bool)."""
+    return [name for name, value in vars(owner).items()
+            if isinstance(value, float) and not isinstance(value, bool) and value > 0
+            and any(word in name.lower() for word in _DROP_WORDS)]
+
+
+@contextlib.contextmanager
+def training_without_dropout(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """model.train() for the block with every dropout off: each dropout module's p, each float
+    dropout rate a module or a config holds (model.config and its sub-configs) set to 0. Every flag
+    and value is put back exactly afterwards.
+
+    For models whose backward refuses eval(): Reformer's reversible layers assert model.training,
+    and RWKV's eval forward updates its recurrent state in place, which autograd then rejects."""
+    flags = [(module, module.training) for module in model.modules()]
+    saved: list[tuple[object, str, object]] = []
+    seen: set[int] = set()
+
+    def zero(owner, names) -> None:
+        for name in names:
+            saved.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, 0.0)
+
+    def zero_config(config) -> None:
+        if config is None or id(config) in seen or not hasattr(config, "__dict__"):
+            return
+        seen.add(id(config))
+        zero(config, _drop_rates(config))
+        for value in list(vars(config).values()):  # text_config, vision_config, ...
+            if type(value).__name__.endswith("Config"):
+                zero_config(value)
+
+    try:
+        for module in model.modules():
+            if isinstance(module, _DROPOUT_MODULES) and module.p > 0:
+                zero(module, ["p"])
+            zero(module, _drop_rates(module))
+            zero_config(getattr(module, "config", None))
+        model.train()
+        yield model
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
+        for module, training in flags:
+            module.training = training
+
+
+class BackwardRefused(Exception):
+    """The model could run a forward and backward neither in eval() nor in train() with every
+    dropout at p=0 (Reformer in train() needs the sequence length its axial positions factor)."""
+
+    def __init__(self, in_eval: Exception, in_train: Exception):
+        from tfdoctor.errors import first_line
+
+        self.in_eval, self.in_train = in_eval, in_train
+        super().__init__(f"its backward fails in eval() ({first_line(in_eval)}) and in train() with every "
+                         f"dropout at p=0 ({first_line(in_train)})")
+
+
+class DropoutOff:
+    """Dropout off for a training loop on a private copy of a model: eval() for the block, and when
+    the first step cannot run there (a backward that refuses eval()), train() with every dropout at
+    p=0 from then on (training_without_dropout). `mode` says which."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.mode = "eval"
+        self._stack = contextlib.ExitStack()
+        self._steps = 0
+
+    def __enter__(self) -> "DropoutOff":
+        self._stack.enter_context(evaluation(self.model))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def step(self, step: Callable[[], T]) -> T:
+        """step() (a forward and a backward); the first one is retried in train() if eval() fails,
+        and BackwardRefused is raised when it fails there too in another way (the same exception
+        in both modes is the model's own, and is raised as it is)."""
+        self._steps += 1
+        if self._steps > 1:
+            return step()
+        try:
+            return step()
+        except Exception as first:
+            self._stack.close()
+            self._stack.enter_context(training_without_dropout(self.model))
+            self.mode = "train"
+            try:
+                return step()
+            except Exception as second:
+                if type(second) is type(first) and str(second) == str(first):
+                    raise  # the same failure in both modes: the model's own, not the mode's
+                raise BackwardRefused(first, second) from second

@@ -2,8 +2,10 @@
 correct loss, to tell a loop that cannot learn from one whose schedule does not let it learn yet.
 
 - `Feed`: the batches as a list (len() works, epochs re-iterate) that stops handing them out once
-  told to (the loss has already fallen far enough, or the check's time budget is spent). The loop's
-  own `for` then simply ends: nothing is raised through the user's code.
+  told to (the loss has already fallen far enough, or the check's time budget is spent) by raising
+  `FeedStopped`, a BaseException the user's `except Exception` lets through, out of the loop. Ending
+  the iteration early instead would make it disagree with len(): a loop that draws
+  `len(batches) // k` times from one iterator would get StopIteration from its own next().
 - `StepLog`: a global optimizer-step pre-hook. At every step of every optimizer the loop steps it
   records the rate of each param group and which parameters carry a non-zero gradient. At the first
   step it copies the model as it is then (built and frozen the way the loop wants, not yet updated)
@@ -28,13 +30,18 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from tfdoctor.probes.loss import LMBatch, eval_loss, lm_loss
-from tfdoctor.probes.modes import evaluation
+from tfdoctor.probes.memorise import isolated_trainable_copy
+from tfdoctor.probes.modes import DropoutOff
 from tfdoctor.subject import Subject
+
+
+class FeedStopped(BaseException):
+    """Raised out of the loop's iteration over a Feed once it is told to stop."""
 
 
 class Feed(list):
     """The batches for a loop; `before(handed)` runs before each batch is handed out (with the count
-    handed out so far) and stops the feed for good by returning False."""
+    handed out so far) and stops the feed for good by returning False (FeedStopped is raised)."""
 
     def __init__(self, batches, before: Callable[[int], bool]):
         super().__init__(batches)
@@ -46,9 +53,16 @@ class Feed(list):
         for batch in list.__iter__(self):
             if self.stopped or not self.before(self.handed):
                 self.stopped = True
-                return
+                raise FeedStopped
             self.handed += 1
             yield batch
+
+    def drive(self, train: Callable, model: torch.nn.Module) -> None:
+        """train(model, self), until it returns or the feed stops it."""
+        try:
+            train(model, self)
+        except FeedStopped:
+            pass
 
 
 @contextlib.contextmanager
@@ -127,9 +141,7 @@ class StepLog:
                     self.with_grad.add(id(p))
 
     def _copy_model(self) -> None:
-        from tfdoctor.probes.trace import isolated_copy
-
-        self.reference, _ = isolated_copy(self.model)
+        self.reference = isolated_trainable_copy(self.model)  # an attention map kept from a forward included
         pairs = list(zip(self.model.parameters(), self.reference.parameters()))
         pairs += list(zip(self.model.buffers(), self.reference.buffers()))
         self.memo = {id(mine): theirs for mine, theirs in pairs}
@@ -185,30 +197,27 @@ def replay(subject: Subject, log: StepLog, batch: LMBatch, stop: Callable[[list[
     trained = {id(log.memo[i]) for i in log.with_grad if i in log.memo}
     params = [p for opt in log.copies for group in opt.param_groups for p in group["params"]]
     curve: list[float] = []
-    with torch.enable_grad(), evaluation(model), warnings.catch_warnings():
+
+    def forward_backward() -> float:
+        """The reference loss backpropagated, on the parameters the loop trained only."""
+        for p in list(model.parameters()) + params:
+            p.grad = None
+        loss = lm_loss(clone, batch)
+        loss.backward()
+        for p in params:
+            if id(p) not in trained:
+                p.grad = None
+        return float(loss.detach())
+
+    def gradients() -> torch.Tensor:  # LBFGS's closure
+        return torch.tensor(forward_backward())
+
+    with torch.enable_grad(), DropoutOff(model) as dropout_off, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for iteration in log.iterations():
-            for p in list(model.parameters()) + params:
-                p.grad = None
-            loss = lm_loss(clone, batch)
-            curve.append(float(loss.detach()))
+            curve.append(dropout_off.step(forward_backward))
             if stop(curve):
                 return curve
-            def gradients():
-                """The reference loss backpropagated, on the parameters the loop trained only."""
-                for p in list(model.parameters()) + params:
-                    p.grad = None
-                loss = lm_loss(clone, batch)
-                loss.backward()
-                for p in params:
-                    if id(p) not in trained:
-                        p.grad = None
-                return loss
-
-            loss.backward()
-            for p in params:
-                if id(p) not in trained:
-                    p.grad = None
             for index, rates in iteration:
                 optimizer = log.copies[index]
                 for group, rate in zip(optimizer.param_groups, rates):
