@@ -148,6 +148,21 @@ def no_attention(q, k, v):
     return v
 
 
+def signed_cog(q, k, v):
+    """Cog attention (x-transformers' attn_cog_signed): softmax of |scores|, masked before it, then
+    the scores' signs put back. Rows sum to 1 in magnitude: correct."""
+    scores = _scores(q, k)
+    sign = scores.sign()
+    att = scores.abs().masked_fill(~_tril(q.shape[1]), float("-inf")).softmax(-1)
+    return (att * sign) @ v
+
+
+def signed_cog_zeroed_after(q, k, v):
+    scores = _scores(q, k)
+    att = scores.abs().softmax(-1) * scores.sign() * _tril(q.shape[1])  # masked after the softmax
+    return att @ v
+
+
 @pytest.mark.parametrize("attend, status", [
     (zeroed_then_transposed, "fail"),
     (zeroed_then_einsum, "fail"),
@@ -155,12 +170,25 @@ def no_attention(q, k, v):
     (zeroed_then_renormalised, "pass"),
     (normalised_over_queries, "skip"),
     (no_attention, "skip"),
+    (signed_cog, "pass"),
+    (signed_cog_zeroed_after, "fail"),
 ])
 def test_softmax_mask_order_follows_every_spelling(attend, status):
     result = run_checks(OneHeadLM(attend), only="softmax-mask-order")["softmax-mask-order"]
     assert result.status.value == status, result.message
     if status == "skip":
         assert "no softmax output reached a product with V" in result.message
+
+
+def test_x_transformers_cog_attention_is_not_a_mask_after_the_softmax():
+    """x-transformers' attn_cog_signed puts the scores' signs back after the softmax by design."""
+    from x_transformers import Decoder, TransformerWrapper
+
+    model = TransformerWrapper(num_tokens=128, max_seq_len=32,
+                               attn_layers=Decoder(dim=32, depth=1, heads=2, attn_cog_signed=True))
+    result = run_checks(model, only="softmax-mask-order", seq_len=16)["softmax-mask-order"]
+    assert result.status.value == "pass", result.message
+    assert "signed" in result.message
 
 
 def _where_minus_1e9(fully_masked_first_row):

@@ -169,6 +169,7 @@ def _softmax_mask_order(subject) -> Result:
         sites.append({
             "module": use.site, "product": use.product, "shape": use.shape, "dtype": use.dtype,
             "rows": use.rows, "rows_off": use.off_rows(tolerance), "tolerance": tolerance,
+            "rows_off_in_magnitude": use.off_rows_in_magnitude(tolerance),
             "min_row_sum": float(sums.min()) if sums.numel() else None,
             "max_row_sum": float(sums.max()) if sums.numel() else None,
             "zero_rows": use.zero_rows, "nonfinite_rows": use.nonfinite_rows,
@@ -186,13 +187,19 @@ def _softmax_mask_order(subject) -> Result:
                               f"({capture.softmaxes} softmax call(s) seen): attention is computed in a way "
                               "this check cannot follow", details)
 
-    bad = [site for site in sites if site["rows_off"]]
+    signed = [site for site in sites if site["rows_off"] and not site["rows_off_in_magnitude"]]
+    bad = [site for site in sites if site["rows_off"] and site["rows_off_in_magnitude"]]
     rows = sum(site["rows"] for site in sites)
+    signed_note = (f"; {len(signed)} site(s) ({signed[0]['module']}{' ...' if len(signed) > 1 else ''}) carry "
+                   "signed weights whose magnitudes sum to 1 (signed or Cog attention: the sign of each score "
+                   "put back after the softmax), which is not a mask" if signed else "")
     if not bad:
         deviation = max((max(abs(site["min_row_sum"] - 1), abs(site["max_row_sum"] - 1))
-                         for site in sites if site["min_row_sum"] is not None), default=0.0)
+                         for site in sites if site["min_row_sum"] is not None and site not in signed),
+                        default=0.0)
         return Result.passed(f"{len(sites)} attention softmax(es), {rows} rows of weights: every row "
-                             f"reaching V sums to 1 (largest deviation {deviation:.1e}){fused_note}", details)
+                             f"reaching V sums to 1 (largest deviation {deviation:.1e}){signed_note}{fused_note}",
+                             details)
 
     worst = min(bad, key=lambda site: site["min_row_sum"])
     rows_off = sum(site["rows_off"] for site in bad)

@@ -79,9 +79,16 @@ class WeightsUse:
     zero_rows: int  # rows of all zeros: fully masked, left to masked-row-nan
     nonfinite_rows: int  # rows with NaN/Inf: left to masked-row-nan
     row_sums: torch.Tensor  # (rows,) float32, the sums of the finite, non-zero rows
+    # (rows,) float32, the sums of those rows' magnitudes: signed attention (Cog attention, x-transformers'
+    # attn_cog_signed) multiplies softmax weights by the sign of their scores, by design, so its rows
+    # sum to 1 only in magnitude, where weights masked after the softmax fall short either way.
+    abs_row_sums: torch.Tensor
 
     def off_rows(self, tolerance: float) -> int:
         return int(((self.row_sums - 1).abs() > tolerance).sum())
+
+    def off_rows_in_magnitude(self, tolerance: float) -> int:
+        return int(((self.abs_row_sums - 1).abs() > tolerance).sum())
 
 
 @dataclass
@@ -234,7 +241,7 @@ def _weights_use(weights: torch.Tensor, seen: _Tracked, product: str) -> Weights
     kept = finite & ~zero
     return WeightsUse(site=seen.site, product=product, shape=list(weights.shape), dtype=str(weights.dtype),
                       rows=rows.shape[0], zero_rows=int(zero.sum()), nonfinite_rows=int((~finite).sum()),
-                      row_sums=rows[kept].sum(dim=-1).cpu())
+                      row_sums=rows[kept].sum(dim=-1).cpu(), abs_row_sums=rows[kept].abs().sum(dim=-1).cpu())
 
 
 def capture_attention(model: torch.nn.Module, forward, keep_weights: bool = False) -> AttentionCapture:
