@@ -338,3 +338,31 @@ def test_a_windowed_encoder_reads_both_sides(name, expected):
         assert (result.details["look_ahead"], result.details["look_behind"]) == (3, 3)
     else:
         assert "does not mix positions" in result.message
+
+
+class _SelfOnlyAttention(torch.nn.Module):
+    """Planted bug: an attention whose allowed mask is the identity (torch.eye where torch.tril was
+    meant): every position attends to itself only, a map a bigram model shows too."""
+
+    def __init__(self, vocab=64, d=16):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        q, k, v = self.qkv(self.emb(ids)).chunk(3, dim=-1)  # (B, T, d)
+        T = ids.shape[1]
+        scores = (q @ k.mT).masked_fill(~torch.eye(T, dtype=torch.bool), float("-inf"))
+        return self.head(scores.softmax(-1) @ v)
+
+
+def test_a_model_that_mixes_no_positions_has_no_mask_to_name():
+    """A bigram drafter calls no attention: mask-direction skips saying so (issue 17, item 12); an
+    attention masked to the identity gives the same map and still fails."""
+    bigram = run_checks(build_fixture("gpt_bigram"), only=MASK_CHECKS)
+    assert bigram["future-leak"].status.value == "pass"
+    assert bigram["mask-direction"].status.value == "skip", bigram["mask-direction"].message
+    assert "mixes no positions" in bigram["mask-direction"].message
+    self_only = run_checks(_SelfOnlyAttention(), only="mask-direction")["mask-direction"]
+    assert self_only.status.value == "fail", self_only.message

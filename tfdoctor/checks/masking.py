@@ -151,13 +151,35 @@ def mask_direction(subject) -> Result:
     Fix: the one-liner for the pattern found: `torch.tril` where `torch.triu` was written,
     `diagonal=0` where a position saw its next token, or the missing mask itself.
     """
-    return judged_per_implementation(subject, _on_dependency_map(subject, _judge_mask_direction))
+    return judged_per_implementation(
+        subject, _on_dependency_map(subject, lambda dmap: _judge_mask_direction(dmap, subject)))
 
 
-def _judge_mask_direction(dmap) -> Result:
+def _runs_attention(subject) -> bool:
+    """Whether one eval forward calls a softmax or a fused attention kernel at all."""
+    import torch
+
+    from tfdoctor.probes.attention import capture_attention
+    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.subject import call, random_tokens
+
+    ids = [random_tokens(subject, 1, subject.seq_len)] * (2 if subject.kind == "seq2seq" else 1)
+    with torch.no_grad(), evaluation(subject.model):
+        capture = capture_attention(subject.model, lambda: call(subject, *ids))
+    return bool(capture.softmaxes or capture.fused_calls)
+
+
+def _judge_mask_direction(dmap, subject) -> Result:
     pattern, ahead = classify(dmap.depends)
     details = _map_details(dmap)
     details.update(pattern=pattern, look_ahead=ahead)
+    only_itself = bool(dmap.depends.diagonal().all()) and not bool(dmap.depends.tril(-1).any())
+    if ahead == 0 and only_itself and not _runs_attention(subject):
+        # A bigram drafter or a per-token classifier mixes no positions and calls no attention:
+        # there is no mask to name. The same map from a model that does attend is a mask bug.
+        return Result.skipped("each output reads only its own token and the forward calls no softmax or "
+                              "attention kernel: the model mixes no positions, so it has no attention mask "
+                              "to judge (future-leak still checks that nothing later is read)", details)
     T = dmap.seq_len
     note = _opened_note(dmap)
     if pattern == "causal":
