@@ -206,9 +206,10 @@ def test_padding_checks_on_ibert_and_perceiver():
         num_self_attention_heads=2, num_cross_attention_heads=2, max_position_embeddings=64, qk_channels=32,
         v_channels=32))
     assert resolve(Subject(perceiver)).seq_len == 64  # probed where its 64 outputs line up with the inputs
-    report = run_checks(Subject(perceiver, pad_id=1), only=["padding-mask", "padding-equivalence"])
-    assert [r.status.value for r in report.results] == ["skip", "skip"], [r.message for r in report.results]
+    report = run_checks(Subject(perceiver, pad_id=1), only=["padding-mask", "padding-equivalence", "overfit-batch"])
+    assert [r.status.value for r in report.results] == ["skip"] * 3, [r.message for r in report.results]
     assert "64 outputs for 32 input tokens" in report["padding-equivalence"].message
+    assert "64 outputs for 32 input tokens" in report["overfit-batch"].message  # not a ValueError of the loss
 
 
 @pytest.fixture(scope="module")

@@ -183,7 +183,6 @@ def _overfit_alone(subject, budget) -> Result:
 
     from tfdoctor.context import current, progress
     from tfdoctor.errors import first_line
-    from tfdoctor.probes.loss import lm_batch
     from tfdoctor.probes.memorise import memorise, plans, trainable_copy
     from tfdoctor.probes.modes import BackwardRefused
 
@@ -198,8 +197,14 @@ def _overfit_alone(subject, budget) -> Result:
         return Result.skipped(f"the model cannot be copied to train it apart from yours ({first_line(exc)}), "
                               "and training yours would change it", {"copy_error": first_line(exc)})
     generator = torch.Generator().manual_seed(current().seed + 2)
-    batch = lm_batch(subject, min(OVERFIT_ROWS, subject.batch_size), min(OVERFIT_MAX_LEN, subject.seq_len),
-                     generator)
+    batch, unmatched = _aligned_batch(subject, generator)
+    if unmatched:
+        # A model that decodes a fixed number of outputs (Perceiver) answers a short batch with as many
+        # outputs as ever: its per-position loss runs through a latent bottleneck, so failing to memorise
+        # would measure that capacity, not a broken path; nothing aligned, no loss can be taken at all.
+        return Result.skipped(f"the model returns {unmatched}: it decodes a fixed number of outputs rather "
+                              "than one per token, so memorising a batch would measure its latent bottleneck, "
+                              "not its wiring", {"outputs_vs_inputs": unmatched})
     target = max(OVERFIT_TARGET_NATS, OVERFIT_TARGET_SHARE * math.log(subject.vocab_size))
     goal, floor, attempts, note = target, None, [], None
     for plan in plans(current().options.get("recorded_optimizers")):
@@ -222,6 +227,24 @@ def _overfit_alone(subject, budget) -> Result:
             if floor and attempt.curve[-1] < goal:
                 break
     return _overfit_verdict(subject, batch, attempts, target, goal, floor, note, budget)
+
+
+def _aligned_batch(subject, generator):
+    """The overfit batch, and None when the model answers it with one output per token, else what it
+    returned instead."""
+    import torch
+
+    from tfdoctor.probes.loss import lm_batch
+    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.subject import call
+
+    batch = lm_batch(subject, min(OVERFIT_ROWS, subject.batch_size), min(OVERFIT_MAX_LEN, subject.seq_len),
+                     generator)
+    with torch.no_grad(), evaluation(subject.model):
+        outputs = call(subject, *batch.inputs).shape[1]
+    if outputs == batch.targets.shape[1]:
+        return batch, None
+    return batch, f"{outputs} outputs for {batch.targets.shape[1]} input tokens"
 
 
 def _context_floor(subject, batch) -> dict:
