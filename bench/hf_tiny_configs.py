@@ -93,7 +93,7 @@ def _shrink_value(key, value, depth):
         return min(value, 32)
     if key in ("qk_rope_head_dim", "qk_nope_head_dim"):
         return min(value, 8)
-    if key == "vocab_size":
+    if key in ("vocab_size", "unpadded_vocab_size"):
         return min(value, VOCAB)
     if key in ("num_codebooks",):
         return min(value, 2)
