@@ -231,9 +231,11 @@ def main():
     specs = args.only.split(",") if args.only else all_types()
     out = Path(args.out)
     old = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
-    done = {r["spec"] for r in old if r.get("built")}  # unbuilt rows are tried again
-    if len(done) < len(old):
-        out.write_text("".join(json.dumps(r) + "\n" for r in old if r.get("built")))
+    wanted = set(specs)
+    kept = [r for r in old if r.get("built") or r["spec"] not in wanted]  # this run's unbuilt rows are tried again
+    done = {r["spec"] for r in kept}
+    if len(kept) < len(old):
+        out.write_text("".join(json.dumps(r) + "\n" for r in kept))
     todo = [s for s in specs if s not in done]
     start = time.time()
     print(f"{len(todo)} to run ({len(done)} already in {out})", file=sys.stderr)
