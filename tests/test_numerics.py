@@ -369,3 +369,24 @@ def test_nan_logits_exit_1_from_the_command():
     assert done.returncode == 1, done.stderr
     checks = {c["id"]: c["status"] for c in json.loads(done.stdout)["checks"]}
     assert checks == {"finite-logits": "fail", "init-loss": "skip"}
+
+
+class _CodebookRows(nn.Module):
+    """Correct: like MusicGen, whose batch rows are the codebooks of its samples, it takes only an even
+    number of rows (two codebooks per sample) and raises otherwise, in its own code."""
+
+    def __init__(self, vocab=64, d=16):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.head = nn.Linear(2 * d, 2 * vocab)
+
+    def forward(self, ids):
+        B, T = ids.shape
+        x = self.emb(ids).reshape(-1, 2, T, self.emb.embedding_dim).transpose(1, 2).reshape(B // 2, T, -1)
+        out = torch.cumsum(x, dim=1) / torch.arange(1, T + 1).view(1, T, 1)  # (B/2, T, 2d): the past only
+        return self.head(out).reshape(B // 2, T, 2, -1).transpose(1, 2).reshape(B, T, -1)
+
+
+def test_finite_logits_probes_the_batch_size_the_other_checks_use():
+    result = run_checks(_CodebookRows(), only="finite-logits")["finite-logits"]
+    assert result.status.value == "pass", result.message

@@ -3,7 +3,8 @@ what the model itself says, most trusted first:
 
 1. its config's own switches: `is_encoder_decoder`; `causal` (XLM and FlauBERT build one class as a
    masked LM or a causal LM from this flag); `is_causal` / `use_bidirectional_attention` (Gemma
-   variants run bidirectionally); `is_decoder=True` (a BERT-like stack turned into a decoder);
+   variants run bidirectionally); XLNet's `attn_type` ("bi" or "uni"); `is_decoder=True` (a BERT-like
+   stack turned into a decoder);
 2. the task the library registers the class (or the library class a user's class derives from)
    for: the causal-LM auto mapping or the masked-LM one, when it is in only one of them;
 3. a measurement when only a name is left to go on and the name is ambiguous (`LMHead` heads both
@@ -43,6 +44,9 @@ def flagged_kind(config: Any) -> Optional[str]:
         return "causal" if is_causal else "encoder"
     if getattr(config, "use_bidirectional_attention", None) in (True, "all"):
         return "encoder"
+    attention_type = getattr(config, "attn_type", None)  # XLNet: "bi" reads both ways, "uni" (Transformer-XL) one
+    if attention_type in ("bi", "uni"):
+        return "encoder" if attention_type == "bi" else "causal"
     if getattr(config, "is_decoder", None) is True:
         return "causal"
     return None

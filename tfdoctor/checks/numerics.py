@@ -104,15 +104,20 @@ def finite_logits(subject) -> Result:
 
 
 def _finite_probe_ids(subject):
-    """tfdoctor's first call's row (seed 0, as subject resolution draws it) and PROBE_ROWS random ones."""
+    """tfdoctor's first call's row (seed 0, as subject resolution draws it) and random ones, as many
+    rows in all as the probe batch: some models take only batches of a certain size (MusicGen's rows
+    are the codebooks of its samples)."""
     import torch
 
+    from tfdoctor.context import current
     from tfdoctor.subject import random_tokens
 
     first = torch.Generator().manual_seed(0)
+    others = torch.Generator().manual_seed(current().seed + 13)
     count = 2 if subject.kind == "seq2seq" else 1
     heads = [random_tokens(subject, 1, subject.seq_len, first) for _ in range(count)]
-    return tuple(torch.cat([head, rest]) for head, rest in zip(heads, _probe_ids(subject, seed_offset=13)))
+    rest = [random_tokens(subject, max(1, subject.batch_size - 1), subject.seq_len, others) for _ in range(count)]
+    return tuple(torch.cat([head, more]) for head, more in zip(heads, rest))
 
 
 def _spans(positions: list[int]) -> str:

@@ -25,12 +25,50 @@ def current_implementation(model: torch.nn.Module) -> Optional[str]:
 
 
 def attention_implementations(model: torch.nn.Module) -> list[Optional[str]]:
-    """[None] for models that do not choose their attention kernel; else the supported candidates."""
+    """[None] for models that do not choose their attention kernel; else the supported candidates:
+    those the class declares and the model accepts when switched to them."""
     if not is_hugging_face(model) or not hasattr(model, "set_attn_implementation"):
         return [None]
     supported = [impl for impl in CANDIDATES
-                 if impl == "eager" or getattr(model, f"_supports_{impl}", False)]
+                 if (impl == "eager" or getattr(model, f"_supports_{impl}", False)) and _switchable(model, impl)]
     return supported or [current_implementation(model)]
+
+
+def _switchable(model: torch.nn.Module, implementation: str) -> bool:
+    """Whether the model can be switched to `implementation` and back: a class can declare SDPA
+    while one of its sub-models refuses it (VibeVoice's acoustic tokenizer raises ValueError), which
+    is the library saying the model cannot run it, not a kernel to judge. Leaves the model as found."""
+    original = current_implementation(model)
+    if implementation == original:
+        return True
+    saved = _implementation_state(model)
+    try:
+        model.set_attn_implementation(implementation)
+        model.set_attn_implementation(original)
+        return True
+    except (ValueError, ImportError, NotImplementedError):
+        return False
+    finally:
+        _restore_implementation_state(saved)
+
+
+def _implementation_state(model: torch.nn.Module) -> list[tuple[object, object]]:
+    """(config, its own attention implementation) for every config in the model and their
+    sub-configs: set_attn_implementation writes them all, and a switch back can refuse."""
+    seen, state, stack = set(), [], [m.config for m in model.modules() if hasattr(m, "config")]
+    while stack:
+        config = stack.pop()
+        if id(config) in seen or not hasattr(config, "_attn_implementation_internal"):
+            continue
+        seen.add(id(config))
+        state.append((config, config._attn_implementation_internal))
+        stack.extend(getattr(config, key, None) for key in getattr(config, "sub_configs", {}) or {})
+    return state
+
+
+def _restore_implementation_state(state: list[tuple[object, object]]) -> None:
+    for config, value in state:
+        config._attn_implementation_internal = value
 
 
 def configured_implementation(model: torch.nn.Module) -> Optional[str]:
@@ -63,11 +101,12 @@ def using_implementation(model: torch.nn.Module, implementation: Optional[str]) 
     if implementation is None or implementation == original:
         yield
         return
+    saved = _implementation_state(model)
     model.set_attn_implementation(implementation)
     try:
         yield
     finally:
-        model.set_attn_implementation(original)
+        _restore_implementation_state(saved)  # exactly as found, also where a switch back would refuse
 
 
 def per_implementation(model: torch.nn.Module, measure: Callable[[Optional[str]], T]) -> list[tuple[Optional[str], T]]:
