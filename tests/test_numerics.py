@@ -340,7 +340,7 @@ def test_nan_logits_fail_finite_logits_naming_rows_positions_and_the_mask_row(di
     result = report["finite-logits"]
     assert result.status.value == "fail" and report.exit_code() == 1
     assert result.details["nan_in_every_row"] == [0]
-    assert result.details["rows"] == {"0": [0], "1": [0], "2": [0]}
+    assert result.details["rows"] == {str(row): [0] for row in range(4)}  # the probe batch: 4 rows
     assert result.details["first_nonfinite"]["op"] == "softmax"
     assert "position 0 is NaN in every row" in result.message and "diagonal=1" in result.hint
 
