@@ -16,15 +16,8 @@ import torch
 
 from tfdoctor.errors import first_line
 from tfdoctor.probes.decoding import MODEL_ERRORS, raised_by_model
-from tfdoctor.probes.implementations import attention_implementations, current_implementation, using_implementation
+from tfdoctor.probes.implementations import configured_implementation, using_implementation
 from tfdoctor.result import Result
-
-
-def running_implementation(model: torch.nn.Module) -> Optional[str]:
-    """The resolved config._attn_implementation when it is one of those measured, else None."""
-    candidates = attention_implementations(model)
-    current = current_implementation(model)
-    return current if len(candidates) > 1 and current in candidates else None
 
 
 def _demoted(result: Result, implementation: str, running: str) -> Result:
@@ -44,7 +37,7 @@ def judged_as_run(model: torch.nn.Module, judge: Callable[[Optional[str]], Resul
     (measured once); under another, an exception the model raised is a warning naming it, and a
     result that is not a pass or skip while the running one passes (or skips) is a warning not to
     switch."""
-    running = running_implementation(model)
+    running = configured_implementation(model)
     own: dict = {}
 
     def run_own():
