@@ -269,6 +269,7 @@ def test_sarif_puts_each_finding_on_its_line():
     ("packed_no_doc_mask.py", "documents", "fail", "attention crosses the document boundary"),
     ("packed_doc_mask.py", "documents", "pass", "gets the same logits as alone"),
     ("hf_packed.py", "position_ids", "pass", "gets the same logits as alone"),
+    ("hf_packed_seq_idx.py", "documents", "pass", "gets the same logits as alone"),  # TRL's padding-free rows
 ])
 def test_packed_batches_turn_packing_isolation_on(script, packed, status, expected):
     if script.startswith("hf_"):

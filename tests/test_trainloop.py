@@ -78,8 +78,9 @@ EXPECTED = {
     "zero_grad_after_backward": dict(SIMPLE, **{"zero-grad": F}),
     "frozen_midway": SIMPLE,
     "next_by_length": ACCUM,  # item 13: len(batches) and what iterating them yields agree
-    # item 11: a fused LM head (TRL's fused_lm_head) holds no scores: the checks reading them skip, saying so
-    "fused_head": dict(SIMPLE, objective=S, **{"ignore-index": S}),
+    # item 11: a fused LM head (TRL's fused_lm_head) holds no scores: the checks reading targets skip,
+    # saying so; each graded token's weight is read from the gradient at its log-probability
+    "fused_head": dict(ACCUM, objective=S, **{"ignore-index": S}),
 }
 
 # The model each family of loops trains (by file-name prefix; the fixture GPT otherwise), and the
@@ -558,4 +559,5 @@ def test_a_step_on_gradients_wiped_after_the_backward_names_the_zero_grad_line()
 
 
 def test_a_fused_lm_head_is_named_where_the_scores_are_missing():
-    assert "fused LM head" in audit("fused_head")["accumulation-scaling"].message
+    assert "fused LM head" in audit("fused_head")["objective"].message
+    assert audit("fused_head")["accumulation-scaling"].details["gradient_factor"] == pytest.approx(1.0, abs=0.01)

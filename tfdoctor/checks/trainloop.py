@@ -326,7 +326,7 @@ def _alignment(trace, subject) -> dict:
 def _no_scores(trace, subject) -> str:
     """Why no graded token could be read."""
     fused = next((e.data["fused_head"] for e in trace.of("forward") if e.data.get("fused_head")), None)
-    if not trace.scores and fused:
+    if fused and not any(bool(entry["readable"].any()) for entry in trace.scores):
         return (f"the model returns {fused} with per-token log_probs and no logits: its loss comes from a fused "
                 "LM head (TRL's fused_lm_head) that never holds scores over the vocabulary, so which token each "
                 "position was graded on, and its weight, cannot be read")

@@ -15,7 +15,6 @@ know the loss the model's measured context allows (overfit-batch without --train
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import inspect
 import math
@@ -111,9 +110,14 @@ def isolated_trainable_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def trainable_copy(model: torch.nn.Module) -> tuple[torch.nn.Module, Optional[str]]:
-    """A deep copy of `model`, and a note when non-leaf tensors it holds had to be copied detached."""
+    """A deep copy of `model` whose function attributes call the copy (trace.isolated_copy: a forward
+    wrapped as `model.forward = wrapper` around `original = model.forward`, TRL's fused LM head, would
+    otherwise train the original's weights and leave the copy's still), and a note when non-leaf
+    tensors it holds had to be copied detached."""
+    from tfdoctor.probes.trace import isolated_copy
+
     with detached_attributes(model) as detached:
-        clone = copy.deepcopy(model)
+        clone = isolated_copy(model)[0]
     note = (f"{detached} non-leaf tensor(s) the model holds as attributes (kept from a forward) were "
             "copied detached" if detached else None)
     return clone, note

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from tfdoctor.probes.fused_head import watch_log_probs
 from tfdoctor.recording.sites import call_site
 from tfdoctor.subject import Subject, extract_logits
 
@@ -562,6 +563,7 @@ class _Recorder(TorchFunctionMode):
             logits = None
         if logits is None and isinstance(getattr(output, "log_probs", None), torch.Tensor):
             forward.data["fused_head"] = type(output).__name__  # per-token log-probs, no scores (TRL)
+            watch_log_probs(self, output, forward.data["index"])  # their gradient still weighs each token
         output_node = None
         if (isinstance(logits, torch.Tensor) and logits.dim() >= 2 and logits.is_floating_point()
                 and logits.shape[-1] == self.vocab):
@@ -963,6 +965,11 @@ def _rebound(value, memo: dict, done: dict):
         return copied
     if isinstance(value, types.FunctionType):
         return _rebound_function(value, memo, done)
+    if isinstance(value, types.MethodType):  # `original = model.forward` kept by a wrapper (TRL's fused head)
+        func, owner = _rebound(value.__func__, memo, done), memo.get(id(value.__self__), value.__self__)
+        return value if func is value.__func__ and owner is value.__self__ else types.MethodType(func, owner)
+    if callable(value) and hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, type)):
+        return _rebound_callable(value, memo, done)  # a wrapper object (accelerate's ConvertOutputsToFp32)
     if type(value) in (list, tuple):
         items = [_rebound(v, memo, done) for v in value]
         changed = any(a is not b for a, b in zip(items, value))
@@ -998,6 +1005,25 @@ def _rebound_function(fn: types.FunctionType, memo: dict, done: dict):
     new.__dict__.update(fn.__dict__)
     new.__qualname__, new.__doc__, new.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
     done[id(fn)] = new
+    return new
+
+
+def _rebound_callable(obj, memo: dict, done: dict):
+    """A shallow copy of a callable object whose attributes had to be rebuilt (a forward wrapper
+    holding the function it wraps), else `obj` itself."""
+    if id(obj) in done:
+        return done[id(obj)]
+    done[id(obj)] = obj
+    attrs = vars(obj)
+    new_attrs = {k: _rebound(v, memo, done) for k, v in attrs.items()}
+    if all(new_attrs[k] is v for k, v in attrs.items()):
+        return obj
+    try:  # not copy.copy: accelerate's wrapper refuses to be pickled, which copy.copy asks of it
+        new = object.__new__(type(obj))
+        new.__dict__.update(new_attrs)
+    except Exception:  # an object with state outside its __dict__ keeps calling the original's
+        return obj
+    done[id(obj)] = new
     return new
 
 

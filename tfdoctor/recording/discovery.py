@@ -506,7 +506,10 @@ def _packing_for(facts: dict, recorder, pad_id: Optional[int]):
         return None
     judged = audited(recorder)
     if type(judged.snapshot).__module__.startswith("transformers."):
-        return PACKING_BY_POSITION_IDS if facts.get("packed") == "position_ids" else None
+        # TRL's padding-free collator passes seq_idx / cu_seq_lens beside restarting position_ids: the
+        # model reads its documents from the positions, as the convention feeds them
+        fed_positions = "position_ids" in ((judged.call or {}).get("kwargs") or {})
+        return PACKING_BY_POSITION_IDS if facts.get("packed") == "position_ids" or fed_positions else None
     return replay_packed(judged.call, judged.snapshot, pad_id)
 
 

@@ -580,6 +580,10 @@ class ScriptRecorder(_Recorder):
 
             @functools.wraps(call_original)
             def __call__(module, *args, **kwargs):
+                if recorder.current_backward is not None:
+                    # gradient checkpointing recomputing its segments inside backward(), stopped early by
+                    # an exception: not the script's forwards, and no candidates (Trainer, TRL's default)
+                    return call_original(module, *args, **kwargs)
                 if recorder.depth == 0 and recorder.record and not recorder.busy:
                     if _redirected(module):  # not counted: the model called inside it is the top-level call
                         return call_original(module, *args, **kwargs)
