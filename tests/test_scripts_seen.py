@@ -70,3 +70,14 @@ def test_overfit_batch_retries_at_a_lower_rate_before_failing():
     assert first["lr"] == 3e-3 and first["best_loss"] > 1.0  # stalled far above the target
     assert last["lr"] < 3e-3 and last["best_loss"] < result.details["target_loss"]
     assert "before: AdamW lr 3e-03" in result.message
+
+
+def test_gradients_wiped_inside_accumulation_are_blamed_on_zero_grad_alone():
+    """llama2.c's train.py with zero_grad pasted after its backward: accumulation-scaling read 0.000x
+    and blamed a division done "more than once"; the cause is the zero_grad, which zero-grad names."""
+    train = load_function(str(FIXTURES / "loops" / "zero_grad_in_accumulation.py") + ":train")
+    report = run_checks(build_fixture("gpt_correct"), only=["accumulation-scaling", "zero-grad"], pad_id=0,
+                        train=train)
+    assert report["zero-grad"].status.value == "fail", report["zero-grad"].message
+    scaling = report["accumulation-scaling"]
+    assert scaling.status.value == "skip" and "see zero-grad" in scaling.message

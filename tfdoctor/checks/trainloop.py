@@ -583,6 +583,11 @@ def accumulation_scaling(subject) -> Result:
     even = {w: weights[w] for w, n in per_window.items() if n == k and w in weights}
     if not even:
         return Result.skipped(_no_scores(trace, subject))
+    wiped = getattr(trace, "grad_rescale", {})
+    if all(wiped.get(w) == 0 for w in even):  # a factor of 0 here is zero-grad's finding, not a division
+        return Result.skipped("every judged step ran on gradients cleared after the backward (zero_grad() or "
+                              "`.grad = None` before the step, see zero-grad): no accumulated gradient reached "
+                              "it to weigh", {"grad_rescale": {w: 0.0 for w in sorted(even)}})
     factor = sum(even.values()) / len(even)
     sizes = [per_window.get(w, 0) for w in range(trace.steps)]
     # Windows of another size than k, except a shorter last one (the data ran out before the k-th).
