@@ -81,3 +81,12 @@ def test_gradients_wiped_inside_accumulation_are_blamed_on_zero_grad_alone():
     assert report["zero-grad"].status.value == "fail", report["zero-grad"].message
     scaling = report["accumulation-scaling"]
     assert scaling.status.value == "skip" and "see zero-grad" in scaling.message
+
+
+def test_rows_that_are_codebooks_skip_padding_equivalence_with_the_reason():
+    """MusicGen's batch rows are the codebooks of its samples: a lone row raised a shape error inside
+    padding-equivalence (an error); it skips and says why."""
+    result = run_checks(build_fixture("codebook_rows"), only="padding-equivalence", pad_id=0,
+                        batch_first=True)["padding-equivalence"]  # as a Hugging Face model is taken
+    assert result.status.value == "skip", result.message
+    assert "refuses a batch of one row" in result.message and "runs 4 rows together" in result.message

@@ -174,16 +174,38 @@ def pad_sensitivity(subject: Subject, seed: int, side: str) -> PadSensitivity | 
 def fixed_output_length(subject: Subject, generator: torch.Generator) -> str | None:
     """Why outputs cannot be matched to inputs position by position, or None when they can: a model
     that decodes a fixed number of outputs whatever the input length (Perceiver's decoder queries)
-    answers a shorter row with as many outputs as a full one."""
+    answers a shorter row with as many outputs as a full one; a model whose rows are not sequences of
+    their own (MusicGen's are the codebooks of a sample, read together) refuses a lone row."""
     T = subject.seq_len
     short = max(1, T // 2)
     ids = random_tokens(subject, 1, short, generator)
     with torch.no_grad():
-        got = call(subject, ids).shape[1]
+        try:
+            got = call(subject, ids).shape[1]
+        except Exception as exc:  # noqa: BLE001 - judged below: refused only a lone row, or broken
+            refused = _lone_row_refused(subject, generator, exc)
+            if refused is None:
+                raise
+            return refused
     if got == short:
         return None
     return (f"the model returns {got} outputs for {short} input tokens (a fixed number of decoded outputs, "
             "not one per token), so a sequence alone and padded cannot be compared position by position")
+
+
+def _lone_row_refused(subject: Subject, generator: torch.Generator, exc: Exception) -> str | None:
+    """The skip reason when a model that raised `exc` on one row runs a batch of the probe's rows,
+    else None (it is broken for any batch)."""
+    from tfdoctor.errors import first_line
+
+    rows = max(2, subject.batch_size)
+    try:
+        call(subject, random_tokens(subject, rows, subject.seq_len, generator))
+    except Exception:  # noqa: BLE001 - broken for any batch: the caller re-raises the first exception
+        return None
+    return (f"the model refuses a batch of one row ({first_line(exc)}) but runs {rows} rows "
+            "together: its rows are not sequences of their own (MusicGen's are the codebooks of a sample), so a "
+            "row alone and padded cannot be compared")
 
 
 # Keywords under which a model is handed a key-padding mask (Hugging Face, nn.Transformer,
