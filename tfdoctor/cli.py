@@ -356,7 +356,7 @@ def _report_of(outcome, target: str, strict: bool):
 
     if outcome.ended != "done" and not outcome.results:
         return None
-    report = Report(target, list(outcome.results), strict=strict)
+    report = Report(target, list(outcome.results), strict=strict, sandbox=outcome.sandbox)
     if outcome.ended != "done":
         report.stopped = outcome.message
         if outcome.phase not in ("", "loading"):  # the check that was cut short is reported as such

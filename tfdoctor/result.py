@@ -101,6 +101,7 @@ class Report:
     strict: bool = False  # warnings count as problems (--strict); every reporter and the exit code agree
     stopped: str = ""  # why the run ended before its last check (a budget, the user's sys.exit), if it did
     discovered: dict[str, Any] = field(default_factory=dict)  # `tfdoctor run`: what the script showed
+    sandbox: dict[str, Any] = field(default_factory=dict)  # what the user's code tried to write (thrown away)
 
     def summary(self) -> dict[str, int]:
         counts = {status.value: 0 for status in Status}
@@ -134,4 +135,6 @@ class Report:
             data["stopped"] = self.stopped
         if self.discovered:
             data["discovered"] = json_safe(self.discovered)
+        if self.sandbox:
+            data["sandbox"] = json_safe(self.sandbox)
         return data

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 
 from tfdoctor.recording.sites import display_path
 from tfdoctor.result import Result
+from tfdoctor.sandbox import Host
 from tfdoctor.worker import REQUEST_ENV
 
 # After SIGUSR1, how long the worker gets to write its stack dump before it is killed.
@@ -47,6 +48,7 @@ class Outcome:
     verdict: Any = None  # `tfdoctor memory TARGET`: the traced Verdict
     code: int = 0  # rank-exit: the exit code rank 0 sent
     quiet: bool = False  # usage-error: rank 0 says the same line, this rank says nothing
+    sandbox: dict = field(default_factory=dict)  # what the user's code tried to write (tfdoctor/sandbox)
 
 
 def _phase_name(phase: str) -> str:
@@ -74,7 +76,9 @@ def supervise(request: dict, *, timeout: float, timeout_per_check: float,
     release_read = release_write = None
     if hold is not None:
         release_read, release_write = os.pipe()
-    request = {**request, "stack_dump": dump.name, "progress": progress is not None, "release_fd": release_read}
+    sandbox = Host(request)  # the user's files are sacred: the worker writes into this scratch folder
+    request = {**request, "stack_dump": dump.name, "progress": progress is not None, "release_fd": release_read,
+               "sandbox": sandbox.spec}
     read_end, write_end = os.pipe()
     env = {**os.environ, REQUEST_ENV: json.dumps(request)}
     outcome = Outcome()
@@ -93,6 +97,7 @@ def supervise(request: dict, *, timeout: float, timeout_per_check: float,
             if release_read is not None:
                 os.close(release_read)
         outcome = _watch(outcome, proc, read_end, dump.name, timeout, timeout_per_check, progress)
+        outcome.sandbox = sandbox.report()
         if hold is not None and proc.poll() is None and outcome.ended in ("done", "usage-error", "internal-error"):
             _held(hold, outcome, proc, release_write)
         return outcome
@@ -107,6 +112,7 @@ def supervise(request: dict, *, timeout: float, timeout_per_check: float,
         if release_write is not None:
             os.close(release_write)
         Path(dump.name).unlink(missing_ok=True)
+        sandbox.close()
 
 
 # After its release, how long the worker gets to send the other ranks their exit code and end.

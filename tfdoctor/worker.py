@@ -31,6 +31,7 @@ from typing import Any, Callable
 from tfdoctor.errors import InternalError, OutputShapeError, TfdoctorError, UsageError
 from tfdoctor.recording.distributed import world
 from tfdoctor.recording.sites import raised_at
+from tfdoctor.sandbox import enter as enter_sandbox
 
 REQUEST_ENV = "TFDOCTOR_WORKER_REQUEST"
 
@@ -246,6 +247,8 @@ def main(argv: list[str]) -> None:
         # The supervisor sends SIGUSR1 when a budget runs out: every thread's stack goes to the file,
         # so the one line it prints can name the user's frame that was running.
         faulthandler.register(signal.SIGUSR1, file=open(dump_path, "w"), all_threads=True)
+    # Before any thread starts (a user namespace needs one) and before the user's code runs.
+    sandbox = enter_sandbox(request.get("sandbox"))
     channel.send("hello", pid=os.getpid(), main_thread=threading.main_thread().ident)
 
     def listener(event: str, payload) -> None:
@@ -294,6 +297,8 @@ def main(argv: list[str]) -> None:
         channel.send("internal-error", message=said,
                      traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)))
     finally:
+        if sandbox is not None:
+            sandbox.leave()
         _close_session(session, request.get("release_fd"))
         sys.stderr.flush()
     # os._exit: the user's non-daemon threads must not keep the worker (and CI) waiting.
