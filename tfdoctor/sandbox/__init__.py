@@ -19,7 +19,7 @@ import tempfile
 from typing import Optional
 
 from tfdoctor.sandbox.ledger import summary, write_state
-from tfdoctor.sandbox.roots import inside, protected_roots
+from tfdoctor.sandbox.roots import exempt_folders, inside, protected_roots
 
 FORCE_ENV = "TFDOCTOR_SANDBOX"  # "interpose": skip the overlay (CI without user namespaces behaves so)
 KEEP_ENV = "TFDOCTOR_KEEP_WRITES"  # a folder: keep a copy of what the code wrote there, for inspection
@@ -33,7 +33,7 @@ class Host:
     def __init__(self, request: dict) -> None:
         roots = protected_roots(request)
         self.scratch = tempfile.mkdtemp(prefix="tfdoctor-writes-", dir=_scratch_parent(roots))
-        self.spec = {"scratch": self.scratch, "roots": roots}
+        self.spec = {"scratch": self.scratch, "roots": roots, "exempt": exempt_folders(roots)}
 
     def report(self) -> dict:
         """The report's `sandbox` record (empty when the worker never entered the sandbox)."""
@@ -74,22 +74,22 @@ def enter(spec: Optional[dict]) -> Optional[Sandbox]:
     """In the worker, before any thread starts and before the user's code: protect the user's files."""
     if not spec:
         return None
-    scratch, roots = spec["scratch"], spec["roots"]
+    scratch, roots, exempt = spec["scratch"], spec["roots"], spec.get("exempt", [])
     if os.environ.get(FORCE_ENV) == "interpose":
         fallback = f"{FORCE_ENV}=interpose"
     else:
         from tfdoctor.sandbox import overlay
 
         try:
-            layers = overlay.enter(roots, scratch)
+            layers = overlay.enter(roots, scratch, exempt)
         except OSError as error:
             fallback = f"no overlay here ({error})"
         else:
-            write_state(scratch, {"mechanism": "overlay", "layers": layers, "protected": roots})
+            write_state(scratch, {"mechanism": "overlay", "layers": layers, "protected": roots, "exempt": exempt})
             return Sandbox("overlay")
     from tfdoctor.sandbox import interpose
 
-    write_state(scratch, {"mechanism": "interpose", "protected": roots, "limits": INTERPOSE_LIMITS,
+    write_state(scratch, {"mechanism": "interpose", "protected": roots, "exempt": exempt, "limits": INTERPOSE_LIMITS,
                           "layers": [{"root": "/", "upper": os.path.join(scratch, "mirror")}],
                           "fallback": fallback})
-    return Sandbox("interpose", interpose.install(roots, scratch))
+    return Sandbox("interpose", interpose.install(roots, scratch, exempt))

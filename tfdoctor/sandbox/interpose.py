@@ -23,6 +23,7 @@ import io
 import json
 import os
 import shutil
+import stat
 import sys
 
 VIEW_ENV = "TFDOCTOR_SANDBOX_VIEW"
@@ -46,8 +47,8 @@ def _missing(path) -> OSError:
 class View:
     """The script's view of the protected folders: the mirror over the user's files, less deletions."""
 
-    def __init__(self, roots: list[str], scratch: str) -> None:
-        self.roots, self.scratch = list(roots), scratch
+    def __init__(self, roots: list[str], scratch: str, exempt=()) -> None:
+        self.roots, self.scratch, self.exempt = list(roots), scratch, list(exempt)
         self.mirror = os.path.join(scratch, "mirror")
         self.log = os.path.join(scratch, "gone.log")
         self._gone: set[str] = set()
@@ -58,7 +59,8 @@ class View:
         if isinstance(path, int) or path is None:
             return None
         full = os.path.abspath(os.fsdecode(os.fspath(path)))
-        if _inside(full, self.scratch) or not any(_inside(full, root) for root in self.roots):
+        if (_inside(full, self.scratch) or not any(_inside(full, root) for root in self.roots)
+                or any(_inside(full, folder) for folder in self.exempt)):
             return None
         return full
 
@@ -106,7 +108,7 @@ class View:
 
     def isdir(self, full: str) -> bool:
         try:
-            return os.path.isdir(self.read(full))
+            return _isdir(self.read(full))
         except OSError:
             return False
 
@@ -118,7 +120,7 @@ class View:
         copy = self.copy_of(full)
         _R["makedirs"](os.path.dirname(copy), exist_ok=True)
         if keep_content and not _lexists(copy) and not self.gone(full) and _lexists(full):
-            if os.path.isdir(full):
+            if _isdir(full):
                 _R["makedirs"](copy, exist_ok=True)
                 shutil.copystat(full, copy)
             else:
@@ -134,11 +136,19 @@ class View:
         if not touched:
             return None
         names = set(_R["listdir"](copy)) if here else set()
-        if not self.gone(full) and os.path.isdir(full):
+        if not self.gone(full) and _isdir(full):
             names.update(n for n in _R["listdir"](full) if not self.gone(os.path.join(full, n)))
         elif not here:
             raise _missing(full)
         return sorted(names)
+
+
+def _isdir(path: str) -> bool:
+    """The real file system's answer (os.path.isdir asks the view, once patched)."""
+    try:
+        return stat.S_ISDIR(_R["stat"](path).st_mode)
+    except OSError:
+        return False
 
 
 def _lexists(path: str) -> bool:
@@ -443,6 +453,8 @@ class Installed:
 
     def __init__(self, view: View) -> None:
         self.view, self.undo, self.finder = view, [], _AfterImport([])
+        self.env = {name: os.environ.get(name) for name in (VIEW_ENV, "PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
+        self.bytecode = sys.dont_write_bytecode
 
     def uninstall(self) -> None:
         global _active
@@ -452,13 +464,20 @@ class Installed:
         self.finder.undo.clear()
         if self.finder in sys.meta_path:
             sys.meta_path.remove(self.finder)
+        for name, value in self.env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        sys.dont_write_bytecode = self.bytecode
         _active = None
 
 
-def install(roots: list[str], scratch: str, children: bool = True) -> Installed:
-    """Patch this process (and, with `children`, tell child Python processes to patch themselves)."""
+def install(roots: list[str], scratch: str, exempt=(), children: bool = True) -> Installed:
+    """Patch this process (and, with `children`, tell child Python processes to patch themselves); paths
+    under `exempt` (the interpreter's own folders) are left alone."""
     global _active
-    view = View(roots, scratch)
+    view = View(roots, scratch, exempt)
     os.makedirs(view.mirror, exist_ok=True)
     installed = Installed(view)
     for (module, name), patch in PATCHES.items():
@@ -471,7 +490,7 @@ def install(roots: list[str], scratch: str, children: bool = True) -> Installed:
     sys.meta_path.insert(0, installed.finder)
     _active = view
     if children:
-        os.environ[VIEW_ENV] = json.dumps({"roots": view.roots, "scratch": scratch})
+        os.environ[VIEW_ENV] = json.dumps({"roots": view.roots, "scratch": scratch, "exempt": view.exempt})
         os.environ["PYTHONPATH"] = os.pathsep.join([BOOT, *filter(None, [os.environ.get("PYTHONPATH")])])
     # Python's own bytecode writer goes past every patch: it writes no caches into the user's folders.
     sys.dont_write_bytecode = True
@@ -485,4 +504,4 @@ def install_from_env() -> Installed | None:
     if not spec or _active is not None:
         return None
     view = json.loads(spec)
-    return install(view["roots"], view["scratch"], children=False)
+    return install(view["roots"], view["scratch"], view.get("exempt", ()), children=False)

@@ -18,6 +18,7 @@ from tfdoctor.sandbox.roots import inside
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
+MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
@@ -25,9 +26,10 @@ MNT_DETACH = 2
 UNSAFE = (",", ":", "\\")
 
 
-def enter(roots: list[str], scratch: str) -> list[dict]:
-    """Cover each root (and each file system mounted under one) with an overlay; returns the layers.
-    OSError when this machine does not allow it; then nothing is left mounted."""
+def enter(roots: list[str], scratch: str, exempt: tuple = ()) -> list[dict]:
+    """Cover each root (and each file system mounted under one) with an overlay, then put each `exempt`
+    folder (inside a root) back as it is; returns the layers. OSError when this machine does not allow
+    it; then nothing is left mounted."""
     if any(ch in scratch for ch in UNSAFE):
         raise OSError(f"the scratch path {scratch!r} holds a mount-option separator")
     if any(inside(scratch, root) for root in roots):
@@ -45,9 +47,13 @@ def enter(roots: list[str], scratch: str) -> list[dict]:
     _call(libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
     # Opened in the new namespace (an overlay refuses layers of another) before anything is mounted:
     # a sub-mount's own files stay reachable once its parent is covered.
-    fds = [os.open(target, os.O_PATH | os.O_DIRECTORY) for target in targets]
+    fds = [os.open(target, os.O_PATH | os.O_DIRECTORY) for target in [*targets, *exempt]]
     try:
-        return _mount_all(libc, targets, fds, scratch)
+        layers = _mount_all(libc, targets, fds, scratch)
+        for folder, fd in zip(exempt, fds[len(targets):]):
+            _call(libc.mount(f"/proc/self/fd/{fd}".encode(), folder.encode(), None, MS_BIND | MS_REC, None),
+                  f"bind {folder}")
+        return layers
     finally:
         for fd in fds:
             os.close(fd)

@@ -32,6 +32,26 @@ def protected_roots(request: dict) -> list[str]:
     return outermost(os.path.realpath(path) for path in found)
 
 
+def exempt_folders(roots: list[str]) -> list[str]:
+    """The interpreter's own folders (its prefix, a virtual environment in the project) that lie inside a
+    protected folder: not the user's files, and read by every import, so they stay uncovered."""
+    import site
+    import sysconfig
+
+    found = [sys.prefix, sys.base_prefix, sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+             *site.getsitepackages()]
+    real = {os.path.realpath(path) for path in found if os.path.isdir(path)}
+    return sorted(path for path in outermost_any(real) if any(inside(path, root) and path != root for root in roots))
+
+
+def outermost_any(paths: Iterable[str]) -> list[str]:
+    kept: list[str] = []
+    for path in sorted(set(paths), key=len):
+        if not any(inside(path, root) for root in kept):
+            kept.append(path)
+    return kept
+
+
 def _named_folder(arg: str) -> list[str]:
     """The folder an argument names (`--out-dir=runs/a`, `ckpt.pt`, `/data/x`), if it names a path."""
     value = arg.split("=", 1)[1] if arg.startswith("-") and "=" in arg else arg
@@ -45,12 +65,7 @@ def _named_folder(arg: str) -> list[str]:
 
 def outermost(paths: Iterable[str]) -> list[str]:
     """The paths none of the others holds, system folders left out, sorted."""
-    kept: list[str] = []
-    for path in sorted(set(paths), key=len):
-        if _is_system(path) or any(inside(path, root) for root in kept):
-            continue
-        kept.append(path)
-    return sorted(kept)
+    return sorted(outermost_any(path for path in paths if not _is_system(path)))
 
 
 def _is_system(path: str) -> bool:
