@@ -82,7 +82,7 @@ def enter(spec: Optional[dict]) -> Optional[Sandbox]:
 
         try:
             layers = overlay.enter(roots, scratch, exempt)
-        except OSError as error:
+        except (OSError, AttributeError) as error:  # AttributeError: no unshare/O_PATH (not Linux)
             fallback = f"no overlay here ({error})"
         else:
             write_state(scratch, {"mechanism": "overlay", "layers": layers, "protected": roots, "exempt": exempt})
