@@ -135,6 +135,6 @@ class Report:
             data["stopped"] = self.stopped
         if self.discovered:
             data["discovered"] = json_safe(self.discovered)
-        if self.sandbox:
+        if any(self.sandbox.get(key) for key in ("written_count", "deleted_count", "error")):  # it tried to write
             data["sandbox"] = json_safe(self.sandbox)
         return data

@@ -234,10 +234,8 @@ def _mkdir(path, mode=0o777, *, dir_fd=None):
         return _R["mkdir"](path, mode, dir_fd=dir_fd)
     if _active.exists(full):
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), full)
-    copy = _active.write(full, keep_content=False)
-    if _lexists(copy):  # a folder deleted and made again: the mirror keeps nothing of the old one
-        _active.forget(full)
-    _R["mkdir"](copy, mode)
+    # A folder deleted and made again lists only what is written into it now (its path stays in the log).
+    _R["mkdir"](_active.write(full, keep_content=False), mode)
 
 
 def _mover(name: str):
