@@ -81,6 +81,7 @@ def test_stops_after_the_steps_asked_and_reaches_nothing_after(tmp_path):
     assert found["steps"] == 3 and found["stopped_at"].startswith(f"{SCRIPTS}/plain_loop.py:")
     assert "epoch 0 step 2 " in done.stderr and "epoch 0 step 3 " not in done.stderr  # stopped inside step 3
     assert not out.exists()  # the checkpoint written after the loop was never reached
+    assert str(out) not in as_json(done).get("sandbox", {}).get("written", [])  # not even in the sandbox
 
 
 def test_rich_report_shows_discovered_header_and_locations():
