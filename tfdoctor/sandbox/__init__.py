@@ -65,7 +65,11 @@ class Sandbox:
         self.mechanism, self._installed = mechanism, installed
 
     def leave(self) -> None:
-        if self._installed is not None:
+        """Undo the patches, unless a thread of the user's code still runs: it could still write (an
+        async checkpoint), and the worker ends with os._exit next, patches and all."""
+        import threading
+
+        if self._installed is not None and threading.active_count() == 1:
             self._installed.uninstall()
             self._installed = None
 
