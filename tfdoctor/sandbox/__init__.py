@@ -23,6 +23,8 @@ from tfdoctor.sandbox.roots import exempt_folders, inside, protected_roots
 
 FORCE_ENV = "TFDOCTOR_SANDBOX"  # "interpose": skip the overlay (CI without user namespaces behaves so)
 KEEP_ENV = "TFDOCTOR_KEEP_WRITES"  # a folder: keep a copy of what the code wrote there, for inspection
+OVERLAY_LIMITS = ("renaming a folder the code did not create fails with EXDEV (shutil.move copies); under --nproc "
+                  "each rank has its own view of the protected folders")
 INTERPOSE_LIMITS = ("Python file APIs only: non-Python subprocesses and C/Rust code that opens paths itself "
                     "write for real")
 
@@ -89,7 +91,8 @@ def enter(spec: Optional[dict]) -> Optional[Sandbox]:
         except (OSError, AttributeError) as error:  # AttributeError: no unshare/O_PATH (not Linux)
             fallback = f"no overlay here ({error})"
         else:
-            write_state(scratch, {"mechanism": "overlay", "layers": layers, "protected": roots, "exempt": exempt})
+            write_state(scratch, {"mechanism": "overlay", "layers": layers, "protected": roots, "exempt": exempt,
+                                  "limits": OVERLAY_LIMITS})
             return Sandbox("overlay")
     from tfdoctor.sandbox import interpose
 
