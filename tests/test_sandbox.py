@@ -165,6 +165,15 @@ def test_interposer_views_and_undoes_in_process(tmp_path):
             (user / "old.txt").read_text()
         os.replace(user / "rename_me.txt", user / "results.csv")
         assert (user / "results.csv").read_bytes() == b"keep my name\n"
+        (user / "moved" / "new" / "x.txt").unlink()
+        (user / "moved" / "new").rmdir()
+        os.makedirs(user / "deep" / "er", exist_ok=True)
+        (user / "deep" / "er" / "y.bin").write_bytes(b"\0" * 8)
+        os.truncate(user / "deep" / "er" / "y.bin", 2)
+        shutil.copytree(user / "deep", user / "deep2")
+        shutil.move(str(user / "deep2"), str(user / "moved" / "deep3"))
+        assert (user / "moved" / "deep3" / "er" / "y.bin").stat().st_size == 2
+        assert sorted(os.listdir(user / "moved")) == ["a.txt", "deep3"]
         assert checksums(user) != before  # the script's view
     finally:
         installed.uninstall()

@@ -4,7 +4,7 @@ folder, and reads see the mirror first, then the user's files less what the code
 
 Covered: open/io.open, os.open, os.remove/unlink/rmdir/mkdir (and so makedirs/removedirs),
 os.rename/replace, os.truncate, os.chmod/chown/utime/setxattr/removexattr, os.link/symlink,
-os.stat/lstat/access/listdir/scandir (and so os.path, pathlib, glob, os.walk, tempfile, shutil's copies
+os.stat/lstat/access/listdir/scandir/listxattr/getxattr (and so os.path, pathlib, glob, os.walk, tempfile, shutil's copies
 and moves), shutil.rmtree, torch.save/torch.load and safetensors' save_file/load_file (patched when
 they are imported). Child Python processes (DataLoader spawn workers, subprocesses) install it again
 from TFDOCTOR_SANDBOX_VIEW through boot/sitecustomize.py. Not covered: non-Python subprocesses, C
@@ -30,7 +30,8 @@ VIEW_ENV = "TFDOCTOR_SANDBOX_VIEW"
 BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
 _R = {name: getattr(os, name) for name in (
     "open", "remove", "unlink", "rmdir", "mkdir", "rename", "replace", "truncate", "chmod", "chown", "utime",
-    "setxattr", "removexattr", "link", "symlink", "stat", "lstat", "access", "listdir", "scandir", "makedirs")}
+    "setxattr", "removexattr", "link", "symlink", "stat", "lstat", "access", "listdir", "scandir", "makedirs",
+    "listxattr", "getxattr") if hasattr(os, name)}
 _OPEN, _RMTREE, _COPY2, _COPYTREE = builtins.open, shutil.rmtree, shutil.copy2, shutil.copytree
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _active: "View | None" = None
@@ -369,7 +370,7 @@ PATCHES = {
     (os, "replace"): _mover("replace"), (os, "link"): _link, (os, "symlink"): _symlink,
     (os, "listdir"): _listdir, (os, "scandir"): _scandir, (shutil, "rmtree"): _rmtree,
     **{(os, name): _changer(name) for name in ("truncate", "chmod", "chown", "utime", "setxattr", "removexattr")},
-    **{(os, name): _reader(name) for name in ("stat", "lstat", "access")},
+    **{(os, name): _reader(name) for name in ("stat", "lstat", "access", "listxattr", "getxattr")},
 }
 
 
