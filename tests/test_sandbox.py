@@ -122,7 +122,6 @@ def test_interposer_views_and_undoes_in_process(tmp_path):
     import glob
     import io
     import shutil
-    from pathlib import Path
 
     import numpy as np
     import torch
