@@ -300,3 +300,35 @@ def test_sarif_puts_a_model_defined_outside_the_project_on_the_scripts_call(tmp_
     line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if "# the call site" in text)
     assert (where["artifactLocation"]["uri"], where["region"]["startLine"]) == ("train.py", line)
     assert str(FIXTURES / "tinygpt.py") in entry["message"]["text"]
+
+
+# --- At 80 columns (a pipe, a CI log) a fix wraps, it is never cut ----------------------------------
+
+def _cell_text(output: str, column: int) -> str:
+    """One column of a Rich table's rows, whitespace dropped (a word wrapped or folded reads the same)."""
+    cells = [line.split("│")[column] for line in output.splitlines() if line.count("│") >= column + 1]
+    return "".join("".join(cells).split())
+
+
+def test_checks_catalogue_wraps_every_fix_at_80_columns_through_a_pipe():
+    from tfdoctor.registry import all_checks
+
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "tfdoctor", "checks"], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "…" not in done.stdout and max(len(line) for line in done.stdout.splitlines()) <= 80
+    assert _cell_text(done.stdout, 3) == "".join("".join(spec.fix.split()) for spec in all_checks())
+
+
+def test_memory_remedies_wrap_long_code_at_80_columns():
+    from tfdoctor.memory.analytic import Config, judge
+    from tfdoctor.report.memory import render as render_memory
+
+    verdict = judge(Config(batch=64, seq=4096).validated(), 8 << 30, "--budget")
+    code = "torch.autocast(device_type='cuda', dtype=torch.bfloat16) around the forward and the loss"
+    verdict.remedies[0].change = code  # as a traced verdict words it: a token longer than its column
+    out = io.StringIO()
+    render_memory(verdict, "rich", out, width=80)
+    assert "…" not in out.getvalue()
+    assert "".join(code.split()) in _cell_text(out.getvalue(), 1)
