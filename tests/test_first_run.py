@@ -32,3 +32,19 @@ def test_the_battery_on_a_hugging_face_model_triggers_no_deprecation():
     assert not report.problems()
     said = heard + [str(w.message) for w in caught if issubclass(w.category, (DeprecationWarning, FutureWarning))]
     assert not [line for line in said if "deprecat" in line.lower()], said
+
+
+def test_a_blocked_triu_mask_given_to_sdpa_gets_the_sdpa_fix():
+    from conftest import build_fixture
+
+    report = run_checks(build_fixture("gpt_sdpa_blocked_triu"), only=["future-leak", "mask-direction"])
+    leak, direction = report["future-leak"], report["mask-direction"]
+    assert leak.status.value == "fail" and direction.status.value == "fail"
+    assert direction.details["pattern"] == "upper" and "given to SDPA" in direction.message
+    for hint in (leak.hint, direction.hint):
+        assert "scaled_dot_product_attention" in hint and "True where a query MAY attend" in hint
+        assert "is_causal=True" in hint and "torch.tril" in hint
+    # the same blocked mask given to masked_fill is correct; a triu allowed mask without SDPA keeps its fix
+    assert not run_checks(build_fixture("gpt_blocked_triu"), only=["future-leak", "mask-direction"]).problems()
+    plain = run_checks(build_fixture("gpt_triu_mask"), only=["mask-direction"])["mask-direction"]
+    assert plain.status.value == "fail" and "scaled_dot_product_attention" not in plain.hint
