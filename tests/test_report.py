@@ -332,3 +332,14 @@ def test_memory_remedies_wrap_long_code_at_80_columns():
     render_memory(verdict, "rich", out, width=80)
     assert "…" not in out.getvalue()
     assert "".join(code.split()) in _cell_text(out.getvalue(), 1)
+
+
+def test_the_one_line_on_stderr_shows_a_factorys_hostile_message_without_obeying_it(tmp_path):
+    (tmp_path / "factory.py").write_text("from hostile_strings import HOSTILE\n\n\ndef build():\n"
+                                         "    raise ValueError(HOSTILE)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(FIXTURES), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "tfdoctor", "check", f"{tmp_path / 'factory.py'}:build"],
+                          capture_output=True, env=env, timeout=300)
+    err = done.stderr.decode("utf-8", errors="strict")
+    assert done.returncode == 2 and "raised ValueError: red nul\\x00" in err
+    assert "\x1b" not in err and "\x00" not in err

@@ -54,8 +54,15 @@ class Kind(str, enum.Enum):
 
 
 def _fail_usage(error: TfdoctorError) -> None:
-    typer.echo(f"tfdoctor: error: {_whose()}{error.one_line()}", err=True)
+    typer.echo(f"tfdoctor: error: {_whose()}{_shown(error.one_line())}", err=True)
     raise typer.Exit(ExitCode.USAGE_ERROR)
+
+
+def _shown(text: str) -> str:
+    """The user's text in our line, escape sequences and control characters shown, not obeyed."""
+    from tfdoctor.report.text import clean
+
+    return clean(text)
 
 
 def _positive(name: str, value: Optional[int], minimum: int = 1, maximum: Optional[int] = None) -> None:
@@ -169,7 +176,7 @@ def _finish(outcome, report, fmt: "Format", output: Optional[Path]) -> None:
     if report is not None:
         _emit(report, fmt, output)
     if outcome.ended != "done":
-        typer.echo(f"tfdoctor: error: {_whose()}{outcome.message}", err=True)
+        typer.echo(f"tfdoctor: error: {_whose()}{_shown(outcome.message)}", err=True)
         raise typer.Exit(ExitCode.USAGE_ERROR)
     raise typer.Exit(report.exit_code())
 
