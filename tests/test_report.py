@@ -288,17 +288,18 @@ for step in range(4):
 def test_sarif_puts_a_model_defined_outside_the_project_on_the_scripts_call(tmp_path):
     """`run` on a model whose class is not the user's file (site-packages for a Hugging Face model;
     here a folder outside the current one): the finding lands on the script's line that calls the
-    model, a path a code-scanning UI can map, and the class's path is kept in the message."""
-    script = tmp_path / "train.py"
+    model, a path a code-scanning UI can map, and the class's path is kept in the message. The script's
+    name holds `<&]]>`: a real file, not a "<string>" pseudo-file, and percent-encoded in the URI."""
+    script = tmp_path / "<&]]>train.py"
     script.write_text(SCRIPT_WITH_LIBRARY_MODEL.format(fixtures=str(FIXTURES)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "tfdoctor", "run", "train.py", "--only", "future-leak",
+    done = subprocess.run([sys.executable, "-m", "tfdoctor", "run", script.name, "--only", "future-leak",
                            "--format", "sarif"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 1, done.stderr
     (entry,) = json.loads(done.stdout)["runs"][0]["results"]
     where = entry["locations"][0]["physicalLocation"]
     line = next(i for i, text in enumerate(script.read_text().splitlines(), 1) if "# the call site" in text)
-    assert (where["artifactLocation"]["uri"], where["region"]["startLine"]) == ("train.py", line)
+    assert (where["artifactLocation"]["uri"], where["region"]["startLine"]) == ("%3C%26%5D%5D%3Etrain.py", line)
     assert str(FIXTURES / "tinygpt.py") in entry["message"]["text"]
 
 
