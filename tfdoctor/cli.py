@@ -54,8 +54,15 @@ class Kind(str, enum.Enum):
 
 
 def _fail_usage(error: TfdoctorError) -> None:
-    typer.echo(f"tfdoctor: error: {_whose()}{error.one_line()}", err=True)
+    typer.echo(f"tfdoctor: error: {_whose()}{_shown(error.one_line())}", err=True)
     raise typer.Exit(ExitCode.USAGE_ERROR)
+
+
+def _shown(text: str) -> str:
+    """The user's text in our line, escape sequences and control characters shown, not obeyed."""
+    from tfdoctor.report.text import clean
+
+    return clean(text)
 
 
 def _positive(name: str, value: Optional[int], minimum: int = 1, maximum: Optional[int] = None) -> None:
@@ -169,7 +176,7 @@ def _finish(outcome, report, fmt: "Format", output: Optional[Path]) -> None:
     if report is not None:
         _emit(report, fmt, output)
     if outcome.ended != "done":
-        typer.echo(f"tfdoctor: error: {_whose()}{outcome.message}", err=True)
+        typer.echo(f"tfdoctor: error: {_whose()}{_shown(outcome.message)}", err=True)
         raise typer.Exit(ExitCode.USAGE_ERROR)
     raise typer.Exit(report.exit_code())
 
@@ -421,9 +428,9 @@ def list_checks(
 ) -> None:
     """List every check: id, title and what it catches (or one check's full documentation)."""
     from rich.console import Console
-    from rich.table import Table
 
     from tfdoctor.registry import all_checks, select
+    from tfdoctor.report.catalogue import render_catalogue, render_check
 
     console = Console()
     if check_id is not None:
@@ -431,21 +438,9 @@ def list_checks(
             (spec,) = select(only=check_id)
         except (TfdoctorError, ValueError) as error:
             _fail_usage(error if isinstance(error, TfdoctorError) else UsageError("give one check id"))
-        console.print(f"[bold]{spec.id}[/bold]: {spec.title}", highlight=False)
-        console.print(f"applies to: {', '.join(spec.kinds)} models"
-                      + (f"; needs {', '.join(spec.needs)}" if spec.needs else ""), highlight=False)
-        for paragraph in spec.doc.split("\n\n"):  # reflowed to the terminal's width
-            console.print()
-            console.print(" ".join(paragraph.split()), highlight=False, markup=False)
+        render_check(spec, console)
         return
-    table = Table(show_lines=True)
-    table.add_column("id", style="bold", no_wrap=True)
-    table.add_column("what it catches")
-    table.add_column("the fix")
-    for spec in all_checks():
-        table.add_row(spec.id, spec.summary, spec.fix)
-    console.print(table)
-    console.print("`tfdoctor checks ID` prints one check's full documentation.", highlight=False, markup=False)
+    render_catalogue(all_checks(), console)
 
 
 # --- memory command (issue 4) ---

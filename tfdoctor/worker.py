@@ -72,7 +72,8 @@ def run_check_request(request: dict, listener=None, progress=None):
     import torch
 
     from tfdoctor.loader import load_function, load_subject
-    from tfdoctor.runner import run_checks
+    from tfdoctor.runner import as_subject, run_checks
+    from tfdoctor.seq_limit import refuse_unfit_seq
 
     # Seeded before the factory builds the model: the same command gives the same initial weights,
     # the same evidence and the same verdict in every process.
@@ -83,6 +84,8 @@ def run_check_request(request: dict, listener=None, progress=None):
     if request.get("device"):
         subject = _move(subject, request["device"])
     fields = dict(request.get("fields", {}), train=train_fn)
+    if request.get("options", {}).get("train_seq"):  # a length the model cannot take is a usage error
+        refuse_unfit_seq(as_subject(subject, **fields), request["options"]["train_seq"], "--train-seq")
     return run_checks(subject, request.get("only"), request.get("skip"), seed=request.get("seed", 0),
                       target=request["target"], progress=progress, options=request.get("options", {}),
                       listener=listener, **fields)
@@ -180,9 +183,11 @@ def run_memory_request(request: dict, progress=None):
     from tfdoctor.loader import load_subject
     from tfdoctor.memory.traced_verdict import judge_traced
     from tfdoctor.runner import as_subject
+    from tfdoctor.seq_limit import refuse_unfit_seq
 
     torch.manual_seed(0)  # as `check` does: the factory's weights are the same in every run
     subject = as_subject(load_subject(request["target"]), vocab_size=request.get("vocab"))
+    refuse_unfit_seq(subject, request["seq"], "--seq")
     return judge_traced(subject, request["target"], request["batch"], request["seq"], request["budget_bytes"],
                         request["budget_source"], dtype=request["dtype"], optimizer=request["optimizer"],
                         gpus=request["gpus"], shard=request["shard"], progress=progress, device=request.get("device"))

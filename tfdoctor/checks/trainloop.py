@@ -663,6 +663,7 @@ def _micro_batch_weights(trace) -> dict[int, list[dict]]:
 
 @check("token-weighting", title="Every trained token weighs the same within an optimizer step",
        needs=("train", "pad_id"))
+@_at("loss", "backward")
 def token_weighting(subject) -> Result:
     """Catches gradient accumulation that averages each micro-batch over its own tokens and then
     divides by k: with padding, micro-batches hold different numbers of real tokens, so a token in a

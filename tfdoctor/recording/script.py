@@ -243,7 +243,7 @@ class ScriptRecorder(_Recorder):
             return
         grad = torch.is_grad_enabled()
         if grad and id(module) not in self.calls:
-            self.calls[id(module)] = _describe_call_args(args, kwargs)
+            self.calls[id(module)] = dict(_describe_call_args(args, kwargs), where=call_site())  # SARIF's line
             if self.opening is None and not self.in_forward:
                 self.opening = module
         super().forward_pre(module, args, kwargs)

@@ -11,6 +11,7 @@ from rich.text import Text
 from rich.theme import Theme
 
 from tfdoctor.result import Report, Result, Status
+from tfdoctor.versions import describe
 
 THEME = Theme({
     "status.pass": "bold green",
@@ -113,7 +114,7 @@ def summary_table(report: Report) -> Table:
     table = Table(show_header=True, header_style="bold", expand=False, pad_edge=False)
     table.add_column("status", no_wrap=True)
     table.add_column("check", style="check.id", no_wrap=True)
-    table.add_column("what was seen")
+    table.add_column("what was seen", overflow="fold")  # a long path or code breaks across lines, never cut
     table.add_column("time", justify="right", style="evidence", no_wrap=True)
     for result in report.results:
         if result.status is not Status.SKIP:
@@ -199,9 +200,12 @@ def _near(path: str) -> str:
 
 
 def render(report: Report, out: TextIO, width: int | None = None) -> None:
-    console = Console(file=out, theme=THEME, width=width, highlight=False,
+    # No markup and no emoji codes: a message like "[/]" or ":x:" is the user's text, shown as written.
+    console = Console(file=out, theme=THEME, width=width, highlight=False, markup=False, emoji=False,
                       force_terminal=None if width is None else False)
     console.print(Text.assemble(("tfdoctor ", "bold"), report.target))
+    if report.versions:
+        console.print(Text("versions: " + describe(report.versions), style="evidence"))
     for line in discovered_lines(getattr(report, "discovered", {})) + sandbox_lines(report.sandbox):
         console.print(line)
     console.print(summary_table(report))
