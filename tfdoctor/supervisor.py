@@ -74,22 +74,27 @@ def supervise(request: dict, *, timeout: float, timeout_per_check: float,
     has said its last word but still waits; the exit code it ends with (returned, or the code of the
     SystemExit it raises) is then written to the worker, which sends it to the other ranks."""
     with signals_stop(), Descendants():
-        # A private folder for the stack dump: it goes with the run, whatever ends it.
+        # A private temporary folder (the stack dump; TMPDIR of the worker and all it starts, whose
+        # files a kill leaves behind, multiprocessing's pymp-* folders among them): it goes with the run.
         private = tempfile.mkdtemp(prefix="tfdoctor-")
         try:
-            return _supervised(request, timeout, timeout_per_check, progress, hold, os.path.join(private, "stack.txt"))
+            return _supervised(request, timeout, timeout_per_check, progress, hold, private)
         finally:
             shutil.rmtree(private, ignore_errors=True)
 
 
-def _supervised(request: dict, timeout: float, timeout_per_check: float, progress, hold, dump: str) -> Outcome:
+def _supervised(request: dict, timeout: float, timeout_per_check: float, progress, hold, private: str) -> Outcome:
+    dump = os.path.join(private, "stack.txt")
     Path(dump).touch()
     release_read = release_write = None
     if hold is not None:
         release_read, release_write = os.pipe()
     request = {**request, "stack_dump": dump, "progress": progress is not None, "release_fd": release_read}
     read_end, write_end = os.pipe()
-    env = {**os.environ, REQUEST_ENV: json.dumps(request)}
+    # A rank of `--nproc` already has the launcher's private folder as its TMPDIR: not one more level,
+    # since a Unix socket's path (multiprocessing makes them there) is limited to 107 bytes.
+    temp = os.environ["TMPDIR"] if os.environ.get(LAUNCHED_ENV) and os.environ.get("TMPDIR") else private
+    env = {**os.environ, REQUEST_ENV: json.dumps(request), "TMPDIR": temp}
     outcome = Outcome()
     proc = None
     try:
