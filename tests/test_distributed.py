@@ -6,6 +6,7 @@ through torchrun itself (`python -m torch.distributed.run ... -m tfdoctor run`).
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -85,6 +86,35 @@ def test_a_rank_that_dies_ends_the_job_with_its_line(case, said):
     assert done.returncode == 2
     assert any(said in line for line in error_lines(done)), done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_a_rank_that_raises_after_a_step_names_the_error_and_ends_the_job_at_once():
+    # rank 0 waits for rank 1 in DDP's all-reduce: it must learn of the error now, not after its
+    # 300 s budget (the subprocess limit, 120 s, fails the test long before that)
+    done = run("--nproc", "2", f"{SCRIPTS}/ddp_rank1_raises_after_step.py", "--format", "json")
+    assert done.returncode == 2
+    lines = error_lines(done)
+    assert len(lines) == 1, done.stderr  # rank 0's broken all-reduce is a consequence: rank 1 says it
+    script = f"{SCRIPTS}/ddp_rank1_raises_after_step.py"
+    assert lines[0].startswith(f"tfdoctor: error: rank 1 of 2: {script} raised ValueError: corrupt shard 1 at "
+                               f"row 8 at {script}:")
+    assert "after 1 optimizer step(s)" in lines[0]
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_at_a_terminal_rank_0_clears_its_bar_before_the_report_and_erases_no_line_of_the_script():
+    from test_terminal import BAR_LINE, final_screen, run_in_terminal
+
+    code, raw, _ = run_in_terminal("run", "--nproc", "2", f"{SCRIPTS}/ddp_correct.py", "--steps", "4",
+                                   "--only", "overfit-batch,zero-grad", timeout=LIMIT)
+    assert code == 0, raw[-3000:]
+    assert BAR_LINE.search(raw)  # overfit-batch drew its bar
+    # the bar redraws its own line only: it never moves the cursor up over lines others printed
+    assert not re.search(r"\x1b\[\d*A", raw), raw[-3000:]
+    for step in range(1, 4):  # rank 0 prints after each step but the 4th (stopped there): none erased
+        assert re.search(rf"(^|\n)epoch \d step {step} loss \d", raw.replace("\x1b[2K", "").replace("\r", "")), raw
+    report = final_screen(raw)  # after the bar's last erase: the report alone, on a clean line
+    assert report.lstrip().startswith("tfdoctor ") and not BAR_LINE.search(report), report[:500]
 
 
 def test_nproc_flag_out_of_range_or_under_torchrun_is_a_usage_error():
