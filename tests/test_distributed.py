@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -24,8 +25,8 @@ ONLY_LOOP = ["--only", "rank-data,rank-sync,ddp-accumulation,rank-uniform,zero-g
 LIMIT = 120  # a hang would fail the test here rather than stall the suite
 
 
-def run(*args, launcher=None):
-    env = {**os.environ, "COLUMNS": "200"}
+def run(*args, launcher=None, temp=None):
+    env = {**os.environ, "COLUMNS": "200", **({"TMPDIR": str(temp)} if temp else {})}
     env.pop("WORLD_SIZE", None)
     command = [TFDOCTOR, "run", *args] if launcher is None else [*launcher, "-m", "tfdoctor", "run", *args]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=LIMIT, env=env)
@@ -91,7 +92,13 @@ def test_a_rank_that_dies_ends_the_job_with_its_line(case, said):
 def test_a_rank_that_raises_after_a_step_names_the_error_and_ends_the_job_at_once():
     # rank 0 waits for rank 1 in DDP's all-reduce: it must learn of the error now, not after its
     # 300 s budget (the subprocess limit, 120 s, fails the test long before that)
-    done = run("--nproc", "2", f"{SCRIPTS}/ddp_rank1_raises_after_step.py", "--format", "json")
+    temp = tempfile.mkdtemp(prefix="tfd-")  # short: Unix socket paths are made under it
+    try:
+        done = run("--nproc", "2", f"{SCRIPTS}/ddp_rank1_raises_after_step.py", "--format", "json", temp=temp)
+        # torchelastic's folders and the ranks' temporary files went with the job
+        assert [p for p in os.listdir(temp) if not p.startswith("torchinductor_")] == []
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
     assert done.returncode == 2
     lines = error_lines(done)
     assert len(lines) == 1, done.stderr  # rank 0's broken all-reduce is a consequence: rank 1 says it

@@ -164,3 +164,28 @@ def test_closing_descriptors_below_python_then_hanging_is_stopped_by_the_budget(
     (line,) = tfdoctor_lines(err)
     assert "running the script up to its last recorded step ran past its 20 s budget" in line
     assert marker.exists()  # the descriptors were closed before the budget ran out
+
+
+def test_a_stopping_signal_gives_its_shell_exit_code_and_its_line():
+    from tfdoctor.stopping import Stopped, is_stop_code
+
+    assert (Stopped(signal.SIGTERM).code, Stopped(signal.SIGHUP).code, Stopped(signal.SIGINT).code) == (143, 129, 130)
+    assert str(Stopped(signal.SIGHUP)) == "hung up (SIGHUP)" and isinstance(Stopped(signal.SIGTERM), KeyboardInterrupt)
+    assert is_stop_code(143) and is_stop_code(-signal.SIGTERM) and is_stop_code(130)
+    assert not is_stop_code(1) and not is_stop_code(2) and not is_stop_code(-signal.SIGKILL)
+
+
+class _Failure:  # torchrun's ProcessFailure, as much of it as the job's code reads
+    def __init__(self, exitcode):
+        self.exitcode = exitcode
+
+    def signal_name(self):
+        return signal.Signals(-self.exitcode).name
+
+
+def test_a_rank_torchrun_stopped_after_another_failed_is_not_the_jobs_code():
+    from tfdoctor.recording.launch import _job_code
+
+    # rank 1 failed (2); torchrun then stopped rank 0, whose tfdoctor exits 143 on SIGTERM
+    assert _job_code({0: _Failure(143), 1: _Failure(2)}, 2) == 2
+    assert _job_code({0: _Failure(1), 1: _Failure(-signal.SIGTERM)}, 2) == 1

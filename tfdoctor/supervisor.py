@@ -16,7 +16,6 @@ import os
 import pickle
 import re
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from tfdoctor.descendants import Descendants
 from tfdoctor.recording.sites import display_path
 from tfdoctor.result import ExitCode, Result
 from tfdoctor.stopping import LAUNCHED_ENV, signals_stop, stopped_by
+from tfdoctor.tempdirs import private_folder, temp_environment
 from tfdoctor.worker import CHANNEL_LOST_EXIT, REQUEST_ENV
 
 FIRST_FAILURE = "tfdoctor-first-failure"
@@ -76,11 +76,8 @@ def supervise(request: dict, *, timeout: float, timeout_per_check: float,
     with signals_stop(), Descendants():
         # A private temporary folder (the stack dump; TMPDIR of the worker and all it starts, whose
         # files a kill leaves behind, multiprocessing's pymp-* folders among them): it goes with the run.
-        private = tempfile.mkdtemp(prefix="tfdoctor-")
-        try:
+        with private_folder() as private:
             return _supervised(request, timeout, timeout_per_check, progress, hold, private)
-        finally:
-            shutil.rmtree(private, ignore_errors=True)
 
 
 def _supervised(request: dict, timeout: float, timeout_per_check: float, progress, hold, private: str) -> Outcome:
@@ -94,7 +91,7 @@ def _supervised(request: dict, timeout: float, timeout_per_check: float, progres
     # A rank of `--nproc` already has the launcher's private folder as its TMPDIR: not one more level,
     # since a Unix socket's path (multiprocessing makes them there) is limited to 107 bytes.
     temp = os.environ["TMPDIR"] if os.environ.get(LAUNCHED_ENV) and os.environ.get("TMPDIR") else private
-    env = {**os.environ, REQUEST_ENV: json.dumps(request), "TMPDIR": temp}
+    env = {**os.environ, REQUEST_ENV: json.dumps(request), **temp_environment(temp)}
     outcome = Outcome()
     proc = None
     try:
@@ -139,12 +136,13 @@ def _first_failure(outcome: Outcome) -> None:
     private temporary folder (TMPDIR, recording/launch.py), is made before this rank's worker is
     killed, which is what breaks the others'. A worker killed by a signal is never a consequence: it
     says so whatever the claim."""
-    if not os.environ.get(LAUNCHED_ENV) or outcome.quiet or outcome.ended in ("done", "rank-exit", "vanished"):
+    if not os.environ.get(LAUNCHED_ENV) or outcome.quiet or outcome.ended in ("done", "rank-exit"):
         return
     try:
         os.close(os.open(os.path.join(tempfile.gettempdir(), FIRST_FAILURE), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
-        outcome.ended, outcome.code = "rank-exit", int(ExitCode.USAGE_ERROR)
+        if outcome.ended != "vanished":
+            outcome.ended, outcome.code = "rank-exit", int(ExitCode.USAGE_ERROR)
     except OSError:
         pass
 

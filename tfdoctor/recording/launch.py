@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import socket
 import tempfile
 import uuid
@@ -32,6 +31,7 @@ from typing import Iterator
 from tfdoctor.descendants import Descendants
 from tfdoctor.recording.distributed import RankError
 from tfdoctor.stopping import LAUNCHED_ENV, Stopped, is_stop_code, signals_stop
+from tfdoctor.tempdirs import private_folder, temp_environment
 
 # torchrun starts every rank with one thread per process unless told otherwise (and warns that it
 # did): set it the same way, without the warning.
@@ -83,21 +83,20 @@ def without_nproc(args: list[str]) -> list[str]:
 def _private_temp() -> Iterator[str]:
     """A folder of the job's own for torchelastic's logs and error files (it makes them with
     tempfile.mkdtemp in this process) and the ranks' temporary files; removed at the end."""
-    folder = tempfile.mkdtemp(prefix="tfdoctor-")
-    saved = tempfile.tempdir
-    tempfile.tempdir = folder
-    try:
-        yield folder
-    finally:
-        tempfile.tempdir = saved
-        shutil.rmtree(folder, ignore_errors=True)
+    with private_folder() as folder:
+        saved = tempfile.tempdir
+        tempfile.tempdir = folder
+        try:
+            yield folder
+        finally:
+            tempfile.tempdir = saved
 
 
 @contextlib.contextmanager
 def _environment(folder: str) -> Iterator[None]:
     """What the ranks inherit from this process's environment (torchrun copies it), put back after."""
-    wanted = {"TMPDIR": folder, LAUNCHED_ENV: "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
-                                                                                        DEFAULT_OMP_THREADS)}
+    wanted = {**temp_environment(folder), LAUNCHED_ENV: "1",
+              "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", DEFAULT_OMP_THREADS)}
     if "GLOO_SOCKET_IFNAME" not in os.environ and _has_device(LOOPBACK_DEVICE):
         wanted["GLOO_SOCKET_IFNAME"] = LOOPBACK_DEVICE
     saved = {name: os.environ.get(name) for name in wanted}

@@ -881,8 +881,9 @@ def _refuse_unaudited(run: ScriptRun) -> None:
         where = f" at {raised_at(run.error)}" if run.error is not None and raised_at(run.error) else ""
         if run.ended == "raised" and run.session is not None:  # the other ranks wait on it: the job ends
             raise ScriptError(f"{name} raised {type(run.error).__name__}: {run.error}{where} after "
-                              f"{trace.steps} optimizer step(s)", "fix the script so that it runs under torchrun "
-                                                                  "(TFDOCTOR_DEBUG=1 shows the traceback)") from run.error
+                              f"{trace.steps} optimizer step(s)",
+                              "fix the script so that it runs under torchrun (TFDOCTOR_DEBUG=1 shows the "
+                              "traceback)") from run.error
         if run.ended != "stopped":
             how = {"finished": "ended", "exit": f"called sys.exit({_exit_code(run.error)!r})",
                    "raised": f"raised {type(run.error).__name__}: {run.error}"}[run.ended]
