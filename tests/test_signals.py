@@ -133,8 +133,8 @@ def test_ctrl_c_under_nproc_ends_every_rank_with_one_line_and_listens_on_loopbac
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=LIMIT)
     assert proc.returncode == 130, err
-    assert tfdoctor_lines(err) == ["tfdoctor: interrupted (Ctrl-C) while the 2 ranks ran"], err
-    assert "internal error" not in err and out == ""
+    assert err.strip().splitlines() == ["tfdoctor: interrupted (Ctrl-C) while the 2 ranks ran"], err
+    assert out == ""
     assert gone(pids_of(markers))
     assert not left_behind(tmp_path)  # torchelastic's folders and the ranks' files
 
@@ -157,12 +157,12 @@ def test_closing_descriptors_below_python_then_training_is_one_line(tmp_path):
 
 def test_closing_descriptors_below_python_then_hanging_is_stopped_by_the_budget(tmp_path):
     marker = tmp_path / "closed"
-    proc = start(tmp_path, "run", CLOSES, "--timeout-per-check", "20", "--", "--how", "libc", "--then", "hang",
+    proc = start(tmp_path, "run", CLOSES, "--timeout-per-check", "10", "--", "--how", "libc", "--then", "hang",
                  "--marker", str(marker))
     out, err = proc.communicate(timeout=LIMIT)
     assert proc.returncode == 2
     (line,) = tfdoctor_lines(err)
-    assert "running the script up to its last recorded step ran past its 20 s budget" in line
+    assert "running the script up to its last recorded step ran past its 10 s budget" in line
     assert marker.exists()  # the descriptors were closed before the budget ran out
 
 

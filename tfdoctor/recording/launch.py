@@ -120,8 +120,11 @@ def _has_device(name: str) -> bool:
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    quiet = [logging.getLogger(name) for name in ("torch.distributed.elastic", "torch.distributed.run",
-                                                  "torch.distributed.launcher")]
+    # torchelastic gives its module loggers levels of their own (the agent's "Received 15 death
+    # signal" warning among them): each one is quieted, not only the parents.
+    prefixes = ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher")
+    names = [name for name in list(logging.root.manager.loggerDict) if name.startswith(prefixes)]
+    quiet = [logging.getLogger(name) for name in {*prefixes, *names}]
     levels = [logger.level for logger in quiet]
     for logger in quiet:
         logger.setLevel(logging.CRITICAL)
