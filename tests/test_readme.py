@@ -131,7 +131,15 @@ def test_the_readme_has_examples_to_run():
 def test_readme_command(command, expected, shown):
     line = command.split("#", 1)[0].strip()
     env = {**os.environ, "COLUMNS": "100"}
-    done = subprocess.run(line, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    # The README writes reports into the reader's own folder (never a shared /tmp path): the test
+    # removes what the command wrote there.
+    written = [ROOT / path for path in re.findall(r"--output[= ](\S+)", line) if not (ROOT / path).exists()]
+    assert not [path for path in re.findall(r"--output[= ](\S+)", line) if path.startswith("/tmp")], line
+    try:
+        done = subprocess.run(line, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    finally:
+        for path in written:
+            path.unlink(missing_ok=True)
     assert done.returncode == expected, f"{line}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert "Traceback" not in done.stderr
     if shown:

@@ -305,7 +305,7 @@ def _handled(outcome):
         raise typer.Exit(ExitCode.USAGE_ERROR)
     if outcome.ended == "interrupted":
         typer.echo(f"tfdoctor: {_whose()}{outcome.message}", err=True)
-        raise typer.Exit(130)
+        raise typer.Exit(outcome.code or 130)
     return outcome
 
 
@@ -335,26 +335,13 @@ def _launched(nproc: int) -> None:
     args = sys.argv[1:]
     args = args[args.index("run") + 1:] if "run" in args else args
     try:
-        code = launch(nproc, _without_nproc(args))
+        code = launch(nproc, args)
     except TfdoctorError as error:
         _fail_usage(error)
+    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP (recording/launch.py): every rank has ended
+        typer.echo(f"tfdoctor: {getattr(stop, 'said', 'interrupted')} while the {nproc} ranks ran", err=True)
+        raise typer.Exit(getattr(stop, "code", 130))
     raise typer.Exit(code)
-
-
-def _without_nproc(args: list[str]) -> list[str]:
-    """The command line again, less --nproc (before `--`: after it the arguments are the script's)."""
-    out, i = [], 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--":
-            return out + args[i:]
-        if arg == "--nproc":
-            i += 2
-            continue
-        if not arg.startswith("--nproc="):
-            out.append(arg)
-        i += 1
-    return out
 
 
 def _report_of(outcome, target: str, strict: bool):

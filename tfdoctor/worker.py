@@ -29,11 +29,15 @@ import traceback
 from typing import Any, Callable
 
 from tfdoctor.errors import InternalError, OutputShapeError, TfdoctorError, UsageError
+from tfdoctor.kept_fds import keep_open
 from tfdoctor.recording.distributed import world
 from tfdoctor.recording.sites import raised_at
 from tfdoctor.sandbox import enter as enter_sandbox
 
 REQUEST_ENV = "TFDOCTOR_WORKER_REQUEST"
+# The worker's exit code when its report pipe was closed under it (below os.close, which keeps it:
+# tfdoctor/kept_fds.py): nothing more can be said, and the supervisor names the cause.
+CHANNEL_LOST_EXIT = 86
 
 
 class Channel:
@@ -46,8 +50,11 @@ class Channel:
     def send(self, event: str, **payload: Any) -> None:
         line = json.dumps({"event": event, **payload}, default=str)
         with self._lock:
-            self._file.write(line + "\n")
-            self._file.flush()
+            try:
+                self._file.write(line + "\n")
+                self._file.flush()
+            except (OSError, ValueError):  # the user's code closed the descriptor (in C): the report is lost
+                os._exit(CHANNEL_LOST_EXIT)
 
 
 def progress_over(channel: Channel) -> Callable:
@@ -245,13 +252,17 @@ def main(argv: list[str]) -> None:
     sys.stdout = sys.stderr
     sys.argv = [request.get("target", "tfdoctor")]  # the user's module sees no tfdoctor arguments
     dump_path = request.get("stack_dump")
+    kept = [int(argv[1])] + ([request["release_fd"]] if request.get("release_fd") is not None else [])
     if dump_path and hasattr(__import__("signal"), "SIGUSR1"):
         import faulthandler
         import signal
 
         # The supervisor sends SIGUSR1 when a budget runs out: every thread's stack goes to the file,
         # so the one line it prints can name the user's frame that was running.
-        faulthandler.register(signal.SIGUSR1, file=open(dump_path, "w"), all_threads=True)
+        dump_file = open(dump_path, "w")
+        faulthandler.register(signal.SIGUSR1, file=dump_file, all_threads=True)
+        kept.append(dump_file.fileno())
+    keep_open(kept)  # the user's os.closerange(3, ...) leaves tfdoctor's pipes and dump file alone
     # Before any thread starts (a user namespace needs one) and before the user's code runs.
     sandbox = enter_sandbox(request.get("sandbox"))
     channel.send("hello", pid=os.getpid(), main_thread=threading.main_thread().ident)

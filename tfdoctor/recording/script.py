@@ -861,11 +861,12 @@ def _rank_recording(recorder: ScriptRecorder, session):
     stack.enter_context(session.teardown_deferred())
     recorder.on_stop = lambda: session.gather(ranks.digest(recorder.events, recorder.bound))
 
-    def ended_before_the_stop() -> None:  # the script ran out of steps first: the ranks meet at its end
-        if recorder.window > 0:
+    def ended_before_the_stop(kind, error, tb) -> None:  # the script ran out of steps first: the ranks meet
+        # at its end; not when it raised: the other ranks wait for this one in the job's own collectives
+        if recorder.window > 0 and not isinstance(error, Exception):
             recorder.meet()
 
-    stack.callback(ended_before_the_stop)
+    stack.push(ended_before_the_stop)
     return stack
 
 
@@ -877,10 +878,15 @@ def _refuse_unaudited(run: ScriptRun) -> None:
         if recorder.bound is None:
             raise ScriptError(f"{name} stepped an optimizer but never called an nn.Module with trainable "
                               "parameters, so there is no model to audit")
+        where = f" at {raised_at(run.error)}" if run.error is not None and raised_at(run.error) else ""
+        if run.ended == "raised" and run.session is not None:  # the other ranks wait on it: the job ends
+            raise ScriptError(f"{name} raised {type(run.error).__name__}: {run.error}{where} after "
+                              f"{trace.steps} optimizer step(s)",
+                              "fix the script so that it runs under torchrun (TFDOCTOR_DEBUG=1 shows the "
+                              "traceback)") from run.error
         if run.ended != "stopped":
             how = {"finished": "ended", "exit": f"called sys.exit({_exit_code(run.error)!r})",
                    "raised": f"raised {type(run.error).__name__}: {run.error}"}[run.ended]
-            where = f" at {raised_at(run.error)}" if run.error is not None and raised_at(run.error) else ""
             run.notes.append(f"the script {how}{where} after {trace.steps} of the {run.steps_asked} "
                              "optimizer steps asked for; judged on those")
         return

@@ -32,10 +32,12 @@ INTERPOSE_LIMITS = ("Python file APIs only: non-Python subprocesses and C/Rust c
 class Host:
     """The supervisor's half: a scratch folder for one worker, and what the worker wrote into it."""
 
-    def __init__(self, request: dict) -> None:
+    def __init__(self, request: dict, own: tuple[str, ...] = ()) -> None:
+        """`own`: tfdoctor's folders for this run (the run's private TMPDIR): left uncovered when a
+        protected folder holds them (a run started in /tmp), since the ranks of `--nproc` meet there."""
         roots = protected_roots(request)
         self.scratch = tempfile.mkdtemp(prefix="tfdoctor-writes-", dir=_scratch_parent(roots))
-        self.spec = {"scratch": self.scratch, "roots": roots, "exempt": exempt_folders(roots)}
+        self.spec = {"scratch": self.scratch, "roots": roots, "exempt": exempt_folders(roots, own)}
 
     def report(self) -> dict:
         """The report's `sandbox` record (empty when the worker never entered the sandbox)."""

@@ -32,14 +32,15 @@ def protected_roots(request: dict) -> list[str]:
     return outermost(os.path.realpath(path) for path in found)
 
 
-def exempt_folders(roots: list[str]) -> list[str]:
-    """The interpreter's own folders (its prefix, a virtual environment in the project) that lie inside a
-    protected folder: not the user's files, and read by every import, so they stay uncovered."""
+def exempt_folders(roots: list[str], own: Iterable[str] = ()) -> list[str]:
+    """The interpreter's own folders (its prefix, a virtual environment in the project) and tfdoctor's
+    own (`own`) that lie inside a protected folder: not the user's files, and read by every import, so
+    they stay uncovered."""
     import site
     import sysconfig
 
     found = [sys.prefix, sys.base_prefix, sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
-             *site.getsitepackages()]
+             *site.getsitepackages(), *own]
     real = {os.path.realpath(path) for path in found if os.path.isdir(path)}
     return sorted(path for path in outermost_any(real) if any(inside(path, root) and path != root for root in roots))
 
