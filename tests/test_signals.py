@@ -38,10 +38,12 @@ def short_tmp(tmp_path):
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def start(tmp_path, *args):
-    """`tfdoctor ARGS` with a temporary folder of its own (TMPDIR), to see what it leaves there."""
+def start(tmp_path, *args, marker=None):
+    """`tfdoctor ARGS` with a temporary folder of its own (TMPDIR), to see what it leaves there. The
+    script writes `marker` (named in the environment: a folder its arguments named would be protected
+    by tfdoctor's sandbox, and what the script writes there thrown away)."""
     temp = os.path.realpath(tmp_path / "tmp")
-    env = {**os.environ, "COLUMNS": "200", "TMPDIR": str(temp)}
+    env = {**os.environ, "COLUMNS": "200", "TMPDIR": str(temp), **({"MARKER": str(marker)} if marker else {})}
     env.pop("WORLD_SIZE", None)
     return subprocess.Popen([TFDOCTOR, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
@@ -95,7 +97,7 @@ def tfdoctor_lines(err: str) -> list[str]:
 ])
 def test_sigterm_and_sighup_end_every_process_of_the_run_with_one_line(tmp_path, signum, code, said):
     marker = tmp_path / "started"
-    proc = start(tmp_path, "run", HANGS, "--", "--marker", str(marker))
+    proc = start(tmp_path, "run", HANGS, "--", marker=marker)
     pids = pids_of(wait_for(proc, marker))
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=LIMIT)
@@ -108,7 +110,7 @@ def test_sigterm_and_sighup_end_every_process_of_the_run_with_one_line(tmp_path,
 def test_a_detached_child_does_not_outlive_a_finished_run(tmp_path):
     marker = tmp_path / "started"
     proc = start(tmp_path, "run", HANGS, "--only", "zero-grad", "--format", "json", "--",
-                 "--marker", str(marker), "--then", "train", "--workers", "0")
+                 "--then", "train", "--workers", "0", marker=marker)
     out, err = proc.communicate(timeout=LIMIT)
     assert proc.returncode == 0, err
     assert json.loads(out)["checks"][0]["id"] == "zero-grad"
@@ -119,7 +121,7 @@ def test_a_detached_child_does_not_outlive_a_finished_run(tmp_path):
 
 def test_ctrl_c_under_nproc_ends_every_rank_with_one_line_and_listens_on_loopback_only(tmp_path):
     marker = tmp_path / "started"
-    proc = start(tmp_path, "run", "--nproc", "2", HANGS, "--", "--marker", str(marker))
+    proc = start(tmp_path, "run", "--nproc", "2", HANGS, "--", marker=marker)
     markers = wait_for(proc, tmp_path / "started.0", tmp_path / "started.1")
     family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     listening = []
@@ -158,7 +160,7 @@ def test_closing_descriptors_below_python_then_training_is_one_line(tmp_path):
 def test_closing_descriptors_below_python_then_hanging_is_stopped_by_the_budget(tmp_path):
     marker = tmp_path / "closed"
     proc = start(tmp_path, "run", CLOSES, "--timeout-per-check", "10", "--", "--how", "libc", "--then", "hang",
-                 "--marker", str(marker))
+                 marker=marker)
     out, err = proc.communicate(timeout=LIMIT)
     assert proc.returncode == 2
     (line,) = tfdoctor_lines(err)
