@@ -110,6 +110,7 @@ def test_module_form_and_python_dash_m(tmp_path):
     ("bad/exits_early.py", [], "called sys.exit(3) at fixtures/scripts/bad/exits_early.py:10 in <module> before its "
                                "first optimizer step"),
     ("bad/never_steps.py", [], "ended without an optimizer step: 3 forward(s) of a model and 3 backward() call(s) seen"),
+    ("bad/empty_loop.py", [], "ended without an optimizer step: 0 forward(s) of a model and 0 backward() call(s) seen"),
     ("bad/hangs.py", ["--timeout-per-check", "3"], "running the script up to its last recorded step ran past its 3 s "
                                                    "budget (--timeout-per-check); it was at "
                                                    "fixtures/scripts/bad/hangs.py:10 in <module>"),

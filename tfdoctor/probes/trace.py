@@ -1083,6 +1083,10 @@ def record_loop(subject: Subject, batches: list, advance: Callable[[int], None] 
                 recorder._manual_update()  # a manual update after the last backward
     trace = _finish(recorder, caught)
     trace.isolation = {"rebound": rebuilt, "restored": restored}
+    if not recorder.stepped:  # no step seen: whether anything unseen (torch.autograd.grad) trained it
+        with torch.no_grad():
+            trace.isolation["weights_changed"] = any(
+                not _same(a.detach(), b.detach()) for a, b in zip(model.parameters(), subject.model.parameters()))
     return trace
 
 
