@@ -502,3 +502,17 @@ def test_completion_only_packed_fine_tuning_is_the_token_mean():
     assert checks["accumulation-scaling"]["status"] == "pass"
     assert checks["accumulation-scaling"]["details"]["gradient_factor"] == pytest.approx(1.0, abs=0.02)
     assert checks["token-weighting"]["status"] == "pass"
+
+
+@pytest.mark.parametrize("script, zero_grad", [("swallows_stop.py", "pass"), ("swallows_stop_no_zero_grad.py", "fail")])
+def test_a_script_that_catches_the_stop_is_judged_on_the_steps_asked_for(script, zero_grad):
+    # issue 18: a bare `except:` (or `except BaseException:`, around a `while True:` loop) swallows the
+    # stop; the recording still ends at step 2, the script is ended, and only those steps are judged
+    done = tfdoctor("run", f"{SCRIPTS}/{script}", "--format", "json", "--only", "zero-grad,grad-health")
+    assert done.returncode == (1 if zero_grad == "fail" else 0), done.stderr
+    report = as_json(done)
+    found, checks = report["discovered"], by_id(report)
+    assert found["steps"] == 2 and found["ended"] == "stopped"
+    assert any("caught tfdoctor's stop" in note for note in found["notes"])
+    assert checks["zero-grad"]["status"] == zero_grad and checks["zero-grad"]["details"]["steps_checked"] == 1
+    assert checks["grad-health"]["details"]["steps"] == 2

@@ -362,8 +362,10 @@ class _Recorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         # Every torch call of the script passes here: one lookup decides, the rest goes straight through.
-        if func not in _WATCHED_FUNCTIONS or self.busy or not self.record:
+        if func not in _WATCHED_FUNCTIONS or self.busy:
             return func(*args, **kwargs)
+        if not self.record:
+            return self.unrecorded(func, args, kwargs)
         if func is torch.Tensor.backward:
             return self._backward(func, args, kwargs)
         if func in SCORE_FUNCTIONS and isinstance(args[0] if args else kwargs.get("input"), torch.Tensor):
@@ -371,6 +373,10 @@ class _Recorder(TorchFunctionMode):
         name = LOSS_FUNCTIONS.get(func)
         if name is not None:
             return self._loss(name, func, args, kwargs)
+        return func(*args, **kwargs)
+
+    def unrecorded(self, func, args, kwargs):
+        """A watched call made while nothing is recorded (a driver may act on it: see script.py)."""
         return func(*args, **kwargs)
 
     def _backward(self, func, args, kwargs):
