@@ -111,6 +111,10 @@ def test_module_form_and_python_dash_m(tmp_path):
                                "first optimizer step"),
     ("bad/never_steps.py", [], "ended without an optimizer step: 3 forward(s) of a model and 3 backward() call(s) seen"),
     ("bad/empty_loop.py", [], "ended without an optimizer step: 0 forward(s) of a model and 0 backward() call(s) seen"),
+    # issue 18: stdin is empty (input() raises at once, its open prompt line is ended), a multi-line message is folded
+    ("bad/reads_stdin.py", [], "raised EOFError: EOF when reading a line at fixtures/scripts/bad/reads_stdin.py:7"),
+    ("bad/raises_multiline.py", [], "raised ValueError: invalid config: | lr must be positive | got -1.0 at "
+                                    "fixtures/scripts/bad/raises_multiline.py:8 in <module>"),
     ("bad/hangs.py", ["--timeout-per-check", "3"], "running the script up to its last recorded step ran past its 3 s "
                                                    "budget (--timeout-per-check); it was at "
                                                    "fixtures/scripts/bad/hangs.py:10 in <module>"),
@@ -120,6 +124,7 @@ def test_bad_scripts_are_one_line_and_exit_2(script, args, expected):
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.startswith("tfdoctor:")]
     assert len(lines) == 1 and expected in lines[0], done.stderr
+    assert done.stderr.splitlines()[-1] == lines[0]  # tfdoctor's line is the last one on stderr
     assert done.stdout == ""
 
 
