@@ -521,3 +521,16 @@ def test_a_script_that_catches_the_stop_is_judged_on_the_steps_asked_for(script,
     assert any("caught tfdoctor's stop" in note for note in found["notes"])
     assert checks["zero-grad"]["status"] == zero_grad and checks["zero-grad"]["details"]["steps_checked"] == 1
     assert checks["grad-health"]["details"]["steps"] == 2
+
+
+@pytest.mark.parametrize("script, args, objective", [("compiled_gpt.py", ["eager", "inplace"], "pass"),
+                                                     ("compiled_gpt_targets_equal_inputs.py", ["eager"], "fail")])
+def test_a_model_under_torch_compile_fullgraph_runs_and_is_judged(script, args, objective):
+    # issue 18: dynamo traced tfdoctor's Module.__call__ wrapper and hooks (fullgraph=True refused them):
+    # inside a compiled region they step aside, and the calls around it are recorded
+    done = tfdoctor("run", f"{SCRIPTS}/{script}", "--format", "json", "--only", "objective,zero-grad", "--", *args)
+    assert done.returncode == (1 if objective == "fail" else 0), done.stderr
+    report = as_json(done)
+    assert report["discovered"]["model"] == "GPT" and report["discovered"]["steps"] == 2
+    checks = by_id(report)
+    assert checks["objective"]["status"] == objective and checks["zero-grad"]["status"] == "pass"

@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from tfdoctor.errors import InternalError, LoadError, first_line
-from tfdoctor.probes.trace import Trace, _finish, _Recorder, isolated_copy
+from tfdoctor.probes.trace import Trace, _finish, _Recorder, compiling, isolated_copy
 from tfdoctor.recording.sites import call_site, raised_at, raised_in_tfdoctor, user_frames
 from tfdoctor.recording.stopping import Stopper, StopScript
 from tfdoctor.subject import extract_logits, vocab_size_of
@@ -236,7 +236,7 @@ class ScriptRecorder(_Recorder):
             handle.remove()
 
     def forward_pre(self, module, args, kwargs):
-        if not self.record:
+        if not self.record or compiling():
             return
         self.redirected.append(_redirected(module))
         if self.redirected[-1]:  # Lightning calling training_step through a wrapper: the model's call is inside
@@ -252,6 +252,8 @@ class ScriptRecorder(_Recorder):
             self.events[-1].data["grad"] = grad  # an evaluation forward under no_grad is not a batch
 
     def forward_post(self, module, args, kwargs, output):
+        if compiling():
+            return
         if self.record and self.redirected and self.redirected.pop():
             return
         if module is self.opening and self.in_forward <= 1:
@@ -589,15 +591,24 @@ class ScriptRecorder(_Recorder):
 
             @functools.wraps(call_original)
             def __call__(module, *args, **kwargs):
+                if compiling():  # torch.compile tracing the model's inside: the outermost call is recorded
+                    return call_original(module, *args, **kwargs)
                 if recorder.depth == 0 and recorder.record and not recorder.busy:
                     if _redirected(module):  # not counted: the model called inside it is the top-level call
                         return call_original(module, *args, **kwargs)
                     recorder.top_call(module)
+                # model.compile() in place: its hooks run inside the compiled region, where they step
+                # aside, so they run here, around it
+                around = module.__dict__.get("_compiled_call_impl") is not None and id(module) in recorder.hooks
+                if around:
+                    recorder.forward_pre(module, args, kwargs)
                 recorder.depth += 1
                 try:
                     output = call_original(module, *args, **kwargs)
                 finally:
                     recorder.depth -= 1
+                if around:
+                    recorder.forward_post(module, args, kwargs, output)
                 if recorder.depth == 1 and recorder.opening is not None:  # called by a candidate's first forward
                     recorder.inner_call(module, args, kwargs, output)
                 elif recorder.depth > 1 and recorder.opening is not None:
