@@ -28,7 +28,7 @@ import threading
 import traceback
 from typing import Any, Callable
 
-from tfdoctor.errors import InternalError, OutputShapeError, TfdoctorError, UsageError
+from tfdoctor.errors import InternalError, OutputShapeError, TfdoctorError, UsageError, folded
 from tfdoctor.kept_fds import keep_open
 from tfdoctor.recording.distributed import world
 from tfdoctor.recording.sites import raised_at
@@ -55,6 +55,30 @@ class Channel:
                 self._file.flush()
             except (OSError, ValueError):  # the user's code closed the descriptor (in C): the report is lost
                 os._exit(CHANNEL_LOST_EXIT)
+
+
+class _LineEnds:
+    """The worker's sys.stdout and sys.stderr (both stderr): remembers whether what was written last
+    left a line open (an `input()` prompt, `print(..., end="")`), so that tfdoctor's one line starts
+    a line of its own and is the last line on stderr."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self.open = False
+
+    def write(self, text: str) -> int:
+        written = self._stream.write(text)
+        if text:
+            self.open = not text.endswith("\n")
+        return written
+
+    def end_line(self) -> None:
+        if self.open:
+            self.write("\n")
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def progress_over(channel: Channel) -> Callable:
@@ -249,7 +273,7 @@ def main(argv: list[str]) -> None:
     request = json.loads(os.environ.pop(REQUEST_ENV))
     # The user's prints, Python's and C's alike, go to stderr: stdout is the report's alone.
     os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    sys.stdout = sys.stderr = output = _LineEnds(sys.stderr)
     sys.argv = [request.get("target", "tfdoctor")]  # the user's module sees no tfdoctor arguments
     dump_path = request.get("stack_dump")
     kept = [int(argv[1])] + ([request["release_fd"]] if request.get("release_fd") is not None else [])
@@ -295,22 +319,26 @@ def main(argv: list[str]) -> None:
                 channel.send("rank-exit", code=verdict, rank=session.world.rank)
         else:
             run_check_request(request, listener=listener, progress=progress)
+        output.end_line()
         channel.send("done")
     except TfdoctorError as error:
         if session is not None and session.world.rank != 0 and session.verdict_group is not None:
             # rank 0 prints the job's line: this rank ends only once it has (torchrun ends the rest then)
             with contextlib.suppress(Exception):
                 session.receive_code()
+        output.end_line()
         channel.send("usage-error", message=error.one_line(),
                      quiet=bool(getattr(error, "said_by_rank_0", False)) and world().rank != 0)
     except SystemExit as error:  # the user's code: a CI gate must not take its code for ours
+        output.end_line()
         channel.send("exit", code=error.code if isinstance(error.code, int) or error.code is None
                      else str(error.code), where=raised_at(error))
     except KeyboardInterrupt:
         code = 130
     except BaseException as error:  # noqa: BLE001 - everything else is reported, never a traceback
         said = str(error) if isinstance(error, InternalError) else f"{type(error).__name__}: {error}"
-        channel.send("internal-error", message=said,
+        output.end_line()
+        channel.send("internal-error", message=folded(said),
                      traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)))
     finally:
         if sandbox is not None:

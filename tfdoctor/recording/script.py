@@ -37,17 +37,16 @@ from typing import Any, Callable, Optional
 import torch
 
 from tfdoctor.errors import InternalError, LoadError, first_line
-from tfdoctor.probes.trace import Trace, _finish, _Recorder, isolated_copy
+from tfdoctor.probes.trace import Trace, _finish, _Recorder, compiling, isolated_copy
 from tfdoctor.recording.sites import call_site, raised_at, raised_in_tfdoctor, user_frames
+from tfdoctor.recording.stopping import Stopper, StopScript
 from tfdoctor.subject import extract_logits, vocab_size_of
 
 class ScriptError(LoadError):
     """The script could not be audited: it raised, exited or ended before its first optimizer step."""
 
 
-class _StopScript(BaseException):
-    """Raised out of the script's optimizer step once the steps asked for are recorded. A BaseException
-    so that the script's own `except Exception` handlers let it through, as they do Ctrl-C."""
+_StopScript = StopScript  # raised out of the script's step at the stop point (see stopping.py)
 
 
 class _Unbound(torch.nn.Module):
@@ -165,6 +164,7 @@ class ScriptRecorder(_Recorder):
         self.detach: list[Callable[[], None]] = []
         self.on_stop: Optional[Callable[[], None]] = None  # called at the stop point, before unwinding
         self.stop_error: Optional[BaseException] = None
+        self.stopper = Stopper()  # raises the stop, again when the script catches it
         self.hooks: dict[int, list] = {}  # id(module) -> the forward hooks on each candidate model
         self.audited: Optional[dict] = None  # the settled model: class, names, trained parameters
         self.redirected: list[bool] = []  # per running hooked forward: Lightning's redirection?
@@ -236,7 +236,7 @@ class ScriptRecorder(_Recorder):
             handle.remove()
 
     def forward_pre(self, module, args, kwargs):
-        if not self.record:
+        if not self.record or compiling():
             return
         self.redirected.append(_redirected(module))
         if self.redirected[-1]:  # Lightning calling training_step through a wrapper: the model's call is inside
@@ -252,6 +252,8 @@ class ScriptRecorder(_Recorder):
             self.events[-1].data["grad"] = grad  # an evaluation forward under no_grad is not a batch
 
     def forward_post(self, module, args, kwargs, output):
+        if compiling():
+            return
         if self.record and self.redirected and self.redirected.pop():
             return
         if module is self.opening and self.in_forward <= 1:
@@ -511,6 +513,8 @@ class ScriptRecorder(_Recorder):
     # ------------------------------------------------------------------ stopping
 
     def opt_pre(self, optimizer, args, kwargs):
+        if self.stopper.raised:  # the script caught the stop and trains on: stop it before this step
+            self.stopper.stop()
         if self.record and not self.settled:
             self.settle(optimizer)
         if self._foreign(_params_of(optimizer)):
@@ -542,9 +546,16 @@ class ScriptRecorder(_Recorder):
             self.stop()
 
     def stop(self) -> None:
-        self.stopped_at = call_site()
-        self.meet()
-        raise _StopScript()
+        if not self.stopper.raised:
+            self.stopped_at = call_site()
+            self.meet()
+            self.record = False  # whatever the script does after the stop (if it catches it) is not judged
+        self.stopper.stop()
+
+    def unrecorded(self, func, args, kwargs):
+        if self.stopper.raised and func is torch.Tensor.backward:  # the script caught the stop
+            self.stopper.stop()
+        return func(*args, **kwargs)
 
     def meet(self) -> None:
         """A distributed run: the ranks meet here (see RankSession.gather), once."""
@@ -580,15 +591,24 @@ class ScriptRecorder(_Recorder):
 
             @functools.wraps(call_original)
             def __call__(module, *args, **kwargs):
+                if compiling():  # torch.compile tracing the model's inside: the outermost call is recorded
+                    return call_original(module, *args, **kwargs)
                 if recorder.depth == 0 and recorder.record and not recorder.busy:
                     if _redirected(module):  # not counted: the model called inside it is the top-level call
                         return call_original(module, *args, **kwargs)
                     recorder.top_call(module)
+                # model.compile() in place: its hooks run inside the compiled region, where they step
+                # aside, so they run here, around it
+                around = module.__dict__.get("_compiled_call_impl") is not None and id(module) in recorder.hooks
+                if around:
+                    recorder.forward_pre(module, args, kwargs)
                 recorder.depth += 1
                 try:
                     output = call_original(module, *args, **kwargs)
                 finally:
                     recorder.depth -= 1
+                if around:
+                    recorder.forward_post(module, args, kwargs, output)
                 if recorder.depth == 1 and recorder.opening is not None:  # called by a candidate's first forward
                     recorder.inner_call(module, args, kwargs, output)
                 elif recorder.depth > 1 and recorder.opening is not None:
@@ -831,8 +851,11 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
                 raise InternalError(f"at {ours}, while {os.path.basename(path or module)} "
                                     f"ran: {first_line(exc)}; not your script's fault") from exc
         finally:
+            recorder.stopper.disarm()
             sys.argv, sys.path[:] = saved_argv, saved_path
     seconds = time.perf_counter() - started
+    if recorder.stopper.raised and ended != "stopped":  # caught by the script, which ran on or raised after
+        ended, error = "stopped", None
     if recorder.stop_error is not None:
         raise recorder.stop_error
     trace = _finish(recorder, caught)
@@ -844,6 +867,9 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
     _refuse_unaudited(run)
     if recorder.rebound:
         run.notes.append(recorder.rebound)
+    swallowed = recorder.stopper.note(steps)
+    if swallowed:
+        run.notes.append(swallowed)
     return run
 
 
