@@ -39,7 +39,7 @@ def test_json_format_is_one_object_with_the_schema():
     done = run("check", "fixtures/gpt_off_by_one.py:build", "--format", "json", *FAST)
     assert done.returncode == 1
     report = json.loads(done.stdout)
-    assert set(report) == {"target", "checks", "summary"}
+    assert set(report) == {"target", "checks", "summary", "versions"}  # the versions it was made with
     assert report["target"] == "fixtures/gpt_off_by_one.py:build"
     assert [c["id"] for c in report["checks"]] == ["future-leak", "mask-direction", "init-loss"]
     for entry in report["checks"]:

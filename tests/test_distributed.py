@@ -6,9 +6,11 @@ through torchrun itself (`python -m torch.distributed.run ... -m tfdoctor run`).
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -23,8 +25,8 @@ ONLY_LOOP = ["--only", "rank-data,rank-sync,ddp-accumulation,rank-uniform,zero-g
 LIMIT = 120  # a hang would fail the test here rather than stall the suite
 
 
-def run(*args, launcher=None):
-    env = {**os.environ, "COLUMNS": "200"}
+def run(*args, launcher=None, temp=None):
+    env = {**os.environ, "COLUMNS": "200", **({"TMPDIR": str(temp)} if temp else {})}
     env.pop("WORLD_SIZE", None)
     command = [TFDOCTOR, "run", *args] if launcher is None else [*launcher, "-m", "tfdoctor", "run", *args]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=LIMIT, env=env)
@@ -85,6 +87,41 @@ def test_a_rank_that_dies_ends_the_job_with_its_line(case, said):
     assert done.returncode == 2
     assert any(said in line for line in error_lines(done)), done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_a_rank_that_raises_after_a_step_names_the_error_and_ends_the_job_at_once():
+    # rank 0 waits for rank 1 in DDP's all-reduce: it must learn of the error now, not after its
+    # 300 s budget (the subprocess limit, 120 s, fails the test long before that)
+    temp = tempfile.mkdtemp(prefix="tfd-")  # short: Unix socket paths are made under it
+    try:
+        done = run("--nproc", "2", f"{SCRIPTS}/ddp_rank1_raises_after_step.py", "--format", "json", temp=temp)
+        # torchelastic's folders and the ranks' temporary files went with the job
+        assert [p for p in os.listdir(temp) if not p.startswith("torchinductor_")] == []
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    assert done.returncode == 2
+    lines = error_lines(done)
+    assert len(lines) == 1, done.stderr  # rank 0's broken all-reduce is a consequence: rank 1 says it
+    script = f"{SCRIPTS}/ddp_rank1_raises_after_step.py"
+    assert lines[0].startswith(f"tfdoctor: error: rank 1 of 2: {script} raised ValueError: corrupt shard 1 at "
+                               f"row 8 at {script}:")
+    assert "after 1 optimizer step(s)" in lines[0]
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_at_a_terminal_rank_0_clears_its_bar_before_the_report_and_erases_no_line_of_the_script():
+    from test_terminal import BAR_LINE, final_screen, run_in_terminal
+
+    code, raw, _ = run_in_terminal("run", "--nproc", "2", f"{SCRIPTS}/ddp_correct.py", "--steps", "4",
+                                   "--only", "overfit-batch,zero-grad", timeout=LIMIT)
+    assert code == 0, raw[-3000:]
+    assert BAR_LINE.search(raw)  # overfit-batch drew its bar
+    # the bar redraws its own line only: it never moves the cursor up over lines others printed
+    assert not re.search(r"\x1b\[\d*A", raw), raw[-3000:]
+    for step in range(1, 4):  # rank 0 prints after each step but the 4th (stopped there): none erased
+        assert re.search(rf"(^|\n)epoch \d step {step} loss \d", raw.replace("\x1b[2K", "").replace("\r", "")), raw
+    report = final_screen(raw)  # after the bar's last erase: the report alone, on a clean line
+    assert report.lstrip().startswith("tfdoctor ") and not BAR_LINE.search(report), report[:500]
 
 
 def test_nproc_flag_out_of_range_or_under_torchrun_is_a_usage_error():

@@ -81,6 +81,7 @@ def test_stops_after_the_steps_asked_and_reaches_nothing_after(tmp_path):
     assert found["steps"] == 3 and found["stopped_at"].startswith(f"{SCRIPTS}/plain_loop.py:")
     assert "epoch 0 step 2 " in done.stderr and "epoch 0 step 3 " not in done.stderr  # stopped inside step 3
     assert not out.exists()  # the checkpoint written after the loop was never reached
+    assert str(out) not in as_json(done).get("sandbox", {}).get("written", [])  # not even in the sandbox
 
 
 def test_rich_report_shows_discovered_header_and_locations():
@@ -110,6 +111,11 @@ def test_module_form_and_python_dash_m(tmp_path):
     ("bad/exits_early.py", [], "called sys.exit(3) at fixtures/scripts/bad/exits_early.py:10 in <module> before its "
                                "first optimizer step"),
     ("bad/never_steps.py", [], "ended without an optimizer step: 3 forward(s) of a model and 3 backward() call(s) seen"),
+    ("bad/empty_loop.py", [], "ended without an optimizer step: 0 forward(s) of a model and 0 backward() call(s) seen"),
+    # issue 18: stdin is empty (input() raises at once, its open prompt line is ended), a multi-line message is folded
+    ("bad/reads_stdin.py", [], "raised EOFError: EOF when reading a line at fixtures/scripts/bad/reads_stdin.py:7"),
+    ("bad/raises_multiline.py", [], "raised ValueError: invalid config: | lr must be positive | got -1.0 at "
+                                    "fixtures/scripts/bad/raises_multiline.py:8 in <module>"),
     ("bad/hangs.py", ["--timeout-per-check", "3"], "running the script up to its last recorded step ran past its 3 s "
                                                    "budget (--timeout-per-check); it was at "
                                                    "fixtures/scripts/bad/hangs.py:10 in <module>"),
@@ -119,6 +125,7 @@ def test_bad_scripts_are_one_line_and_exit_2(script, args, expected):
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if line.startswith("tfdoctor:")]
     assert len(lines) == 1 and expected in lines[0], done.stderr
+    assert done.stderr.splitlines()[-1] == lines[0]  # tfdoctor's line is the last one on stderr
     assert done.stdout == ""
 
 
@@ -502,3 +509,30 @@ def test_completion_only_packed_fine_tuning_is_the_token_mean():
     assert checks["accumulation-scaling"]["status"] == "pass"
     assert checks["accumulation-scaling"]["details"]["gradient_factor"] == pytest.approx(1.0, abs=0.02)
     assert checks["token-weighting"]["status"] == "pass"
+
+
+@pytest.mark.parametrize("script, zero_grad", [("swallows_stop.py", "pass"), ("swallows_stop_no_zero_grad.py", "fail")])
+def test_a_script_that_catches_the_stop_is_judged_on_the_steps_asked_for(script, zero_grad):
+    # issue 18: a bare `except:` (or `except BaseException:`, around a `while True:` loop) swallows the
+    # stop; the recording still ends at step 2, the script is ended, and only those steps are judged
+    done = tfdoctor("run", f"{SCRIPTS}/{script}", "--format", "json", "--only", "zero-grad,grad-health")
+    assert done.returncode == (1 if zero_grad == "fail" else 0), done.stderr
+    report = as_json(done)
+    found, checks = report["discovered"], by_id(report)
+    assert found["steps"] == 2 and found["ended"] == "stopped"
+    assert any("caught tfdoctor's stop" in note for note in found["notes"])
+    assert checks["zero-grad"]["status"] == zero_grad and checks["zero-grad"]["details"]["steps_checked"] == 1
+    assert checks["grad-health"]["details"]["steps"] == 2
+
+
+@pytest.mark.parametrize("script, args, objective", [("compiled_gpt.py", ["eager", "inplace"], "pass"),
+                                                     ("compiled_gpt_targets_equal_inputs.py", ["eager"], "fail")])
+def test_a_model_under_torch_compile_fullgraph_runs_and_is_judged(script, args, objective):
+    # issue 18: dynamo traced tfdoctor's Module.__call__ wrapper and hooks (fullgraph=True refused them):
+    # inside a compiled region they step aside, and the calls around it are recorded
+    done = tfdoctor("run", f"{SCRIPTS}/{script}", "--format", "json", "--only", "objective,zero-grad", "--", *args)
+    assert done.returncode == (1 if objective == "fail" else 0), done.stderr
+    report = as_json(done)
+    assert report["discovered"]["model"] == "GPT" and report["discovered"]["steps"] == 2
+    checks = by_id(report)
+    assert checks["objective"]["status"] == objective and checks["zero-grad"]["status"] == "pass"

@@ -81,6 +81,10 @@ EXPECTED = {
     # item 11: a fused LM head (TRL's fused_lm_head) holds no scores: the checks reading targets skip,
     # saying so; each graded token's weight is read from the gradient at its log-probability
     "fused_head": dict(ACCUM, objective=S, **{"ignore-index": S}),
+    # issue 18: a loop that takes no optimizer step at all is not healthy (it never iterated, or its
+    # DataLoader yields nothing): optimizer-coverage fails, the checks of the steps skip
+    "no_epoch": dict(dict.fromkeys(TRAIN_IDS, S), **{"optimizer-coverage": F}),
+    "empty_dataloader": dict(dict.fromkeys(TRAIN_IDS, S), **{"optimizer-coverage": F}),
 }
 
 # The model each family of loops trains (by file-name prefix; the fixture GPT otherwise), and the
@@ -119,6 +123,14 @@ def test_every_train_check_has_its_expected_status(loop):
         json.dumps(result.details)  # evidence is JSON-safe
         if result.status in (Status.FAIL, Status.WARN):
             assert result.hint, result.id
+
+
+@pytest.mark.parametrize("loop, seen", [("no_epoch", "returned without iterating"),
+                                        ("empty_dataloader", "iterated over the 16 batches")])
+def test_loop_that_takes_no_step_fails_saying_so(loop, seen):
+    result = audit(loop)["optimizer-coverage"]
+    assert seen in result.message and "no optimizer step was taken" in result.message
+    assert result.details["optimizer_steps"] == 0 and "iterate over the batches" in result.hint
 
 
 def test_identity_objective_reports_offset_zero():

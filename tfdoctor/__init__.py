@@ -17,6 +17,6 @@ from tfdoctor.result import ExitCode, Report, Result, Status  # noqa: E402
 from tfdoctor.runner import assert_healthy, run_checks  # noqa: E402
 from tfdoctor.subject import Subject  # noqa: E402
 
-__version__ = "0.1.0"
+from tfdoctor.versions import __version__  # noqa: E402
 __all__ = ["Subject", "run_checks", "assert_healthy", "Report", "Result", "Status", "ExitCode",
            "__version__"]

@@ -54,8 +54,15 @@ class Kind(str, enum.Enum):
 
 
 def _fail_usage(error: TfdoctorError) -> None:
-    typer.echo(f"tfdoctor: error: {_whose()}{error.one_line()}", err=True)
+    typer.echo(f"tfdoctor: error: {_whose()}{_shown(error.one_line())}", err=True)
     raise typer.Exit(ExitCode.USAGE_ERROR)
+
+
+def _shown(text: str) -> str:
+    """The user's text in our line, escape sequences and control characters shown, not obeyed."""
+    from tfdoctor.report.text import clean
+
+    return clean(text)
 
 
 def _positive(name: str, value: Optional[int], minimum: int = 1, maximum: Optional[int] = None) -> None:
@@ -169,7 +176,7 @@ def _finish(outcome, report, fmt: "Format", output: Optional[Path]) -> None:
     if report is not None:
         _emit(report, fmt, output)
     if outcome.ended != "done":
-        typer.echo(f"tfdoctor: error: {_whose()}{outcome.message}", err=True)
+        typer.echo(f"tfdoctor: error: {_whose()}{_shown(outcome.message)}", err=True)
         raise typer.Exit(ExitCode.USAGE_ERROR)
     raise typer.Exit(report.exit_code())
 
@@ -298,7 +305,7 @@ def _handled(outcome):
         raise typer.Exit(ExitCode.USAGE_ERROR)
     if outcome.ended == "interrupted":
         typer.echo(f"tfdoctor: {_whose()}{outcome.message}", err=True)
-        raise typer.Exit(130)
+        raise typer.Exit(outcome.code or 130)
     return outcome
 
 
@@ -328,26 +335,13 @@ def _launched(nproc: int) -> None:
     args = sys.argv[1:]
     args = args[args.index("run") + 1:] if "run" in args else args
     try:
-        code = launch(nproc, _without_nproc(args))
+        code = launch(nproc, args)
     except TfdoctorError as error:
         _fail_usage(error)
+    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP (recording/launch.py): every rank has ended
+        typer.echo(f"tfdoctor: {getattr(stop, 'said', 'interrupted')} while the {nproc} ranks ran", err=True)
+        raise typer.Exit(getattr(stop, "code", 130))
     raise typer.Exit(code)
-
-
-def _without_nproc(args: list[str]) -> list[str]:
-    """The command line again, less --nproc (before `--`: after it the arguments are the script's)."""
-    out, i = [], 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--":
-            return out + args[i:]
-        if arg == "--nproc":
-            i += 2
-            continue
-        if not arg.startswith("--nproc="):
-            out.append(arg)
-        i += 1
-    return out
 
 
 def _report_of(outcome, target: str, strict: bool):
@@ -356,7 +350,7 @@ def _report_of(outcome, target: str, strict: bool):
 
     if outcome.ended != "done" and not outcome.results:
         return None
-    report = Report(target, list(outcome.results), strict=strict)
+    report = Report(target, list(outcome.results), strict=strict, sandbox=outcome.sandbox)
     if outcome.ended != "done":
         report.stopped = outcome.message
         if outcome.phase not in ("", "loading"):  # the check that was cut short is reported as such
@@ -421,9 +415,9 @@ def list_checks(
 ) -> None:
     """List every check: id, title and what it catches (or one check's full documentation)."""
     from rich.console import Console
-    from rich.table import Table
 
     from tfdoctor.registry import all_checks, select
+    from tfdoctor.report.catalogue import render_catalogue, render_check
 
     console = Console()
     if check_id is not None:
@@ -431,21 +425,9 @@ def list_checks(
             (spec,) = select(only=check_id)
         except (TfdoctorError, ValueError) as error:
             _fail_usage(error if isinstance(error, TfdoctorError) else UsageError("give one check id"))
-        console.print(f"[bold]{spec.id}[/bold]: {spec.title}", highlight=False)
-        console.print(f"applies to: {', '.join(spec.kinds)} models"
-                      + (f"; needs {', '.join(spec.needs)}" if spec.needs else ""), highlight=False)
-        for paragraph in spec.doc.split("\n\n"):  # reflowed to the terminal's width
-            console.print()
-            console.print(" ".join(paragraph.split()), highlight=False, markup=False)
+        render_check(spec, console)
         return
-    table = Table(show_lines=True)
-    table.add_column("id", style="bold", no_wrap=True)
-    table.add_column("what it catches")
-    table.add_column("the fix")
-    for spec in all_checks():
-        table.add_row(spec.id, spec.summary, spec.fix)
-    console.print(table)
-    console.print("`tfdoctor checks ID` prints one check's full documentation.", highlight=False, markup=False)
+    render_catalogue(all_checks(), console)
 
 
 # --- memory command (issue 4) ---

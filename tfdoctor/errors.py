@@ -12,7 +12,14 @@ class TfdoctorError(Exception):
         super().__init__(self.one_line())
 
     def one_line(self) -> str:
-        return f"{self.message}; {self.hint}" if self.hint else self.message
+        return folded(f"{self.message}; {self.hint}" if self.hint else self.message)
+
+
+def folded(text: str) -> str:
+    """`text` on one line: a user's multi-line exception message quoted in tfdoctor's line would
+    otherwise leave the last line on stderr someone else's."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return " | ".join(lines)
 
 
 class UsageError(TfdoctorError):

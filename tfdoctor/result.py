@@ -8,7 +8,9 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
+
+from tfdoctor.versions import tool_versions
 
 
 class Status(str, enum.Enum):
@@ -101,6 +103,8 @@ class Report:
     strict: bool = False  # warnings count as problems (--strict); every reporter and the exit code agree
     stopped: str = ""  # why the run ended before its last check (a budget, the user's sys.exit), if it did
     discovered: dict[str, Any] = field(default_factory=dict)  # `tfdoctor run`: what the script showed
+    sandbox: dict[str, Any] = field(default_factory=dict)  # what the user's code tried to write (thrown away)
+    versions: dict[str, Any] = field(default_factory=tool_versions)  # tfdoctor's, python's, torch's, transformers'
 
     def summary(self) -> dict[str, int]:
         counts = {status.value: 0 for status in Status}
@@ -118,6 +122,19 @@ class Report:
     def exit_code(self, strict: bool | None = None) -> ExitCode:
         return ExitCode.CHECKS_FAILED if self.problems(strict) else ExitCode.OK
 
+    # A Report reads as the collection of its results: `for r in report`, `len(report)`, and
+    # `"future-leak" in report` (a check id; a Result works too), beside `report["future-leak"]`.
+    def __iter__(self) -> Iterator[Result]:
+        return iter(self.results)
+
+    def __len__(self) -> int:
+        return len(self.results)
+
+    def __contains__(self, item: object) -> bool:
+        if isinstance(item, str):
+            return any(result.id == item for result in self.results)
+        return item in self.results
+
     def __getitem__(self, check_id: str) -> Result:
         for result in self.results:
             if result.id == check_id:
@@ -129,9 +146,12 @@ class Report:
             "target": self.target,
             "checks": [r.to_dict() for r in self.results],
             "summary": self.summary(),
+            "versions": json_safe(self.versions),
         }
         if self.stopped:
             data["stopped"] = self.stopped
         if self.discovered:
             data["discovered"] = json_safe(self.discovered)
+        if any(self.sandbox.get(key) for key in ("written_count", "deleted_count", "error")):  # it tried to write
+            data["sandbox"] = json_safe(self.sandbox)
         return data

@@ -25,10 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from tfdoctor.descendants import Descendants
 from tfdoctor.recording.sites import display_path
-from tfdoctor.result import Result
-from tfdoctor.worker import REQUEST_ENV
+from tfdoctor.result import ExitCode, Result
+from tfdoctor.sandbox import Host
+from tfdoctor.stopping import LAUNCHED_ENV, signals_stop, stopped_by
+from tfdoctor.tempdirs import private_folder, temp_environment
+from tfdoctor.worker import CHANNEL_LOST_EXIT, REQUEST_ENV
 
+FIRST_FAILURE = "tfdoctor-first-failure"
 # After SIGUSR1, how long the worker gets to write its stack dump before it is killed.
 DUMP_GRACE_SECONDS = 2.0
 POLL_SECONDS = 0.1
@@ -45,8 +50,9 @@ class Outcome:
     debug: str = ""  # internal-error: the worker's traceback
     discovered: dict = field(default_factory=dict)  # `tfdoctor run`: what the script showed
     verdict: Any = None  # `tfdoctor memory TARGET`: the traced Verdict
-    code: int = 0  # rank-exit: the exit code rank 0 sent
+    code: int = 0  # rank-exit: the exit code rank 0 sent; interrupted: 128 + the signal's number
     quiet: bool = False  # usage-error: rank 0 says the same line, this rank says nothing
+    sandbox: dict = field(default_factory=dict)  # what the user's code tried to write (tfdoctor/sandbox)
 
 
 def _phase_name(phase: str) -> str:
@@ -69,14 +75,28 @@ def supervise(request: dict, *, timeout: float, timeout_per_check: float,
     `hold(outcome)` (with request["release"]: rank 0 of a distributed run) is called once the worker
     has said its last word but still waits; the exit code it ends with (returned, or the code of the
     SystemExit it raises) is then written to the worker, which sends it to the other ranks."""
-    dump = tempfile.NamedTemporaryFile(prefix="tfdoctor-stack-", suffix=".txt", delete=False)
-    dump.close()
+    with signals_stop(), Descendants():
+        # A private temporary folder (the stack dump; TMPDIR of the worker and all it starts, whose
+        # files a kill leaves behind, multiprocessing's pymp-* folders among them): it goes with the run.
+        with private_folder() as private:
+            return _supervised(request, timeout, timeout_per_check, progress, hold, private)
+
+
+def _supervised(request: dict, timeout: float, timeout_per_check: float, progress, hold, private: str) -> Outcome:
+    dump = os.path.join(private, "stack.txt")
+    Path(dump).touch()
     release_read = release_write = None
     if hold is not None:
         release_read, release_write = os.pipe()
-    request = {**request, "stack_dump": dump.name, "progress": progress is not None, "release_fd": release_read}
+    # A rank of `--nproc` already has the launcher's private folder as its TMPDIR: not one more level,
+    # since a Unix socket's path (multiprocessing makes them there) is limited to 107 bytes.
+    temp = os.environ["TMPDIR"] if os.environ.get(LAUNCHED_ENV) and os.environ.get("TMPDIR") else private
+    # The user's files are sacred: the worker writes into this scratch folder.
+    sandbox = Host(request, own=(private, temp))
+    request = {**request, "stack_dump": dump, "progress": progress is not None, "release_fd": release_read,
+               "sandbox": sandbox.spec}
     read_end, write_end = os.pipe()
-    env = {**os.environ, REQUEST_ENV: json.dumps(request)}
+    env = {**os.environ, REQUEST_ENV: json.dumps(request), **temp_environment(temp)}
     outcome = Outcome()
     proc = None
     try:
@@ -92,21 +112,53 @@ def supervise(request: dict, *, timeout: float, timeout_per_check: float,
             os.close(write_end)
             if release_read is not None:
                 os.close(release_read)
-        outcome = _watch(outcome, proc, read_end, dump.name, timeout, timeout_per_check, progress)
+        outcome = _watch(outcome, proc, read_end, dump, timeout, timeout_per_check, progress)
+        outcome.sandbox = sandbox.report()
+        _first_failure(outcome)
         if hold is not None and proc.poll() is None and outcome.ended in ("done", "usage-error", "internal-error"):
+            _clear(progress)  # the report is printed on a clean line, the bar gone
             _held(hold, outcome, proc, release_write)
         return outcome
-    except KeyboardInterrupt:  # Ctrl-C reaches us alone (the worker has its own session): say where
-        outcome.ended = "interrupted"
-        outcome.message = f"interrupted (Ctrl-C) during {_phase_name(outcome.phase)}"
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, SIGTERM or SIGHUP (the worker has its own session)
+        stop = stopped_by(interrupt)
+        if os.environ.get(LAUNCHED_ENV):  # one rank of `--nproc`: the launcher says it once
+            outcome.ended, outcome.code = "rank-exit", stop.code
+        else:
+            outcome.ended, outcome.code = "interrupted", stop.code
+            outcome.message = f"{stop.said} during {_phase_name(outcome.phase)}"
         return outcome
     finally:
+        _clear(progress)
         if proc is not None:
             _kill(proc)
         os.close(read_end)
         if release_write is not None:
             os.close(release_write)
-        Path(dump.name).unlink(missing_ok=True)
+        sandbox.close()
+
+
+def _first_failure(outcome: Outcome) -> None:
+    """One rank of `--nproc`: the first rank to fail says why. A rank that fails after it (the failed
+    rank's end broke the job's collectives under it) ends quietly. The claim, a file in the job's
+    private temporary folder (TMPDIR, recording/launch.py), is made before this rank's worker is
+    killed, which is what breaks the others'. A worker killed by a signal is never a consequence: it
+    says so whatever the claim."""
+    if not os.environ.get(LAUNCHED_ENV) or outcome.quiet or outcome.ended in ("done", "rank-exit"):
+        return
+    try:
+        os.close(os.open(os.path.join(tempfile.gettempdir(), FIRST_FAILURE), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        if outcome.ended != "vanished":
+            outcome.ended, outcome.code = "rank-exit", int(ExitCode.USAGE_ERROR)
+    except OSError:
+        pass
+
+
+def _clear(progress) -> None:
+    """Take the progress bar off the terminal (tfdoctor.report.progress), if one is drawn."""
+    clear = getattr(progress, "clear", None)
+    if clear is not None:
+        clear()
 
 
 # After its release, how long the worker gets to send the other ranks their exit code and end.
@@ -143,72 +195,72 @@ def _die_with_parent() -> None:
         pass
 
 
-def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float, per_check: float,
-           progress) -> Outcome:
-    started = phase_started = time.monotonic()
-    main_thread: Optional[int] = None
-    tasks: dict[int, Callable] = {}
-    buffer = b""
-    finished = False
-    while True:
+class _Budgets:
+    """The run's budget and the current phase's, from the moment the worker starts."""
+
+    def __init__(self, timeout: float, per_check: float) -> None:
+        self.timeout, self.per_check = timeout, per_check
+        self.started = self.phase_started = time.monotonic()
+
+    def left(self, phase: str) -> tuple[float, float]:
         now = time.monotonic()
         # Waiting for rank 0 is not a check of its own: the whole run's budget bounds it.
-        phase_left = _hard_limit(per_check) - (now - phase_started) if outcome.phase != "ranks" else timeout
-        run_left = timeout - (now - started)
-        if phase_left <= 0 or run_left <= 0:
-            which = (f"{_phase_name(outcome.phase)} ran past its {per_check:g} s budget (--timeout-per-check)"
-                     if phase_left <= 0 else f"the run ran past its {timeout:g} s budget (--timeout), during "
-                                             f"{_phase_name(outcome.phase)}")
-            where = _stack_of(proc, dump_path, main_thread)
-            outcome.ended = "timeout"
-            outcome.message = which + (f"; it was at {where}" if where else "")
-            return outcome
-        ready, _, _ = select.select([read_end], [], [], min(POLL_SECONDS, phase_left, run_left))
+        phase_left = (_hard_limit(self.per_check) - (now - self.phase_started) if phase != "ranks"
+                      else self.timeout)
+        return phase_left, self.timeout - (now - self.started)
+
+    def overrun(self, phase: str) -> str:
+        """The line's start when a budget has run out, else ""."""
+        phase_left, run_left = self.left(phase)
+        if phase_left <= 0:
+            return f"{_phase_name(phase)} ran past its {self.per_check:g} s budget (--timeout-per-check)"
+        if run_left <= 0:
+            return f"the run ran past its {self.timeout:g} s budget (--timeout), during {_phase_name(phase)}"
+        return ""
+
+
+def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float, per_check: float,
+           progress) -> Outcome:
+    budgets = _Budgets(timeout, per_check)
+    state = {"main_thread": None, "finished": False}
+    tasks: dict[int, Callable] = {}
+    buffer = b""
+    while True:
+        which = budgets.overrun(outcome.phase)
+        if which:
+            return _timed_out(outcome, which, proc, dump_path, state["main_thread"])
+        ready, _, _ = select.select([read_end], [], [], min(POLL_SECONDS, *budgets.left(outcome.phase)))
         if not ready:
             continue
         chunk = os.read(read_end, 1 << 16)
-        if not chunk:  # the worker closed the pipe: it has ended
+        if not chunk:  # the worker closed the pipe: it has ended, or its code closed the descriptor
             break
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
         for line in lines:
-            event = json.loads(line)
-            kind = event["event"]
-            if kind == "hello":
-                main_thread = event.get("main_thread")
-            elif kind == "phase":
-                outcome.phase, phase_started = event["name"], time.monotonic()
-            elif kind == "result":
-                outcome.results.append(Result.from_dict(event["result"]))
-            elif kind == "progress" and progress is not None:
-                tasks[event["task"]] = progress(event["description"], event["total"])
-            elif kind == "advance" and event["task"] in tasks:
-                tasks[event["task"]](event["n"])
-            elif kind == "discovered":
-                outcome.discovered = event["facts"]
-            elif kind == "verdict":  # `memory TARGET`: the traced Verdict, from our own worker
-                outcome.verdict = pickle.loads(base64.b64decode(event["pickled"]))
-            elif kind == "done":
-                finished = True
-            elif kind == "usage-error":
-                outcome.ended, outcome.message = "usage-error", event["message"]
-                outcome.quiet = bool(event.get("quiet"))
-            elif kind == "rank-exit":  # a rank other than 0: rank 0 reports, this one exits as it does
-                outcome.ended, outcome.code = "rank-exit", int(event["code"])
-            elif kind == "exit":
-                where = f" at {event['where']}" if event.get("where") else ""
-                outcome.ended = "exit"
-                outcome.message = (f"your code called sys.exit({event['code']!r}){where} during "
-                                   f"{_phase_name(outcome.phase)}, so tfdoctor could not finish")
-            elif kind == "internal-error":
-                outcome.ended, outcome.message = "internal-error", event["message"]
-                outcome.debug = event.get("traceback", "")
-        if finished or outcome.ended != "done":
+            if _take(outcome, json.loads(line), state, tasks, progress, budgets):
+                state["finished"] = True
+        if state["finished"] or outcome.ended != "done":
             # The worker said its last word. Processes it started (DataLoader workers) may still hold
             # the pipe open, so waiting for its end could wait for them: they go with the group.
             return outcome
-    code = proc.wait()
+    # The pipe is at its end: wait for the worker to end too, within the budgets still (a script that
+    # closed every descriptor above 2 and hangs ends no other way).
+    while True:
+        which = budgets.overrun(outcome.phase)
+        if which:
+            return _timed_out(outcome, which, proc, dump_path, state["main_thread"])
+        try:
+            code = proc.wait(timeout=min(POLL_SECONDS, *budgets.left(outcome.phase)))
+            break
+        except subprocess.TimeoutExpired:
+            continue
     outcome.ended = "vanished"
+    if code == CHANNEL_LOST_EXIT:
+        outcome.message = (f"your code closed tfdoctor's report pipe (a file descriptor above 2, closed below "
+                           f"Python's os.close) during {_phase_name(outcome.phase)}, so the report could not be "
+                           "delivered; leave descriptors you did not open alone")
+        return outcome
     if code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
         why = f"was killed by {name}" + (" (out of memory? the kernel's OOM killer sends it)" if name == "SIGKILL"
@@ -218,6 +270,48 @@ def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float
     outcome.message = (f"the process running your code {why} during {_phase_name(outcome.phase)}, before the "
                        "report was delivered")
     return outcome
+
+
+def _timed_out(outcome: Outcome, which: str, proc, dump_path: str, main_thread: Optional[int]) -> Outcome:
+    where = _stack_of(proc, dump_path, main_thread)
+    outcome.ended = "timeout"
+    outcome.message = which + (f"; it was at {where}" if where else "")
+    return outcome
+
+
+def _take(outcome: Outcome, event: dict, state: dict, tasks: dict, progress, budgets: _Budgets) -> bool:
+    """Apply one event of the worker's to the outcome; True when it is the worker's "done"."""
+    kind = event["event"]
+    if kind == "hello":
+        state["main_thread"] = event.get("main_thread")
+    elif kind == "phase":
+        outcome.phase, budgets.phase_started = event["name"], time.monotonic()
+    elif kind == "result":
+        outcome.results.append(Result.from_dict(event["result"]))
+    elif kind == "progress" and progress is not None:
+        tasks[event["task"]] = progress(event["description"], event["total"])
+    elif kind == "advance" and event["task"] in tasks:
+        tasks[event["task"]](event["n"])
+    elif kind == "discovered":
+        outcome.discovered = event["facts"]
+    elif kind == "verdict":  # `memory TARGET`: the traced Verdict, from our own worker
+        outcome.verdict = pickle.loads(base64.b64decode(event["pickled"]))
+    elif kind == "done":
+        return True
+    elif kind == "usage-error":
+        outcome.ended, outcome.message = "usage-error", event["message"]
+        outcome.quiet = bool(event.get("quiet"))
+    elif kind == "rank-exit":  # a rank other than 0: rank 0 reports, this one exits as it does
+        outcome.ended, outcome.code = "rank-exit", int(event["code"])
+    elif kind == "exit":
+        where = f" at {event['where']}" if event.get("where") else ""
+        outcome.ended = "exit"
+        outcome.message = (f"your code called sys.exit({event['code']!r}){where} during "
+                           f"{_phase_name(outcome.phase)}, so tfdoctor could not finish")
+    elif kind == "internal-error":
+        outcome.ended, outcome.message = "internal-error", event["message"]
+        outcome.debug = event.get("traceback", "")
+    return False
 
 
 def _hard_limit(budget: float) -> float:

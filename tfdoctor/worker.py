@@ -28,11 +28,16 @@ import threading
 import traceback
 from typing import Any, Callable
 
-from tfdoctor.errors import InternalError, OutputShapeError, TfdoctorError, UsageError
+from tfdoctor.errors import InternalError, OutputShapeError, TfdoctorError, UsageError, folded
+from tfdoctor.kept_fds import keep_open
 from tfdoctor.recording.distributed import world
 from tfdoctor.recording.sites import raised_at
+from tfdoctor.sandbox import enter as enter_sandbox
 
 REQUEST_ENV = "TFDOCTOR_WORKER_REQUEST"
+# The worker's exit code when its report pipe was closed under it (below os.close, which keeps it:
+# tfdoctor/kept_fds.py): nothing more can be said, and the supervisor names the cause.
+CHANNEL_LOST_EXIT = 86
 
 
 class Channel:
@@ -45,8 +50,35 @@ class Channel:
     def send(self, event: str, **payload: Any) -> None:
         line = json.dumps({"event": event, **payload}, default=str)
         with self._lock:
-            self._file.write(line + "\n")
-            self._file.flush()
+            try:
+                self._file.write(line + "\n")
+                self._file.flush()
+            except (OSError, ValueError):  # the user's code closed the descriptor (in C): the report is lost
+                os._exit(CHANNEL_LOST_EXIT)
+
+
+class _LineEnds:
+    """The worker's sys.stdout and sys.stderr (both stderr): remembers whether what was written last
+    left a line open (an `input()` prompt, `print(..., end="")`), so that tfdoctor's one line starts
+    a line of its own and is the last line on stderr."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self.open = False
+
+    def write(self, text: str) -> int:
+        written = self._stream.write(text)
+        if text:
+            self.open = not text.endswith("\n")
+        return written
+
+    def end_line(self) -> None:
+        if self.open:
+            self.write("\n")
+            self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def progress_over(channel: Channel) -> Callable:
@@ -71,7 +103,8 @@ def run_check_request(request: dict, listener=None, progress=None):
     import torch
 
     from tfdoctor.loader import load_function, load_subject
-    from tfdoctor.runner import run_checks
+    from tfdoctor.runner import as_subject, run_checks
+    from tfdoctor.seq_limit import refuse_unfit_seq
 
     # Seeded before the factory builds the model: the same command gives the same initial weights,
     # the same evidence and the same verdict in every process.
@@ -82,6 +115,8 @@ def run_check_request(request: dict, listener=None, progress=None):
     if request.get("device"):
         subject = _move(subject, request["device"])
     fields = dict(request.get("fields", {}), train=train_fn)
+    if request.get("options", {}).get("train_seq"):  # a length the model cannot take is a usage error
+        refuse_unfit_seq(as_subject(subject, **fields), request["options"]["train_seq"], "--train-seq")
     return run_checks(subject, request.get("only"), request.get("skip"), seed=request.get("seed", 0),
                       target=request["target"], progress=progress, options=request.get("options", {}),
                       listener=listener, **fields)
@@ -179,9 +214,11 @@ def run_memory_request(request: dict, progress=None):
     from tfdoctor.loader import load_subject
     from tfdoctor.memory.traced_verdict import judge_traced
     from tfdoctor.runner import as_subject
+    from tfdoctor.seq_limit import refuse_unfit_seq
 
     torch.manual_seed(0)  # as `check` does: the factory's weights are the same in every run
     subject = as_subject(load_subject(request["target"]), vocab_size=request.get("vocab"))
+    refuse_unfit_seq(subject, request["seq"], "--seq")
     return judge_traced(subject, request["target"], request["batch"], request["seq"], request["budget_bytes"],
                         request["budget_source"], dtype=request["dtype"], optimizer=request["optimizer"],
                         gpus=request["gpus"], shard=request["shard"], progress=progress, device=request.get("device"))
@@ -236,16 +273,22 @@ def main(argv: list[str]) -> None:
     request = json.loads(os.environ.pop(REQUEST_ENV))
     # The user's prints, Python's and C's alike, go to stderr: stdout is the report's alone.
     os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    sys.stdout = sys.stderr = output = _LineEnds(sys.stderr)
     sys.argv = [request.get("target", "tfdoctor")]  # the user's module sees no tfdoctor arguments
     dump_path = request.get("stack_dump")
+    kept = [int(argv[1])] + ([request["release_fd"]] if request.get("release_fd") is not None else [])
     if dump_path and hasattr(__import__("signal"), "SIGUSR1"):
         import faulthandler
         import signal
 
         # The supervisor sends SIGUSR1 when a budget runs out: every thread's stack goes to the file,
         # so the one line it prints can name the user's frame that was running.
-        faulthandler.register(signal.SIGUSR1, file=open(dump_path, "w"), all_threads=True)
+        dump_file = open(dump_path, "w")
+        faulthandler.register(signal.SIGUSR1, file=dump_file, all_threads=True)
+        kept.append(dump_file.fileno())
+    keep_open(kept)  # the user's os.closerange(3, ...) leaves tfdoctor's pipes and dump file alone
+    # Before any thread starts (a user namespace needs one) and before the user's code runs.
+    sandbox = enter_sandbox(request.get("sandbox"))
     channel.send("hello", pid=os.getpid(), main_thread=threading.main_thread().ident)
 
     def listener(event: str, payload) -> None:
@@ -276,24 +319,30 @@ def main(argv: list[str]) -> None:
                 channel.send("rank-exit", code=verdict, rank=session.world.rank)
         else:
             run_check_request(request, listener=listener, progress=progress)
+        output.end_line()
         channel.send("done")
     except TfdoctorError as error:
         if session is not None and session.world.rank != 0 and session.verdict_group is not None:
             # rank 0 prints the job's line: this rank ends only once it has (torchrun ends the rest then)
             with contextlib.suppress(Exception):
                 session.receive_code()
+        output.end_line()
         channel.send("usage-error", message=error.one_line(),
                      quiet=bool(getattr(error, "said_by_rank_0", False)) and world().rank != 0)
     except SystemExit as error:  # the user's code: a CI gate must not take its code for ours
+        output.end_line()
         channel.send("exit", code=error.code if isinstance(error.code, int) or error.code is None
                      else str(error.code), where=raised_at(error))
     except KeyboardInterrupt:
         code = 130
     except BaseException as error:  # noqa: BLE001 - everything else is reported, never a traceback
         said = str(error) if isinstance(error, InternalError) else f"{type(error).__name__}: {error}"
-        channel.send("internal-error", message=said,
+        output.end_line()
+        channel.send("internal-error", message=folded(said),
                      traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)))
     finally:
+        if sandbox is not None:
+            sandbox.leave()
         _close_session(session, request.get("release_fd"))
         sys.stderr.flush()
     # os._exit: the user's non-daemon threads must not keep the worker (and CI) waiting.

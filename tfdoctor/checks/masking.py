@@ -26,6 +26,15 @@ CAUSAL_MASK_HINT = (
     "torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1) (scores.masked_fill(blocked, "
     "float('-inf'))); with SDPA pass is_causal=True"
 )
+# F.scaled_dot_product_attention reads a boolean attn_mask the other way round from masked_fill: True
+# where a query MAY attend. A blocked mask (torch.triu(ones, diagonal=1)) handed to it lets each position
+# see only later tokens; when the model calls SDPA, its fix says so.
+SDPA_MASK_HINT = (
+    "the model calls F.scaled_dot_product_attention, whose boolean attn_mask is True where a query MAY "
+    "attend (the opposite of masked_fill's): a blocked mask such as torch.triu(ones, diagonal=1) given "
+    "to it lets each position see only later tokens. Pass is_causal=True (and no attn_mask), or "
+    "attn_mask=torch.tril(torch.ones(T, T, dtype=torch.bool)) (= ~blocked)"
+)
 
 
 def _on_dependency_map(subject, judge):
@@ -93,10 +102,11 @@ def future_leak(subject) -> Result:
     dtype=torch.bool))` (or the blocked mask `torch.triu(..., diagonal=1)`); with SDPA pass
     `is_causal=True`.
     """
-    return judged_per_implementation(subject, _on_dependency_map(subject, _judge_future_leak))
+    return judged_per_implementation(
+        subject, _on_dependency_map(subject, lambda dmap: _judge_future_leak(dmap, subject)))
 
 
-def _judge_future_leak(dmap) -> Result:
+def _judge_future_leak(dmap, subject) -> Result:
     leaks = dmap.future_pairs()
     details = _map_details(dmap)
     details["leaking_pairs"] = len(leaks)
@@ -110,7 +120,7 @@ def _judge_future_leak(dmap) -> Result:
     return Result.failed(
         f"output position {i} changes when token {j} (a later one) changes: {len(leaks)} of "
         f"{T * (T - 1) // 2} future pairs leak, so the model can read the tokens it is asked to predict"
-        + _opened_note(dmap), CAUSAL_MASK_HINT, details)
+        + _opened_note(dmap), SDPA_MASK_HINT if _calls_sdpa(subject) else CAUSAL_MASK_HINT, details)
 
 
 def classify(depends) -> tuple[str, int]:
@@ -157,6 +167,17 @@ def mask_direction(subject) -> Result:
 
 def _runs_attention(subject) -> bool:
     """Whether one eval forward calls a softmax or a fused attention kernel at all."""
+    capture = _attention_calls(subject)
+    return bool(capture.softmaxes or capture.fused_calls)
+
+
+def _calls_sdpa(subject) -> bool:
+    """Whether one eval forward calls F.scaled_dot_product_attention (asked only of a failing model)."""
+    return "scaled_dot_product_attention" in _attention_calls(subject).fused_calls
+
+
+def _attention_calls(subject):
+    """The softmaxes and fused attention kernels of one eval forward (probes/attention.py)."""
     import torch
 
     from tfdoctor.probes.attention import capture_attention
@@ -165,8 +186,7 @@ def _runs_attention(subject) -> bool:
 
     ids = [random_tokens(subject, 1, subject.seq_len)] * (2 if subject.kind == "seq2seq" else 1)
     with torch.no_grad(), evaluation(subject.model):
-        capture = capture_attention(subject.model, lambda: call(subject, *ids))
-    return bool(capture.softmaxes or capture.fused_calls)
+        return capture_attention(subject.model, lambda: call(subject, *ids))
 
 
 def _judge_mask_direction(dmap, subject) -> Result:
@@ -186,9 +206,12 @@ def _judge_mask_direction(dmap, subject) -> Result:
         return Result.passed(f"causal: every position sees itself and the past, nothing later (T={T}){note}",
                              details)
     if pattern == "upper":
+        sdpa = _calls_sdpa(subject)
         return Result.failed(
             "upper-triangular: each position sees itself and every later token but none of the earlier "
-            "ones; the allowed mask was built with torch.triu where torch.tril was meant" + note,
+            "ones; the allowed mask was built with torch.triu where torch.tril was meant"
+            + (" (or a blocked mask was given to SDPA, which takes True as allowed)" if sdpa else "") + note,
+            SDPA_MASK_HINT if sdpa else
             "use torch.tril(torch.ones(T, T, dtype=torch.bool)) as the allowed mask (or keep triu but "
             "with diagonal=1 and use it as the blocked mask: scores.masked_fill(blocked, float('-inf')))",
             details)

@@ -146,6 +146,23 @@ def _stepped(trace) -> str | None:
             "never changed the weights: no optimizer.step() and no in-place update of the parameters" + more)
 
 
+def _untrained(trace) -> str | None:
+    """What shows that the loop trained nothing at all, or None. Only a loop that took no optimizer
+    step, called no backward() and left every weight as it was (an empty DataLoader, a loop that
+    returns before its first batch) is certain: one that called backward() may accumulate over more
+    micro-batches than it was fed, and the script driver refuses a script that never stepped."""
+    if trace.steps or trace.of("scaler_step") or trace.of("backward"):
+        return None
+    if trace.isolation.get("weights_changed", True):  # unknown (another driver), or trained unseen
+        return None
+    if trace.batches_fed == 0:
+        return ("the loop returned without iterating over the batches it was given: no optimizer step was "
+                "taken, so nothing trains")
+    return (f"the loop iterated over the {trace.batches_fed} batches it was given but no optimizer step was "
+            "taken: no backward(), no optimizer.step(), every weight left as it was (a DataLoader or filter "
+            "that yields nothing?)")
+
+
 def _micro_batches(trace) -> tuple[int, dict[int, int]]:
     """Backward calls per optimizer-step window, and the accumulation k: the most common count,
     read past the first window (`if step % k == 0` steps after the very first micro-batch)."""
@@ -668,6 +685,7 @@ def _micro_batch_weights(trace) -> dict[int, list[dict]]:
 
 @check("token-weighting", title="Every trained token weighs the same within an optimizer step",
        needs=("train", "pad_id"))
+@_at("loss", "backward")
 def token_weighting(subject) -> Result:
     """Catches gradient accumulation that averages each micro-batch over its own tokens and then
     divides by k: with padding, micro-batches hold different numbers of real tokens, so a token in a
@@ -1172,10 +1190,20 @@ def optimizer_coverage(subject) -> Result:
     which copy.deepcopy does not copy, are rebuilt on the copy; anything of yours the loop still
     changed is put back and reported.
 
+    Also fails a loop that took no optimizer step at all: it returned without iterating over its
+    batches, or iterated without a backward() or any change to the weights (an empty DataLoader, a
+    `range(1, epochs)` that is empty, a filter that keeps nothing), so nothing trains.
+
     Fix: build the optimizer from every trainable parameter; reach submodules through `self`, not
-    through a closure.
+    through a closure. A loop that never steps: make it iterate over the batches it is given.
     """
     trace = _trace(subject)
+    untrained = _untrained(trace)
+    if untrained:
+        return Result.failed(untrained, "make the loop iterate over the batches it is given and call loss.backward() "
+                                        "and optimizer.step() on them (an empty DataLoader: check its dataset, "
+                                        "batch_size and drop_last)",
+                             {"batches_fed": trace.batches_fed, "optimizer_steps": 0, "backward_calls": 0})
     reason = _stepped(trace)
     if reason:
         return Result.skipped(reason)

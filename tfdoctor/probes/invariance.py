@@ -77,9 +77,9 @@ def hf_forward(model, ids, mask=None, positions=None, use_cache=False):
     if use_cache is not None and _takes_use_cache(model):
         kwargs["use_cache"] = bool(use_cache)
     out = model(**kwargs)
-    returned = getattr(out, "cache", None)
-    if returned is None:
-        returned = getattr(out, "past_key_values", None)
+    # transformers 5 names the returned cache `cache` and warns on every read of its old name, a field
+    # only outputs of older versions have; reading the old name only there keeps that warning away.
+    returned = out.cache if hasattr(out, "cache") else getattr(out, "past_key_values", None)
     return extract_logits(out), returned
 
 

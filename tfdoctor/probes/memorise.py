@@ -42,7 +42,7 @@ FALLING_SHARE = 0.1
 class Plan:
     label: str  # "AdamW lr 3e-03", "your AdamW (lr 6e-04, weight_decay 0.1)"
     lr: float
-    build: Callable[[list], torch.optim.Optimizer]
+    build: Callable[[list], torch.optim.Optimizer | AdamW]
     recorded: bool = False  # the script's own optimizer
 
 
@@ -152,11 +152,47 @@ def recorded_plan(recorded: list[dict]) -> Optional[Plan]:
     return Plan(label, float(lr), lambda params: cls(params, lr=float(lr), **kwargs), recorded=True)
 
 
+class AdamW:
+    """torch.optim.AdamW's update at its defaults (betas 0.9 / 0.999, eps 1e-8), here without weight
+    decay, written out with foreach ops. Why not torch.optim's: constructing the process's first
+    torch.optim optimizer imports torch._dynamo (Optimizer methods are wrapped in a lazy
+    torch._disable_dynamo), which takes about as long as `import torch` itself, and `check` makes
+    no other optimizer. The same arithmetic as torch's single-tensor AdamW, step for step; every
+    parameter gets a gradient at every step here (one model, one batch), so one step count serves."""
+
+    def __init__(self, params: list, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        self.params, self.lr, self.betas, self.eps = list(params), lr, betas, eps
+        self.steps = 0
+        self.state: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        params = [p for p in self.params if p.grad is not None]
+        if not params:
+            return
+        for p in params:
+            if id(p) not in self.state:
+                self.state[id(p)] = (torch.zeros_like(p), torch.zeros_like(p))
+        grads = [p.grad for p in params]
+        means, squares = [self.state[id(p)][0] for p in params], [self.state[id(p)][1] for p in params]
+        (beta1, beta2), self.steps = self.betas, self.steps + 1
+        torch._foreach_lerp_(means, grads, 1 - beta1)
+        torch._foreach_mul_(squares, beta2)
+        torch._foreach_addcmul_(squares, grads, grads, 1 - beta2)
+        denominators = torch._foreach_sqrt(squares)
+        torch._foreach_div_(denominators, math.sqrt(1 - beta2 ** self.steps))
+        torch._foreach_add_(denominators, self.eps)
+        torch._foreach_addcdiv_(params, means, denominators, -self.lr / (1 - beta1 ** self.steps))
+
+
 def plans(recorded: Optional[list[dict]] = None) -> list[Plan]:
     out = [p for p in [recorded_plan(recorded or [])] if p is not None]
     for rate in ADAMW_RATES:
-        out.append(Plan(f"AdamW lr {rate:.0e}", rate,
-                        lambda params, rate=rate: torch.optim.AdamW(params, lr=rate, weight_decay=0.0)))
+        out.append(Plan(f"AdamW lr {rate:.0e}", rate, lambda params, rate=rate: AdamW(params, lr=rate)))
     return out
 
 

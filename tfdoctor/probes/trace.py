@@ -92,6 +92,13 @@ LOCATED_EVENTS = frozenset({"loss", "backward", "scale", "unscale", "scaler_step
                             "zero_grad", "sched_step", "autocast"})
 
 
+# Whether torch.compile (dynamo) is tracing the running code. The recorder's hooks and patches are
+# Python with side effects dynamo cannot trace (fullgraph=True fails on them): inside a compiled
+# region they step aside, and what runs around the region (the outermost call, backward, the steps)
+# is recorded as usual. torch < 2.3 has no torch.compiler.is_compiling.
+compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+
+
 @dataclass
 class Event:
     kind: str  # batch forward loss backward scale unscale scaler_step scaler_update clip opt_step zero_grad
@@ -363,8 +370,10 @@ class _Recorder(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         # Every torch call of the script passes here: one lookup decides, the rest goes straight through.
-        if func not in _WATCHED_FUNCTIONS or self.busy or not self.record:
+        if func not in _WATCHED_FUNCTIONS or self.busy:
             return func(*args, **kwargs)
+        if not self.record or compiling():
+            return self.unrecorded(func, args, kwargs)
         if func is torch.Tensor.backward:
             return self._backward(func, args, kwargs)
         if func in SCORE_FUNCTIONS and isinstance(args[0] if args else kwargs.get("input"), torch.Tensor):
@@ -372,6 +381,10 @@ class _Recorder(TorchFunctionMode):
         name = LOSS_FUNCTIONS.get(func)
         if name is not None:
             return self._loss(name, func, args, kwargs)
+        return func(*args, **kwargs)
+
+    def unrecorded(self, func, args, kwargs):
+        """A watched call made while nothing is recorded (a driver may act on it: see script.py)."""
         return func(*args, **kwargs)
 
     def _backward(self, func, args, kwargs):
@@ -537,7 +550,7 @@ class _Recorder(TorchFunctionMode):
     # ------------------------------------------------------------------ module and optimizer hooks
 
     def forward_pre(self, module, args, kwargs):
-        if not self.record:
+        if not self.record or compiling():
             return
         with self.quiet():
             inputs = _int_tensors(args, kwargs)
@@ -546,7 +559,7 @@ class _Recorder(TorchFunctionMode):
         self.in_forward += 1
 
     def forward_post(self, module, args, kwargs, output):
-        if not self.record:
+        if not self.record or compiling():
             return
         self.in_forward = max(0, self.in_forward - 1)
         if self.in_forward:
@@ -588,7 +601,7 @@ class _Recorder(TorchFunctionMode):
 
         @functools.wraps(original)
         def forward(module, *args, **kwargs):
-            if module is not recorder.model or recorder.in_forward or not recorder.record:
+            if module is not recorder.model or recorder.in_forward or not recorder.record or compiling():
                 return original(module, *args, **kwargs)
             recorder.forward_pre(module, args, kwargs)
             try:
@@ -1109,6 +1122,10 @@ def record_loop(subject: Subject, batches: list, advance: Callable[[int], None] 
                 recorder._manual_update()  # a manual update after the last backward
     trace = _finish(recorder, caught)
     trace.isolation = {"rebound": rebuilt, "restored": restored}
+    if not recorder.stepped:  # no step seen: whether anything unseen (torch.autograd.grad) trained it
+        with torch.no_grad():
+            trace.isolation["weights_changed"] = any(
+                not _same(a.detach(), b.detach()) for a, b in zip(model.parameters(), subject.model.parameters()))
     return trace
 
 

@@ -398,6 +398,7 @@ def discover(run: ScriptRun) -> dict:
         "script": run.name,
         "model": users_class(model).__name__,
         "model_defined_in": _defined_in(users_class(model)),
+        "model_called_at": (judged.call or {}).get("where"),  # the user's line of its first training call
         "parameters": sum(p.numel() for p in model.parameters()),
         "wrapper": (type(recorder.bound).__name__ if recorder.bound is not unwrap(recorder.bound)
                     else "fully_shard (FSDP2)" if users_class(model) is not type(model) else None),

@@ -37,17 +37,16 @@ from typing import Any, Callable, Optional
 import torch
 
 from tfdoctor.errors import InternalError, LoadError, first_line
-from tfdoctor.probes.trace import Trace, _finish, _Recorder, isolated_copy
+from tfdoctor.probes.trace import Trace, _finish, _Recorder, compiling, isolated_copy
 from tfdoctor.recording.sites import call_site, raised_at, raised_in_tfdoctor, user_frames
+from tfdoctor.recording.stopping import Stopper, StopScript
 from tfdoctor.subject import extract_logits, vocab_size_of
 
 class ScriptError(LoadError):
     """The script could not be audited: it raised, exited or ended before its first optimizer step."""
 
 
-class _StopScript(BaseException):
-    """Raised out of the script's optimizer step once the steps asked for are recorded. A BaseException
-    so that the script's own `except Exception` handlers let it through, as they do Ctrl-C."""
+_StopScript = StopScript  # raised out of the script's step at the stop point (see stopping.py)
 
 
 class _Unbound(torch.nn.Module):
@@ -165,6 +164,7 @@ class ScriptRecorder(_Recorder):
         self.detach: list[Callable[[], None]] = []
         self.on_stop: Optional[Callable[[], None]] = None  # called at the stop point, before unwinding
         self.stop_error: Optional[BaseException] = None
+        self.stopper = Stopper()  # raises the stop, again when the script catches it
         self.hooks: dict[int, list] = {}  # id(module) -> the forward hooks on each candidate model
         self.audited: Optional[dict] = None  # the settled model: class, names, trained parameters
         self.redirected: list[bool] = []  # per running hooked forward: Lightning's redirection?
@@ -236,14 +236,14 @@ class ScriptRecorder(_Recorder):
             handle.remove()
 
     def forward_pre(self, module, args, kwargs):
-        if not self.record:
+        if not self.record or compiling():
             return
         self.redirected.append(_redirected(module))
         if self.redirected[-1]:  # Lightning calling training_step through a wrapper: the model's call is inside
             return
         grad = torch.is_grad_enabled()
         if grad and id(module) not in self.calls:
-            self.calls[id(module)] = _describe_call_args(args, kwargs)
+            self.calls[id(module)] = dict(_describe_call_args(args, kwargs), where=call_site())  # SARIF's line
             if self.opening is None and not self.in_forward:
                 self.opening = module
         super().forward_pre(module, args, kwargs)
@@ -252,6 +252,8 @@ class ScriptRecorder(_Recorder):
             self.events[-1].data["grad"] = grad  # an evaluation forward under no_grad is not a batch
 
     def forward_post(self, module, args, kwargs, output):
+        if compiling():
+            return
         if self.record and self.redirected and self.redirected.pop():
             return
         if module is self.opening and self.in_forward <= 1:
@@ -511,6 +513,8 @@ class ScriptRecorder(_Recorder):
     # ------------------------------------------------------------------ stopping
 
     def opt_pre(self, optimizer, args, kwargs):
+        if self.stopper.raised:  # the script caught the stop and trains on: stop it before this step
+            self.stopper.stop()
         if self.record and not self.settled:
             self.settle(optimizer)
         if self._foreign(_params_of(optimizer)):
@@ -542,9 +546,16 @@ class ScriptRecorder(_Recorder):
             self.stop()
 
     def stop(self) -> None:
-        self.stopped_at = call_site()
-        self.meet()
-        raise _StopScript()
+        if not self.stopper.raised:
+            self.stopped_at = call_site()
+            self.meet()
+            self.record = False  # whatever the script does after the stop (if it catches it) is not judged
+        self.stopper.stop()
+
+    def unrecorded(self, func, args, kwargs):
+        if self.stopper.raised and func is torch.Tensor.backward:  # the script caught the stop
+            self.stopper.stop()
+        return func(*args, **kwargs)
 
     def meet(self) -> None:
         """A distributed run: the ranks meet here (see RankSession.gather), once."""
@@ -580,19 +591,27 @@ class ScriptRecorder(_Recorder):
 
             @functools.wraps(call_original)
             def __call__(module, *args, **kwargs):
-                if recorder.current_backward is not None:
-                    # gradient checkpointing recomputing its segments inside backward(), stopped early by
-                    # an exception: not the script's forwards, and no candidates (Trainer, TRL's default)
+                if compiling() or recorder.current_backward is not None:
+                    # torch.compile tracing the model's inside (the outermost call is recorded), or gradient
+                    # checkpointing recomputing its segments inside backward(), stopped early by an
+                    # exception: not the script's forwards, and no candidates (Trainer, TRL's default)
                     return call_original(module, *args, **kwargs)
                 if recorder.depth == 0 and recorder.record and not recorder.busy:
                     if _redirected(module):  # not counted: the model called inside it is the top-level call
                         return call_original(module, *args, **kwargs)
                     recorder.top_call(module)
+                # model.compile() in place: its hooks run inside the compiled region, where they step
+                # aside, so they run here, around it
+                around = module.__dict__.get("_compiled_call_impl") is not None and id(module) in recorder.hooks
+                if around:
+                    recorder.forward_pre(module, args, kwargs)
                 recorder.depth += 1
                 try:
                     output = call_original(module, *args, **kwargs)
                 finally:
                     recorder.depth -= 1
+                if around:
+                    recorder.forward_post(module, args, kwargs, output)
                 if recorder.depth == 1 and recorder.opening is not None:  # called by a candidate's first forward
                     recorder.inner_call(module, args, kwargs, output)
                 elif recorder.depth > 1 and recorder.opening is not None:
@@ -835,8 +854,11 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
                 raise InternalError(f"at {ours}, while {os.path.basename(path or module)} "
                                     f"ran: {first_line(exc)}; not your script's fault") from exc
         finally:
+            recorder.stopper.disarm()
             sys.argv, sys.path[:] = saved_argv, saved_path
     seconds = time.perf_counter() - started
+    if recorder.stopper.raised and ended != "stopped":  # caught by the script, which ran on or raised after
+        ended, error = "stopped", None
     if recorder.stop_error is not None:
         raise recorder.stop_error
     trace = _finish(recorder, caught)
@@ -848,6 +870,9 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
     _refuse_unaudited(run)
     if recorder.rebound:
         run.notes.append(recorder.rebound)
+    swallowed = recorder.stopper.note(steps)
+    if swallowed:
+        run.notes.append(swallowed)
     return run
 
 
@@ -865,11 +890,12 @@ def _rank_recording(recorder: ScriptRecorder, session):
     stack.enter_context(session.teardown_deferred())
     recorder.on_stop = lambda: session.gather(ranks.digest(recorder.events, recorder.bound))
 
-    def ended_before_the_stop() -> None:  # the script ran out of steps first: the ranks meet at its end
-        if recorder.window > 0:
+    def ended_before_the_stop(kind, error, tb) -> None:  # the script ran out of steps first: the ranks meet
+        # at its end; not when it raised: the other ranks wait for this one in the job's own collectives
+        if recorder.window > 0 and not isinstance(error, Exception):
             recorder.meet()
 
-    stack.callback(ended_before_the_stop)
+    stack.push(ended_before_the_stop)
     return stack
 
 
@@ -881,10 +907,15 @@ def _refuse_unaudited(run: ScriptRun) -> None:
         if recorder.bound is None:
             raise ScriptError(f"{name} stepped an optimizer but never called an nn.Module with trainable "
                               "parameters, so there is no model to audit")
+        where = f" at {raised_at(run.error)}" if run.error is not None and raised_at(run.error) else ""
+        if run.ended == "raised" and run.session is not None:  # the other ranks wait on it: the job ends
+            raise ScriptError(f"{name} raised {type(run.error).__name__}: {run.error}{where} after "
+                              f"{trace.steps} optimizer step(s)",
+                              "fix the script so that it runs under torchrun (TFDOCTOR_DEBUG=1 shows the "
+                              "traceback)") from run.error
         if run.ended != "stopped":
             how = {"finished": "ended", "exit": f"called sys.exit({_exit_code(run.error)!r})",
                    "raised": f"raised {type(run.error).__name__}: {run.error}"}[run.ended]
-            where = f" at {raised_at(run.error)}" if run.error is not None and raised_at(run.error) else ""
             run.notes.append(f"the script {how}{where} after {trace.steps} of the {run.steps_asked} "
                              "optimizer steps asked for; judged on those")
         return

@@ -25,7 +25,9 @@ def _is_library(filename: str) -> bool:
     verdict = _verdicts.get(filename)
     if verdict is None:
         path = os.path.abspath(filename)
-        verdict = (filename.startswith("<") or path.startswith(_PACKAGE + os.sep)
+        # "<string>", "<stdin>", "<frozen ...>" are no files; a real one may be named "<&]]>.py"
+        synthetic = filename.startswith("<") and not os.path.isfile(filename)
+        verdict = (synthetic or path.startswith(_PACKAGE + os.sep)
                    or path.startswith(_LIBRARY_ROOTS) or f"{os.sep}site-packages{os.sep}" in path
                    or f"{os.sep}dist-packages{os.sep}" in path)
         _verdicts[filename] = verdict

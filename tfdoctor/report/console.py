@@ -11,6 +11,7 @@ from rich.text import Text
 from rich.theme import Theme
 
 from tfdoctor.result import Report, Result, Status
+from tfdoctor.versions import describe
 
 THEME = Theme({
     "status.pass": "bold green",
@@ -113,7 +114,7 @@ def summary_table(report: Report) -> Table:
     table = Table(show_header=True, header_style="bold", expand=False, pad_edge=False)
     table.add_column("status", no_wrap=True)
     table.add_column("check", style="check.id", no_wrap=True)
-    table.add_column("what was seen")
+    table.add_column("what was seen", overflow="fold")  # a long path or code breaks across lines, never cut
     table.add_column("time", justify="right", style="evidence", no_wrap=True)
     for result in report.results:
         if result.status is not Status.SKIP:
@@ -168,11 +169,44 @@ def discovered_lines(facts: dict) -> list[Text]:
     return texts
 
 
+def sandbox_lines(record: dict) -> list[Text]:
+    """What the user's code tried to write and delete, none of which reached the user's files
+    (tfdoctor/sandbox); nothing when it wrote nothing."""
+    if not record.get("written_count") and not record.get("deleted_count"):
+        return []
+
+    def named(key: str, verb: str) -> str:
+        count = record.get(f"{key}_count", 0)
+        shown = [_near(path) for path in record.get(key, [])[:SANDBOX_NAMED]]
+        more = f" and {count - len(shown)} more" if count > len(shown) else ""
+        return f"{verb} {', '.join(shown)}{more}" if count else ""
+
+    how = "an overlay" if record.get("mechanism") == "overlay" else "interposed Python file calls"
+    kept = f"; a copy is kept in {record['kept_in']}" if record.get("kept_in") else ""
+    said = "; ".join(filter(None, [named("written", "wrote"), named("deleted", "deleted")]))
+    return [Text.assemble(("sandboxed  ", "evidence"), f"the code {said}: thrown away ({how}), your files are "
+                          f"as they were{kept}")]
+
+
+SANDBOX_NAMED = 3
+
+
+def _near(path: str) -> str:
+    """A path as the user would type it: relative under the current folder."""
+    import os
+
+    here = os.getcwd()
+    return os.path.relpath(path, here) if path.startswith(here + os.sep) else path
+
+
 def render(report: Report, out: TextIO, width: int | None = None) -> None:
-    console = Console(file=out, theme=THEME, width=width, highlight=False,
+    # No markup and no emoji codes: a message like "[/]" or ":x:" is the user's text, shown as written.
+    console = Console(file=out, theme=THEME, width=width, highlight=False, markup=False, emoji=False,
                       force_terminal=None if width is None else False)
     console.print(Text.assemble(("tfdoctor ", "bold"), report.target))
-    for line in discovered_lines(getattr(report, "discovered", {})):
+    if report.versions:
+        console.print(Text("versions: " + describe(report.versions), style="evidence"))
+    for line in discovered_lines(getattr(report, "discovered", {})) + sandbox_lines(report.sandbox):
         console.print(line)
     console.print(summary_table(report))
     for line in skipped_lines(report):

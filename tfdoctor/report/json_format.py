@@ -1,4 +1,5 @@
-"""Exactly one JSON object: {"target", "checks": [{id, status, message, hint, details}], "summary"}."""
+"""Exactly one JSON object: {"target", "checks": [{id, status, message, hint, details}], "summary",
+"versions": {tfdoctor, python, torch, transformers}}."""
 
 from __future__ import annotations
 

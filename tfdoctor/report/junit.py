@@ -1,5 +1,7 @@
 """JUnit XML: one testcase per check; fail and error (and warn under --strict) are failures, skip is
-skipped."""
+skipped. The suite's <properties> name the versions it was made with (tfdoctor, python, torch,
+transformers). Text reaches here cleaned (report/text.py: nothing XML 1.0 forbids) and ElementTree
+escapes the rest (`<`, `&`, `>`), so the file is well-formed whatever the user's code raised."""
 
 from __future__ import annotations
 
@@ -21,6 +23,9 @@ def render(report: Report, out: TextIO, width: int | None = None) -> None:
         "skipped": str(summary["skip"]),
         "time": f"{sum(r.seconds for r in report.results):.3f}",
     })
+    properties = ET.SubElement(suite, "properties")
+    for name, version in report.versions.items():
+        ET.SubElement(properties, "property", {"name": f"{name}.version", "value": str(version or "not installed")})
     for result in report.results:
         case = ET.SubElement(suite, "testcase", {
             "classname": f"tfdoctor.{report.target}", "name": result.id, "time": f"{result.seconds:.3f}",

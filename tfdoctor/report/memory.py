@@ -10,6 +10,7 @@ from typing import Any, TextIO
 
 from tfdoctor.memory.analytic import CATEGORIES, Verdict
 from tfdoctor.memory.sizes import format_bytes
+from tfdoctor.report.text import clean
 
 BAR_WIDTH = 24
 MODEL_NOTE = ("Models the peak of live tensor bytes in a steady-state training step: optimizer states already "
@@ -84,7 +85,9 @@ def render_rich(verdict: Verdict, out: TextIO, width: int | None = None) -> None
 
     theme = Theme({"ok": "bold green", "bad": "bold red", "dim": "dim", "head": "bold", "bar": "cyan",
                    "bar.over": "red"})
-    console = Console(file=out, width=width, theme=theme, highlight=False)
+    # At 80 columns (a pipe, a CI log) a remedy's change is code the user copies: long tokens fold onto
+    # the next line, never "…". No markup: module and op names are the user's text.
+    console = Console(file=out, width=width, theme=theme, highlight=False, markup=False, emoji=False)
     est, trace = verdict.estimate, verdict.traced
     scale = max(verdict.peak_bytes, verdict.budget_bytes, 1)
 
@@ -100,7 +103,7 @@ def render_rich(verdict: Verdict, out: TextIO, width: int | None = None) -> None
     _header(console, verdict)
 
     table = Table(title=f"Alive at the peak: {_peak_where(verdict)}", title_justify="left", show_edge=False)
-    table.add_column("what")
+    table.add_column("what", overflow="fold")
     table.add_column("bytes", justify="right", no_wrap=True, min_width=9)
     table.add_column(f"against the budget ({format_bytes(verdict.budget_bytes)}, │ marks it)", no_wrap=True)
     breakdown = (est.at_peak if trace is None else trace["peak_breakdown"])
@@ -115,7 +118,7 @@ def render_rich(verdict: Verdict, out: TextIO, width: int | None = None) -> None
     if trace is None:
         kept = Table(title=f"Kept for backward by each of the {est.config.layers} layers, and by the model",
                      title_justify="left", show_edge=False)
-        kept.add_column("activation")
+        kept.add_column("activation", overflow="fold")
         kept.add_column("per layer", justify="right")
         kept.add_column("all layers", justify="right")
         for name, nbytes in est.kept_per_layer.items():
@@ -125,8 +128,8 @@ def render_rich(verdict: Verdict, out: TextIO, width: int | None = None) -> None
         if est.kept_per_layer or est.kept_model:
             console.print(kept)
         big = Table(title="Largest single tensors", title_justify="left", show_edge=False)
-        big.add_column("tensor")
-        big.add_column("shape")
+        big.add_column("tensor", overflow="fold")
+        big.add_column("shape", overflow="fold")
         big.add_column("bytes", justify="right")
         for item in est.largest[:3]:
             big.add_row(item["name"] + (f" ({item['note']})" if item["note"] else ""),
@@ -135,17 +138,17 @@ def render_rich(verdict: Verdict, out: TextIO, width: int | None = None) -> None
     else:
         kept = Table(title="Kept for backward, by module", title_justify="left",
                      show_edge=False)
-        kept.add_column("module")
+        kept.add_column("module", overflow="fold")
         kept.add_column("bytes", justify="right")
         for row in trace["kept_by_module"][:8]:
-            kept.add_row(row["module"], format_bytes(row["bytes"]))
+            kept.add_row(clean(row["module"]), format_bytes(row["bytes"]))
         console.print(kept)
         if trace["largest_tensors"]:  # allocations of 1 MiB or more
             big = Table(title="Largest single allocations", title_justify="left", show_edge=False)
             for column in ("op", "shape", "module", "phase", "times", "bytes"):
-                big.add_column(column, justify="right" if column in ("bytes", "times") else "left")
+                big.add_column(column, justify="right" if column in ("bytes", "times") else "left", overflow="fold")
             for item in trace["largest_tensors"][:5]:
-                big.add_row(item["op"], f"{item['shape']} {item['dtype']}", item["module"] or "-", item["phase"],
+                big.add_row(item["op"], f"{item['shape']} {item['dtype']}", clean(item["module"] or "-"), item["phase"],
                             str(item["count"]), f"{item['bytes']:,}")
             console.print(big)
 
@@ -166,8 +169,8 @@ def render_rich(verdict: Verdict, out: TextIO, width: int | None = None) -> None
         title = ("Remedies: the peak under each one alone, and the best combination" if trace is None else
                  "Remedies: the peak under each one alone (derived from the trace, or traced again)")
         rem = Table(title=title, title_justify="left", show_edge=False)
-        rem.add_column("remedy", no_wrap=True)
-        rem.add_column("change")
+        rem.add_column("remedy", overflow="fold")
+        rem.add_column("change", overflow="fold")
         rem.add_column("peak", justify="right", no_wrap=True, min_width=9)
         rem.add_column("x now", justify="right", no_wrap=True)
         rem.add_column("fits", no_wrap=True)
@@ -190,14 +193,14 @@ def _header(console, verdict: Verdict) -> None:
         console.print(Text(f"tfdoctor memory (analytic): {est.config.describe()}", style="head"))
         console.print(f"{est.parameter_count:,} parameters", style="dim")
         return
-    console.print(Text(f"tfdoctor memory (traced): {trace['target']} at batch {trace['batch']} x seq "
+    console.print(Text(f"tfdoctor memory (traced): {clean(trace['target'])} at batch {trace['batch']} x seq "
                        f"{trace['seq']}, {trace['dtype']}, optimizer {trace['optimizer']}", style="head"))
     console.print(f"{trace['parameter_count']:,} parameters, {trace['ops']:,} ops traced in "
                   f"{trace['seconds']:.1f} s", style="dim")
     if trace.get("attention"):
         console.print(describe_kernels(trace["attention"]), style="dim")
     for note in trace.get("notes") or []:  # per device under sharding, what was not traced
-        console.print(f"note: {note}", style="dim")
+        console.print(f"note: {clean(note)}", style="dim")
 
 
 def _peak_where(verdict: Verdict) -> str:
@@ -208,7 +211,7 @@ def _peak_where(verdict: Verdict) -> str:
             parts.append(f"in {t['peak_node']}")
         if t["peak_module"]:
             parts.append(f"of {t['peak_module']}")
-        return ", ".join(parts)
+        return clean(", ".join(parts))
     return f"{verdict.estimate.peak_phase}, {verdict.estimate.peak_op}"
 
 

@@ -1,0 +1,42 @@
+"""The worker's own file descriptors stay open while the user's code runs, whatever it closes.
+
+A script that starts by closing every descriptor above 2 (`os.closerange(3, N)`, as daemons and some
+launchers do) would cut tfdoctor's report pipe, or worse, have the number reused for a file of its
+own that the report is then written into. In the worker process, os.close and os.closerange skip
+the descriptors kept here (a forked child, a DataLoader worker, closes what it likes).
+
+Limit: a close made below Python (ctypes, a C extension) is not seen. Then the report pipe is gone:
+the worker exits with CHANNEL_LOST_EXIT at its next word (tfdoctor/worker.py) and the supervisor,
+which keeps applying the budgets after the pipe's end, names the cause in one line.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+
+def keep_open(fds: Iterable[int]) -> None:
+    """From now on, in this process, os.close and os.closerange leave `fds` open."""
+    owner = os.getpid()
+    kept = frozenset(int(fd) for fd in fds)
+    close, closerange = os.close, os.closerange
+
+    def guarded_close(fd: int) -> None:
+        if fd in kept and os.getpid() == owner:
+            return
+        close(fd)
+
+    def guarded_closerange(low: int, high: int) -> None:
+        if os.getpid() != owner:
+            closerange(low, high)
+            return
+        start = low
+        for fd in sorted(fd for fd in kept if low <= fd < high):
+            closerange(start, fd)
+            start = fd + 1
+        closerange(start, high)
+
+    guarded_close.__wrapped__ = close  # type: ignore[attr-defined]
+    guarded_closerange.__wrapped__ = closerange  # type: ignore[attr-defined]
+    os.close, os.closerange = guarded_close, guarded_closerange
