@@ -536,3 +536,17 @@ def test_a_model_under_torch_compile_fullgraph_runs_and_is_judged(script, args, 
     assert report["discovered"]["model"] == "GPT" and report["discovered"]["steps"] == 2
     checks = by_id(report)
     assert checks["objective"]["status"] == objective and checks["zero-grad"]["status"] == "pass"
+
+
+@pytest.mark.parametrize("load, judged", [("config", True), ("weights", False)])
+def test_init_loss_skips_only_weights_loaded_with_from_pretrained(load, judged):
+    # A model built with from_config from a config read with from_pretrained has fresh weights (its
+    # config still names the checkpoint): judged. from_pretrained's weights are trained: skipped.
+    done = tfdoctor("run", f"{SCRIPTS}/hf_from_config.py", "--format", "json", "--only", "init-loss",
+                    "--", "--load", load)
+    assert done.returncode in (0, 1), done.stderr
+    init = by_id(as_json(done))["init-loss"]
+    if judged:
+        assert init["status"] != "skip", init["message"]
+    else:
+        assert init["status"] == "skip" and "from_pretrained('" in init["message"], init["message"]

@@ -38,6 +38,7 @@ import torch
 
 from tfdoctor.errors import InternalError, LoadError, first_line
 from tfdoctor.probes.trace import Trace, _finish, _Recorder, compiling, isolated_copy
+from tfdoctor.recording.pretrained import pretrained_loads
 from tfdoctor.recording.sites import call_site, raised_at, raised_in_tfdoctor, user_frames
 from tfdoctor.recording.stopping import Stopper, StopScript
 from tfdoctor.subject import extract_logits, vocab_size_of
@@ -210,7 +211,7 @@ class ScriptRecorder(_Recorder):
             self.busy = False
             self.watch(module)
         self.snapshot_loaded = next((where for m in inner.modules() for where in [self.loaded.get(id(m))]
-                                     if where), None) or _pretrained(inner)
+                                     if where), None)
         # `model.forward(x)` called directly skips module hooks: as record_loop does, the class's
         # forward is wrapped, recording only for this module and only when no hook did.
         cls = type(module)
@@ -634,7 +635,7 @@ class ScriptRecorder(_Recorder):
             module_cls.load_state_dict = load_state_dict
             torch.optim.Optimizer.__init__ = init_optimizer
             try:
-                with recorder.installed(None):
+                with recorder.installed(None), pretrained_loads(recorder.loaded):
                     yield
             finally:
                 module_cls.__call__ = call_original
@@ -772,12 +773,6 @@ def _why_uncopied(model: torch.nn.Module, error: Exception) -> str:
                 "model checks cannot run it on rank 0 alone; run `tfdoctor check` on the model's factory for them")
     return f"the model could not be copied to judge it apart from the script ({first_line(error)})"
 
-
-def _pretrained(model) -> Optional[str]:
-    """A Hugging Face model made by from_pretrained names its checkpoint in its config."""
-    config = getattr(model, "config", None)
-    name = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
-    return f"from_pretrained({name!r})" if isinstance(name, str) and name else None
 
 
 # ------------------------------------------------------------------------------------------------
