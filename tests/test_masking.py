@@ -366,3 +366,15 @@ def test_a_model_that_mixes_no_positions_has_no_mask_to_name():
     assert "mixes no positions" in bigram["mask-direction"].message
     self_only = run_checks(_SelfOnlyAttention(), only="mask-direction")["mask-direction"]
     assert self_only.status.value == "fail", self_only.message
+
+
+def test_rows_read_together_are_not_called_random():
+    """Two identical rows that answer differently while the same batch run twice agrees are not
+    randomness: a model whose rows are parts of one sample (MusicGen's codebooks) skips, a model that
+    mixes its batch rows (x.view(T, B, d) for a transpose) warns with that cause."""
+    grouped = run_checks(build_fixture("codebook_rows"), only="future-leak", batch_first=True)["future-leak"]
+    assert grouped.status.value == "skip" and "parts of one sample" in grouped.message, grouped.message
+    mixed = run_checks(build_fixture("gpt_mixes_batch"), only="future-leak,mask-direction")
+    for result in mixed:
+        assert result.status.value == "warn" and "rows are read together" in result.message, result.message
+        assert "random" not in result.message and "transpose" in result.hint

@@ -45,6 +45,21 @@ def _on_dependency_map(subject, judge):
         from tfdoctor.probes.dependency import token_dependency_map
 
         dmap = token_dependency_map(subject, implementation)
+        if dmap.rows == "grouped":
+            return Result.skipped(
+                f"two identical rows of one batch gave logits {dmap.noise:.3g} apart, the same batch run twice "
+                "agreed, and a batch of one row is refused: the model reads its batch rows together as parts of "
+                "one sample (like MusicGen's codebooks), so what each output depends on cannot be measured row "
+                "by row", {"noise": dmap.noise, "tolerance": dmap.tolerance})
+        if dmap.rows == "repeatable":
+            return Result.warned(
+                f"two identical rows of one batch gave logits {dmap.noise:.3g} apart in eval mode, yet the same "
+                "batch run twice agreed: the rows are read together, so what each output depends on cannot be "
+                "measured",
+                "if each row is its own sequence, look for an operation across the batch dimension: a view or "
+                "reshape that mixes batch and time (x.view(T, B, d) on a [B, T, d] tensor instead of "
+                "x.transpose(0, 1)), or a norm or attention over the batch axis",
+                {"noise": dmap.noise, "tolerance": dmap.tolerance})
         if dmap.random_in_eval:
             return Result.warned(
                 f"two identical inputs gave outputs {dmap.noise:.3g} apart in eval mode, so what each "

@@ -56,12 +56,17 @@ class DependencyMap:
     tolerance: float
     forwards: int  # forward passes the map cost
     noise: float = 0.0  # largest difference between two identical input rows (0 for a deterministic model)
+    # Measured only when two identical rows differed: how the rows relate. "repeatable": the same batch
+    # run again gives the same logits, so the rows are read together, not drawn at random; "grouped":
+    # besides, the model refuses a lone row (its rows are parts of one sample, MusicGen's codebooks).
+    rows: str = ""
     # Set when the fresh model mixed too little of the past and the map was measured again with its
     # zero-initialised paths opened: what was jittered, and which of the two maps this one is.
     opened: dict | None = None
 
     @property
     def random_in_eval(self) -> bool:
+        """Two identical rows differed: no change can be pinned on a token (whatever the cause)."""
         return self.noise > self.tolerance
 
     @property
@@ -140,8 +145,28 @@ def dependency_map(forward, base: torch.Tensor, vocab_size: int, pad_id: int | N
             delta[start:start + rows.shape[0]] = (changed - reference).abs().amax(dim=-1).cpu()
     delta = delta.T.contiguous()  # now delta[i, j]
     delta = torch.nan_to_num(delta, nan=float("inf"))
-    return DependencyMap(delta=delta, scale=scale, tolerance=RELATIVE_TOLERANCE * max(scale, 1e-30),
-                         forwards=forwards, noise=noise)
+    tolerance = RELATIVE_TOLERANCE * max(scale, 1e-30)
+    rows = ""
+    if noise > tolerance:
+        first = torch.cat([base[None]] * 2 + [perturbed[:rows_per_chunk]])
+        rows = _how_rows_relate(forward, first, tolerance)
+        forwards += 2
+    return DependencyMap(delta=delta, scale=scale, tolerance=tolerance, forwards=forwards, noise=noise, rows=rows)
+
+
+def _how_rows_relate(forward, batch: torch.Tensor, tolerance: float) -> str:
+    """Why two identical rows of one batch gave different logits: "" (random: the same batch run twice
+    differs too), "repeatable" (it does not: the model reads its rows together) or "grouped"
+    (repeatable, and a lone row is refused: the rows are parts of one sample)."""
+    with torch.no_grad():
+        once, again = forward(batch).float(), forward(batch).float()
+        if float(torch.nan_to_num((once - again).abs(), nan=float("inf")).max()) > tolerance:
+            return ""
+        try:
+            forward(batch[:1])
+        except Exception:  # noqa: BLE001 - the model's own refusal of a batch of one row
+            return "grouped"
+    return "repeatable"
 
 
 def _fuller(fresh: DependencyMap, reopened: DependencyMap, perturbation: Perturbation) -> DependencyMap:
