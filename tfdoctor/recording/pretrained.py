@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.machinery
 import sys
 from typing import Callable
+
+from tfdoctor.after_import import AfterImport
 
 MODULE = "transformers.modeling_utils"
 
@@ -46,7 +47,7 @@ def pretrained_loads(loaded: dict[int, str]):
     if MODULE in sys.modules:
         patch(sys.modules[MODULE])
     else:
-        finder = _AfterImport(MODULE, patch)
+        finder = AfterImport({MODULE: patch})
         sys.meta_path.insert(0, finder)
         undo.append(lambda: sys.meta_path.remove(finder) if finder in sys.meta_path else None)
     try:
@@ -54,27 +55,3 @@ def pretrained_loads(loaded: dict[int, str]):
     finally:
         for step in reversed(undo):
             step()
-
-
-class _AfterImport:
-    """A meta-path finder that lets `name` load as usual, then calls `then(module)` once."""
-
-    def __init__(self, name: str, then: Callable) -> None:
-        self.name, self.then = name, then
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
-            return None
-        sys.meta_path.remove(self)  # once: the module loads a single time
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        exec_module = loader.exec_module
-
-        def exec_then_patch(module) -> None:
-            exec_module(module)
-            self.then(module)
-
-        loader.exec_module = exec_then_patch
-        return spec

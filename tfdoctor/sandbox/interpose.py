@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import builtins
 import errno
-import importlib.abc
-import importlib.util
 import io
 import json
 import os
 import shutil
 import stat
 import sys
+
+from tfdoctor.after_import import AfterImport
 
 VIEW_ENV = "TFDOCTOR_SANDBOX_VIEW"
 BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
@@ -419,30 +419,14 @@ def _patch_safetensors(module) -> list:
 AFTER_IMPORT = {"torch": _patch_torch, "safetensors.torch": _patch_safetensors}
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Patches a library the moment it is imported (the user's code imports it after we start)."""
+class _AfterImport(AfterImport):
+    """Patches a library the moment it is imported (the user's code imports it after we start);
+    `undo` collects what each patch made."""
 
     def __init__(self, undo: list) -> None:
-        self.undo, self.busy = undo, set()
-
-    def find_spec(self, name, path=None, target=None):
-        if name not in AFTER_IMPORT or name in self.busy:
-            return None
-        self.busy.add(name)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            self.busy.discard(name)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return None
-        run = spec.loader.exec_module
-
-        def exec_module(module):
-            run(module)
-            self.undo.extend(AFTER_IMPORT[name](module))
-
-        spec.loader.exec_module = exec_module
-        return spec
+        self.undo = undo
+        super().__init__({name: (lambda module, patch=patch: self.undo.extend(patch(module)))
+                          for name, patch in AFTER_IMPORT.items()})
 
 
 # --- install / uninstall --------------------------------------------------------------------------------
