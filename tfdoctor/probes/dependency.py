@@ -136,37 +136,38 @@ def dependency_map(forward, base: torch.Tensor, vocab_size: int, pad_id: int | N
             # The first chunk carries the base twice: two identical rows must agree, or the model is
             # random in eval mode and no change can be pinned on a token.
             twins = 2 if start == 0 else 1
-            logits = forward(torch.cat([base[None]] * twins + [rows])).float()
+            batch = torch.cat([base[None]] * twins + [rows])
+            logits = forward(batch).float()
             forwards += 1
             reference, changed = logits[0], logits[twins:]
             if twins == 2:  # the base row is the same in every chunk: its scale is measured once
                 noise = float(torch.nan_to_num((logits[1] - reference).abs(), nan=float("inf")).max())
                 scale = finite_scale(reference)
+                first_batch, first_logits = batch, logits
             delta[start:start + rows.shape[0]] = (changed - reference).abs().amax(dim=-1).cpu()
     delta = delta.T.contiguous()  # now delta[i, j]
     delta = torch.nan_to_num(delta, nan=float("inf"))
     tolerance = RELATIVE_TOLERANCE * max(scale, 1e-30)
     rows = ""
     if noise > tolerance:
-        first = torch.cat([base[None]] * 2 + [perturbed[:rows_per_chunk]])
-        rows = _how_rows_relate(forward, first, tolerance)
-        forwards += 2
+        rows, more = _how_rows_relate(forward, first_batch, first_logits, tolerance)
+        forwards += more
     return DependencyMap(delta=delta, scale=scale, tolerance=tolerance, forwards=forwards, noise=noise, rows=rows)
 
 
-def _how_rows_relate(forward, batch: torch.Tensor, tolerance: float) -> str:
-    """Why two identical rows of one batch gave different logits: "" (random: the same batch run twice
-    differs too), "repeatable" (it does not: the model reads its rows together) or "grouped"
-    (repeatable, and a lone row is refused: the rows are parts of one sample)."""
+def _how_rows_relate(forward, batch: torch.Tensor, logits: torch.Tensor, tolerance: float) -> tuple[str, int]:
+    """Why two identical rows of `batch` (which gave `logits`) differed, and the forwards it took to tell:
+    "" (random: the same batch run again differs too), "repeatable" (it does not: the model reads its
+    rows together) or "grouped" (repeatable, and a lone row is refused: the rows are parts of one sample)."""
     with torch.no_grad():
-        once, again = forward(batch).float(), forward(batch).float()
-        if float(torch.nan_to_num((once - again).abs(), nan=float("inf")).max()) > tolerance:
-            return ""
+        again = forward(batch).float()
+        if float(torch.nan_to_num((logits - again).abs(), nan=float("inf")).max()) > tolerance:
+            return "", 1
         try:
             forward(batch[:1])
         except Exception:  # noqa: BLE001 - the model's own refusal of a batch of one row
-            return "grouped"
-    return "repeatable"
+            return "grouped", 2
+    return "repeatable", 2
 
 
 def _fuller(fresh: DependencyMap, reopened: DependencyMap, perturbation: Perturbation) -> DependencyMap:
