@@ -29,7 +29,7 @@ WORKER = r"""
 import json, sys, torch
 from tfdoctor.memory.analytic import Config, estimate
 from tfdoctor.memory.gpt import GPT
-from tfdoctor.memory.traced import trace_step
+from tfdoctor.memory.traced import fake_step as trace_step
 from tfdoctor.subject import Subject
 B, T, C, L, V, att = json.loads(sys.argv[1])
 torch.manual_seed(0)
@@ -114,7 +114,7 @@ TRACED_WORKER = r"""
 import json, sys, torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from tfdoctor.memory.gpt import GPT
-from tfdoctor.memory.traced import trace_step
+from tfdoctor.memory.traced import fake_step as trace_step
 from tfdoctor.subject import Subject
 B, T, C, L, V, att, shard, world, fake = json.loads(sys.argv[1])
 torch.manual_seed(0)

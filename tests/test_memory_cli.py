@@ -97,7 +97,7 @@ def test_traced_shard_gives_the_per_device_figure_of_the_trace():
     import dataclasses
 
     from tfdoctor.loader import load_subject
-    from tfdoctor.memory.traced import trace_step
+    from tfdoctor.memory.traced import fake_step
     from tfdoctor.runner import as_subject
     from tfdoctor.subject import vocab_size_of
 
@@ -107,9 +107,9 @@ def test_traced_shard_gives_the_per_device_figure_of_the_trace():
     data = json.loads(done.stdout)
     subject = as_subject(load_subject(FIXTURE))
     subject = dataclasses.replace(subject, vocab_size=subject.vocab_size or vocab_size_of(subject.model))
-    expected = trace_step(subject, 2, 64, gpus=4, shard="zero3").peak_bytes
+    expected = fake_step(subject, 2, 64, gpus=4, shard="zero3").peak_bytes
     assert data["peak_bytes"] == data["trace"]["per_device_peak_bytes"] == expected
-    assert expected < trace_step(subject, 2, 64).peak_bytes
+    assert expected < fake_step(subject, 2, 64).peak_bytes
     assert any("FSDP2 zero3 on 4 devices" in note for note in data["trace"]["notes"])
 
 

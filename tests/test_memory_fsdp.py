@@ -11,7 +11,7 @@ import torch
 
 from tfdoctor.memory.analytic import Config, estimate
 from tfdoctor.memory.gpt import GPT
-from tfdoctor.memory.traced import trace_step
+from tfdoctor.memory.traced import fake_step
 from tfdoctor.subject import Subject
 
 WORKER = r"""
@@ -72,7 +72,7 @@ def test_traced_per_device_peak_matches_a_real_fsdp2_step(measured, shard):
     rank0 = measured[0][shard]
     torch.manual_seed(0)
     model = GPT(vocab=1000, d_model=128, n_head=2, n_layer=2, positions=128, attention="naive")
-    trace = trace_step(Subject(model, vocab_size=1000), 2, 128, gpus=2, shard=shard)
+    trace = fake_step(Subject(model, vocab_size=1000), 2, 128, gpus=2, shard=shard)
     assert abs(trace.peak_bytes - rank0["peak_bytes"]) / rank0["peak_bytes"] < 0.001
     assert trace.peak_breakdown["parameters and buffers"] == rank0["at_peak"]["parameters"]
     assert trace.peak_breakdown["optimizer states"] == rank0["at_peak"]["optimizer states"]

@@ -10,7 +10,7 @@ import torch
 
 from tfdoctor.memory.analytic import Config, estimate
 from tfdoctor.memory.gpt import GPT
-from tfdoctor.memory.traced import trace_step
+from tfdoctor.memory.traced import fake_step
 from tfdoctor.memory.traced_verdict import judge_traced
 from tfdoctor.runner import run_checks
 from tfdoctor.subject import Subject
@@ -27,22 +27,22 @@ def small_gpt(attention: str, positions: int = 256) -> GPT:
 @pytest.mark.parametrize("attention", ["naive", "sdpa"])
 def test_fake_trace_equals_real_step(attention):
     subject = Subject(small_gpt(attention), vocab_size=1000)
-    fake = trace_step(subject, 2, 128)
-    real = trace_step(subject, 2, 128, fake=False)
+    fake = fake_step(subject, 2, 128)
+    real = fake_step(subject, 2, 128, fake=False)
     assert fake.peak_bytes == real.peak_bytes
     assert (fake.peak_phase, fake.peak_op) == (real.peak_phase, real.peak_op)
 
 
 @pytest.mark.parametrize("batch, seq, attention", [(2, 256, "naive"), (4, 256, "sdpa")])
 def test_analytic_agrees_with_trace(batch, seq, attention):
-    traced = trace_step(Subject(small_gpt(attention, positions=seq), vocab_size=1000), batch, seq).peak_bytes
+    traced = fake_step(Subject(small_gpt(attention, positions=seq), vocab_size=1000), batch, seq).peak_bytes
     analytic = estimate(Config(batch=batch, seq=seq, d_model=128, heads=4, layers=2, vocab=1000,
                                attention=attention)).peak_bytes
     assert abs(analytic - traced) / traced < 0.10  # the issue's accuracy goal for the analytic mode
 
 
 def test_naive_peak_is_in_the_attention_softmax_backward():
-    trace = trace_step(Subject(small_gpt("naive", positions=1024), vocab_size=1000), 2, 1024)
+    trace = fake_step(Subject(small_gpt("naive", positions=1024), vocab_size=1000), 2, 1024)
     assert (trace.peak_phase, trace.peak_node, trace.peak_module) == ("backward", "SoftmaxBackward0", "h.1.attn")
     assert trace.attention_scores_bytes == 2 * 4 * 1024 * 1024 * 4
     assert trace.kept_by_module[0][0].endswith(".attn")
@@ -52,7 +52,7 @@ def test_trace_leaves_the_model_as_found():
     model = small_gpt("naive").eval()
     before = {name: p for name, p in model.named_parameters()}
     values = {name: p.detach().clone() for name, p in before.items()}
-    trace_step(Subject(model, vocab_size=1000), 2, 64)
+    fake_step(Subject(model, vocab_size=1000), 2, 64)
     assert not model.training
     for name, p in model.named_parameters():
         assert p is before[name] and p.grad is None
@@ -63,7 +63,7 @@ def test_hugging_face_gpt2_traces():
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(vocab_size=500, n_positions=128, n_embd=64, n_layer=2, n_head=4)
     model = transformers.GPT2LMHeadModel(config)
-    trace = trace_step(Subject(model, vocab_size=500), 2, 128)
+    trace = fake_step(Subject(model, vocab_size=500), 2, 128)
     n_params = sum(p.numel() for p in model.parameters())
     assert trace.parameter_bytes >= 4 * n_params
     assert trace.optimizer_bytes >= 8 * n_params
@@ -78,7 +78,7 @@ def test_billion_parameters_at_8192_without_allocating():
     with FakeTensorMode(allow_non_fake_inputs=True):  # too big to build for real in a test
         model = GPT(vocab=50257, d_model=2048, n_head=16, n_layer=18, positions=8192, attention="sdpa")
     assert sum(p.numel() for p in model.parameters()) > 1_000_000_000
-    trace = trace_step(Subject(model, vocab_size=50257), 1, 8192)
+    trace = fake_step(Subject(model, vocab_size=50257), 1, 8192)
     analytic = estimate(Config(1, 8192, 2048, 16, 18, 50257, attention="sdpa")).peak_bytes
     assert trace.peak_bytes > 30 * 2**30  # more than this machine has
     assert abs(analytic - trace.peak_bytes) / trace.peak_bytes < 0.02
@@ -138,8 +138,8 @@ def test_largest_batch_at_batch_one_is_a_traced_fact():
     verdict = judge_traced(subject, FIXTURE, 1, 64, budget, "test")
     largest = verdict.largest_batch
     assert isinstance(largest, int) and 1 < largest < 1 << 20
-    assert trace_step(subject, largest, 64).peak_bytes <= budget
-    assert trace_step(subject, largest + 1, 64).peak_bytes > budget
+    assert fake_step(subject, largest, 64).peak_bytes <= budget
+    assert fake_step(subject, largest + 1, 64).peak_bytes > budget
     assert verdict.largest_seq == 64  # the fixture's positions
 
 
@@ -149,8 +149,8 @@ def test_remedies_are_derived_from_one_trace(monkeypatch):
 
     subject = fixture_subject()
     calls = []
-    real = traced.trace_step
-    monkeypatch.setattr(traced_verdict, "trace_step", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
+    real = traced.fake_step
+    monkeypatch.setattr(traced_verdict, "fake_step", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
     main = real(subject, 8, 64)
     budget = int(main.peak_bytes * 0.55)
     verdict = judge_traced(subject, FIXTURE, 8, 64, budget, "test")
@@ -164,16 +164,16 @@ def test_remedies_are_derived_from_one_trace(monkeypatch):
     from tfdoctor.memory.blocks import checkpointed_blocks
 
     with checkpointed_blocks(subject.model):
-        checkpointed = trace_step(subject, 8, 64).peak_bytes
-    again = {"mixed precision": trace_step(subject, 8, 64, autocast_dtype=torch.bfloat16).peak_bytes,
+        checkpointed = fake_step(subject, 8, 64).peak_bytes
+    again = {"mixed precision": fake_step(subject, 8, 64, autocast_dtype=torch.bfloat16).peak_bytes,
              "activation checkpointing": checkpointed,
-             "gradient accumulation": trace_step(subject, micro, 64).peak_bytes,
-             "shorter sequences": trace_step(subject, 8, shorter).peak_bytes}
+             "gradient accumulation": fake_step(subject, micro, 64).peak_bytes,
+             "shorter sequences": fake_step(subject, 8, shorter).peak_bytes}
     for name, traced_peak in again.items():
         # bench/memory_remedies.py measured -2.0% for checkpointing, under 1% for the rest
         assert abs(remedies[name].peak_bytes - traced_peak) / traced_peak < 0.03, name
-    assert trace_step(subject, 8, verdict.largest_seq).peak_bytes <= budget
-    assert trace_step(subject, 8, verdict.largest_seq + 1).peak_bytes > budget
+    assert fake_step(subject, 8, verdict.largest_seq).peak_bytes <= budget
+    assert fake_step(subject, 8, verdict.largest_seq + 1).peak_bytes > budget
 
 
 def test_mixed_precision_follows_the_cpu_math_attention():
@@ -181,23 +181,23 @@ def test_mixed_precision_follows_the_cpu_math_attention():
     from tfdoctor.loader import load_subject
 
     subject = Subject(load_subject(str(ROOT / "fixtures" / "gpt_sdpa.py") + ":build"), vocab_size=96)
-    derived = trace_step(subject, 4, 32).derivation.mixed_peak
-    traced = trace_step(subject, 4, 32, autocast_dtype=torch.bfloat16).peak_bytes
+    derived = fake_step(subject, 4, 32).derivation.mixed_peak
+    traced = fake_step(subject, 4, 32, autocast_dtype=torch.bfloat16).peak_bytes
     assert abs(derived - traced) / traced < 0.01
 
 
 def test_head_size_equal_to_seq_traces_the_lengths():
     """[B, nh, T, hs] with hs = T looks like a score tensor: the lengths are traced, not derived."""
     subject = Subject(small_gpt("sdpa", positions=64), vocab_size=1000)  # d_model 128 / 4 heads: hs = 32
-    main = trace_step(subject, 4, 32)
+    main = fake_step(subject, 4, 32)
     assert "head size" in main.derivation.seq_ambiguous
-    budget = (main.peak_bytes + trace_step(subject, 4, 16).peak_bytes) // 2  # fits between T/2 and T
+    budget = (main.peak_bytes + fake_step(subject, 4, 16).peak_bytes) // 2  # fits between T/2 and T
     verdict = judge_traced(subject, "gpt", 4, 32, budget, "test")
     shorter = next(r for r in verdict.remedies if r.name == "shorter sequences")
     assert shorter.change.endswith("(traced)") and shorter.fits
     assert any("head size" in note for note in verdict.traced["notes"])
-    assert trace_step(subject, 4, verdict.largest_seq).peak_bytes <= budget
-    assert "head size" not in trace_step(subject, 4, 48).derivation.seq_ambiguous
+    assert fake_step(subject, 4, verdict.largest_seq).peak_bytes <= budget
+    assert "head size" not in fake_step(subject, 4, 48).derivation.seq_ambiguous
 
 
 def test_progress_advances_every_task_to_its_total():
@@ -219,7 +219,7 @@ def test_progress_advances_every_task_to_its_total():
 
 def test_hooks_are_removed_after_a_real_step():
     model = small_gpt("naive")
-    trace_step(Subject(model, vocab_size=1000), 2, 16, fake=False)
+    fake_step(Subject(model, vocab_size=1000), 2, 16, fake=False)
     assert all(not getattr(p, "_post_accumulate_grad_hooks", None) for p in model.parameters())
 
 
@@ -234,13 +234,13 @@ def test_hooks_are_removed_after_a_real_step():
     ((), 0),
 ])
 def test_seq_power_per_sample(shape, power):
-    from tfdoctor.memory.traced import seq_power
+    from tfdoctor.memory.counter import seq_power
 
     assert seq_power(shape, 8, 64, True) == power
 
 
 def test_seq_power_shared_and_batch_one():
-    from tfdoctor.memory.traced import seq_power
+    from tfdoctor.memory.counter import seq_power
 
     assert seq_power((64, 64), 8, 64, False) == 2   # a [T, T] causal mask
     assert seq_power((64, 64), 1, 64, True) == 1    # [B*T, C] at B = 1 with C = T
@@ -279,7 +279,7 @@ def shard_subject() -> Subject:
 
 
 def test_traced_zero3_holds_the_hand_worked_fsdp2_bytes():
-    trace = trace_step(shard_subject(), 4, 64, gpus=4, shard="zero3")
+    trace = fake_step(shard_subject(), 4, 64, gpus=4, shard="zero3")
     assert trace.parameter_bytes == SHARD_SHARDS  # padded dim-0 shards, no buffers in this model
     assert trace.optimizer_bytes == 2 * SHARD_SHARDS + ADAMW_STEPS
     # the peak is the log-softmax backward, with the root still unsharded beside the shards (the old
@@ -293,10 +293,10 @@ def test_traced_zero3_holds_the_hand_worked_fsdp2_bytes():
 
 def test_traced_zero2_keeps_the_block_unsharded_and_zero1_shards_only_the_states():
     subject = shard_subject()
-    zero2 = trace_step(subject, 4, 64, gpus=4, shard="zero2")
+    zero2 = fake_step(subject, 4, 64, gpus=4, shard="zero2")
     assert zero2.peak_breakdown["parameters and buffers"] == SHARD_SHARDS + SHARD_ROOT + SHARD_BLOCK
-    alone = trace_step(subject, 4, 64)
-    zero1 = trace_step(subject, 4, 64, gpus=4, shard="zero1")
+    alone = fake_step(subject, 4, 64)
+    zero1 = fake_step(subject, 4, 64, gpus=4, shard="zero1")
     assert zero1.parameter_bytes == alone.parameter_bytes
     assert zero1.optimizer_bytes == (alone.optimizer_bytes - ADAMW_STEPS) // 4 + ADAMW_STEPS
     assert zero1.peak_bytes < alone.peak_bytes
@@ -306,7 +306,7 @@ def test_traced_sharding_leaves_the_model_as_it_was():
     subject = shard_subject()
     model = subject.model
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    trace_step(subject, 2, 32, gpus=4, shard="zero3", zero3_gpus=8)
+    fake_step(subject, 2, 32, gpus=4, shard="zero3", zero3_gpus=8)
     assert not model._forward_pre_hooks and not model._forward_hooks
     assert all(not m._forward_pre_hooks and not m._forward_hooks for m in model.modules())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -320,11 +320,11 @@ def test_sharded_remedies_are_per_device_and_from_one_trace(monkeypatch):
     import tfdoctor.memory.traced_verdict as traced_verdict
 
     subject = fixture_subject()
-    real = traced.trace_step
+    real = traced.fake_step
     main = real(subject, 8, 64, gpus=2, shard="zero2")
     budget = int(main.peak_bytes * 0.6)
     calls = []
-    monkeypatch.setattr(traced_verdict, "trace_step", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
+    monkeypatch.setattr(traced_verdict, "fake_step", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
     verdict = judge_traced(subject, FIXTURE, 8, 64, budget, "test", gpus=2, shard="zero2")
     monkeypatch.undo()
     assert calls == [(8, 64)]
@@ -350,8 +350,8 @@ def llama_both_ways():
     traces = {}
     for name in ("build", "build_empty", "build_cpu"):  # build_empty: accelerate's init_empty_weights
         model = getattr(llama_meta, name)()
-        traces[name] = trace_step(Subject(model, vocab_size=256), 2, 128)
-    traces["real"] = trace_step(Subject(model, vocab_size=256), 2, 128, fake=False)  # the CPU-built one, for real
+        traces[name] = fake_step(Subject(model, vocab_size=256), 2, 128)
+    traces["real"] = fake_step(Subject(model, vocab_size=256), 2, 128, fake=False)  # the CPU-built one, for real
     return traces
 
 
@@ -368,7 +368,7 @@ def test_meta_built_sdpa_llama_traces_as_on_the_cpu(llama_both_ways):
 def test_own_sdpa_model_on_meta_and_its_math_path_under_dropout():
     import sdpa_meta
 
-    peaks = {name: trace_step(Subject(getattr(sdpa_meta, name)(), vocab_size=256), 2, 256)
+    peaks = {name: fake_step(Subject(getattr(sdpa_meta, name)(), vocab_size=256), 2, 256)
              for name in ("build", "build_cpu", "build_dropout")}
     assert peaks["build"].peak_bytes == peaks["build_cpu"].peak_bytes
     dropout = peaks["build_dropout"]  # the CPU's fused kernel has no dropout: math is what the CPU runs
@@ -379,7 +379,7 @@ def test_own_sdpa_model_on_meta_and_its_math_path_under_dropout():
 
     note = scores_note(dropout.attention, dropout.attention_scores_bytes)
     assert "math path" in note and "dropout" in note and "not traced" not in note
-    on_gpu = trace_step(Subject(sdpa_meta.build_dropout(), vocab_size=256), 2, 256, target="cuda")
+    on_gpu = fake_step(Subject(sdpa_meta.build_dropout(), vocab_size=256), 2, 256, target="cuda")
     [kernel] = on_gpu.attention["kernels"]  # CUDA's fused kernels take dropout; float32 rules out flash
     assert kernel["op"] == "_scaled_dot_product_efficient_attention" and on_gpu.attention["emulated"]
     assert on_gpu.attention_scores_bytes is None and on_gpu.peak_bytes < dropout.peak_bytes

@@ -37,7 +37,7 @@ def block_map(model: nn.Module) -> dict[str, int]:
 
 @contextlib.contextmanager
 def module_stack(model: nn.Module, counter) -> Iterator[None]:
-    """counter (traced.LiveBytes) keeps the forward module stack; a top-level block's output is reported to it."""
+    """counter (counter.LiveBytes) keeps the forward module stack; a top-level block's output is reported to it."""
     names = {id(m): name for name, m in model.named_modules() if name}
     roots = {id(block): index for index, (_, block) in enumerate(top_blocks(model))} if counter.block_of else {}
 

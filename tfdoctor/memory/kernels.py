@@ -73,7 +73,7 @@ def resolve_target(model, requested: Optional[str]) -> tuple[str, str]:
 
 
 def onto(device: torch.device, fake_mode, default: Callable) -> Callable:
-    """A converter for trace_step: a tensor already on `device` goes through `default`; any other (meta,
+    """A converter for fake_step: a tensor already on `device` goes through `default`; any other (meta,
     or another device) becomes a fake tensor of the same shape, strides and dtype on `device`."""
 
     def convert(tensor: torch.Tensor) -> torch.Tensor:
@@ -86,7 +86,7 @@ def onto(device: torch.device, fake_mode, default: Callable) -> Callable:
 
 
 def attention_kernels(model, requested: Optional[str], fake: bool) -> tuple["AttentionKernels", bool]:
-    """The watcher for trace_step, and whether the weights must move to CPU fake tensors: when traced on
+    """The watcher for fake_step, and whether the weights must move to CPU fake tensors: when traced on
     fake tensors and they are not on the target (meta, or CPU weights traced for a GPU)."""
     target, why = resolve_target(model, requested if fake else None)
     return AttentionKernels(target, why), fake and weights_devices(model) - {target} != set()
