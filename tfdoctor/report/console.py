@@ -8,25 +8,10 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
-from rich.theme import Theme
 
+from tfdoctor.report.theme import THEME
 from tfdoctor.result import Report, Result, Status
 from tfdoctor.versions import describe
-
-THEME = Theme({
-    "status.pass": "bold green",
-    "status.warn": "bold yellow",
-    "status.fail": "bold red",
-    "status.skip": "dim",
-    "status.error": "bold magenta",
-    "check.id": "bold",
-    "hint": "cyan",
-    "evidence": "dim",
-    "location": "bold",
-    "map.none": "grey35",
-    "map.past": "green",
-    "map.future": "bold red",
-})
 
 LABELS = {Status.PASS: "PASS", Status.WARN: "WARN", Status.FAIL: "FAIL", Status.SKIP: "SKIP", Status.ERROR: "ERROR"}
 # Details shown as numbers under a problem; the bulky ones (maps, curves) get drawings instead.

@@ -8,9 +8,14 @@ from __future__ import annotations
 import json
 from typing import Any, TextIO
 
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
 from tfdoctor.memory.analytic import CATEGORIES, Verdict
 from tfdoctor.memory.sizes import format_bytes
 from tfdoctor.report.text import clean
+from tfdoctor.report.theme import THEME
 
 BAR_WIDTH = 24
 MODEL_NOTE = ("Models the peak of live tensor bytes in a steady-state training step: optimizer states already "
@@ -43,10 +48,10 @@ def to_dict(verdict: Verdict) -> dict[str, Any]:
         "models": MODEL_NOTE,
     }
     if verdict.traced is not None:
-        trace = verdict.traced
-        data.update({"peak_phase": trace["peak_phase"], "peak_op": trace["peak_op"],
-                     "peak_node": trace["peak_node"], "peak_module": trace["peak_module"],
-                     "breakdown": trace["peak_breakdown"], "attention": trace.get("attention"), "trace": trace})
+        traced = verdict.traced
+        data.update({"peak_phase": traced["peak_phase"], "peak_op": traced["peak_op"],
+                     "peak_node": traced["peak_node"], "peak_module": traced["peak_module"],
+                     "breakdown": traced["peak_breakdown"], "attention": traced.get("attention"), "trace": traced})
     if est is not None:
         data.update({"config": est.config.to_dict(), "parameter_count": est.parameter_count})
         if verdict.traced is None:
@@ -78,128 +83,142 @@ def render_json(verdict: Verdict, out: TextIO) -> None:
 
 
 def render_rich(verdict: Verdict, out: TextIO, width: int | None = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-    from rich.theme import Theme
-
-    theme = Theme({"ok": "bold green", "bad": "bold red", "dim": "dim", "head": "bold", "bar": "cyan",
-                   "bar.over": "red"})
     # At 80 columns (a pipe, a CI log) a remedy's change is code the user copies: long tokens fold onto
     # the next line, never "…". No markup: module and op names are the user's text.
-    console = Console(file=out, width=width, theme=theme, highlight=False, markup=False, emoji=False)
-    est, trace = verdict.estimate, verdict.traced
-    scale = max(verdict.peak_bytes, verdict.budget_bytes, 1)
-
-    def bar(nbytes: int, over: bool = False) -> Text:
-        cells = round(BAR_WIDTH * nbytes / scale)
-        budget_at = round(BAR_WIDTH * verdict.budget_bytes / scale)
-        text = Text("█" * min(cells, budget_at), style="bar.over" if over else "bar")
-        if cells > budget_at:
-            text.append("│", style="head")
-            text.append("█" * (cells - budget_at - 1), style="bar.over")
-        return text
-
+    console = Console(file=out, width=width, theme=THEME, highlight=False, markup=False, emoji=False)
+    traced = verdict.traced
     _header(console, verdict)
+    console.print(_peak_table(verdict))
+    if traced is None:
+        _analytic_tables(console, verdict.estimate)
+    else:
+        _traced_tables(console, traced)
+    _judgement(console, verdict)
+    if verdict.remedies:
+        console.print(_remedies_table(verdict))
+    console.print(MODEL_NOTE, style="dim")
+    console.print(ANALYTIC_NOTE if traced is None else TRACED_NOTE, style="dim")
 
+
+def _bar(verdict: Verdict, nbytes: int, over: bool = False) -> Text:
+    """nbytes against the budget, on a scale where the larger of the peak and the budget is BAR_WIDTH."""
+    scale = max(verdict.peak_bytes, verdict.budget_bytes, 1)
+    cells = round(BAR_WIDTH * nbytes / scale)
+    budget_at = round(BAR_WIDTH * verdict.budget_bytes / scale)
+    text = Text("█" * min(cells, budget_at), style="bar.over" if over else "bar")
+    if cells > budget_at:
+        text.append("│", style="head")
+        text.append("█" * (cells - budget_at - 1), style="bar.over")
+    return text
+
+
+def _peak_table(verdict: Verdict) -> Table:
+    """What is alive at the peak, by category (analytic) or by origin (traced), each against the budget."""
+    est, traced = verdict.estimate, verdict.traced
     table = Table(title=f"Alive at the peak: {_peak_where(verdict)}", title_justify="left", show_edge=False)
     table.add_column("what", overflow="fold")
     table.add_column("bytes", justify="right", no_wrap=True, min_width=9)
     table.add_column(f"against the budget ({format_bytes(verdict.budget_bytes)}, │ marks it)", no_wrap=True)
-    breakdown = (est.at_peak if trace is None else trace["peak_breakdown"])
-    order = CATEGORIES if trace is None else list(breakdown)
+    breakdown = (est.at_peak if traced is None else traced["peak_breakdown"])
+    order = CATEGORIES if traced is None else list(breakdown)
     for name in order:
         if breakdown.get(name):
-            table.add_row(name, format_bytes(breakdown[name]), bar(breakdown[name]))
+            table.add_row(name, format_bytes(breakdown[name]), _bar(verdict, breakdown[name]))
     table.add_row(Text("peak", style="head"), Text(format_bytes(verdict.peak_bytes), style="head"),
-                  bar(verdict.peak_bytes, over=not verdict.fits))
-    console.print(table)
+                  _bar(verdict, verdict.peak_bytes, over=not verdict.fits))
+    return table
 
-    if trace is None:
-        kept = Table(title=f"Kept for backward by each of the {est.config.layers} layers, and by the model",
-                     title_justify="left", show_edge=False)
-        kept.add_column("activation", overflow="fold")
-        kept.add_column("per layer", justify="right")
-        kept.add_column("all layers", justify="right")
-        for name, nbytes in est.kept_per_layer.items():
-            kept.add_row(name, format_bytes(nbytes), format_bytes(nbytes * est.config.layers))
-        for name, nbytes in est.kept_model.items():
-            kept.add_row(name, "", format_bytes(nbytes))
-        if est.kept_per_layer or est.kept_model:
-            console.print(kept)
-        big = Table(title="Largest single tensors", title_justify="left", show_edge=False)
-        big.add_column("tensor", overflow="fold")
-        big.add_column("shape", overflow="fold")
-        big.add_column("bytes", justify="right")
-        for item in est.largest[:3]:
-            big.add_row(item["name"] + (f" ({item['note']})" if item["note"] else ""),
-                        str(item["shape"]), f"{item['bytes']:,}")
-        console.print(big)
-    else:
-        kept = Table(title="Kept for backward, by module", title_justify="left",
-                     show_edge=False)
-        kept.add_column("module", overflow="fold")
-        kept.add_column("bytes", justify="right")
-        for row in trace["kept_by_module"][:8]:
-            kept.add_row(clean(row["module"]), format_bytes(row["bytes"]))
+
+def _analytic_tables(console: Console, est) -> None:
+    """The analytic estimate: what each layer and the model keep for backward, the largest tensors."""
+    kept = Table(title=f"Kept for backward by each of the {est.config.layers} layers, and by the model",
+                 title_justify="left", show_edge=False)
+    kept.add_column("activation", overflow="fold")
+    kept.add_column("per layer", justify="right")
+    kept.add_column("all layers", justify="right")
+    for name, nbytes in est.kept_per_layer.items():
+        kept.add_row(name, format_bytes(nbytes), format_bytes(nbytes * est.config.layers))
+    for name, nbytes in est.kept_model.items():
+        kept.add_row(name, "", format_bytes(nbytes))
+    if est.kept_per_layer or est.kept_model:
         console.print(kept)
-        if trace["largest_tensors"]:  # allocations of 1 MiB or more
-            big = Table(title="Largest single allocations", title_justify="left", show_edge=False)
-            for column in ("op", "shape", "module", "phase", "times", "bytes"):
-                big.add_column(column, justify="right" if column in ("bytes", "times") else "left", overflow="fold")
-            for item in trace["largest_tensors"][:5]:
-                big.add_row(item["op"], f"{item['shape']} {item['dtype']}", clean(item["module"] or "-"), item["phase"],
-                            str(item["count"]), f"{item['bytes']:,}")
-            console.print(big)
+    big = Table(title="Largest single tensors", title_justify="left", show_edge=False)
+    big.add_column("tensor", overflow="fold")
+    big.add_column("shape", overflow="fold")
+    big.add_column("bytes", justify="right")
+    for item in est.largest[:3]:
+        big.add_row(item["name"] + (f" ({item['note']})" if item["note"] else ""),
+                    str(item["shape"]), f"{item['bytes']:,}")
+    console.print(big)
 
+
+def _traced_tables(console: Console, traced: dict[str, Any]) -> None:
+    """The traced step: what each module kept for backward, the largest allocations."""
+    kept = Table(title="Kept for backward, by module", title_justify="left",
+                 show_edge=False)
+    kept.add_column("module", overflow="fold")
+    kept.add_column("bytes", justify="right")
+    for row in traced["kept_by_module"][:8]:
+        kept.add_row(clean(row["module"]), format_bytes(row["bytes"]))
+    console.print(kept)
+    if traced["largest_tensors"]:  # allocations of 1 MiB or more
+        big = Table(title="Largest single allocations", title_justify="left", show_edge=False)
+        for column in ("op", "shape", "module", "phase", "times", "bytes"):
+            big.add_column(column, justify="right" if column in ("bytes", "times") else "left", overflow="fold")
+        for item in traced["largest_tensors"][:5]:
+            big.add_row(item["op"], f"{item['shape']} {item['dtype']}", clean(item["module"] or "-"), item["phase"],
+                        str(item["count"]), f"{item['bytes']:,}")
+        console.print(big)
+
+
+def _judgement(console: Console, verdict: Verdict) -> None:
+    """FITS or OUT OF MEMORY, by how much, and the largest length and batch that fit."""
     if verdict.fits:
         console.print(Text(f"FITS: peak {format_bytes(verdict.peak_bytes)} within the budget of "
                            f"{format_bytes(verdict.budget_bytes)} ({verdict.budget_source}), "
-                           f"{format_bytes(verdict.budget_bytes - verdict.peak_bytes)} to spare.", style="ok"))
+                           f"{format_bytes(verdict.budget_bytes - verdict.peak_bytes)} to spare.", style="status.pass"))
     else:
         console.print(Text(f"OUT OF MEMORY: peak {format_bytes(verdict.peak_bytes)} exceeds the budget of "
                            f"{format_bytes(verdict.budget_bytes)} ({verdict.budget_source}) by "
-                           f"{format_bytes(verdict.peak_bytes - verdict.budget_bytes)}.", style="bad"))
+                           f"{format_bytes(verdict.peak_bytes - verdict.budget_bytes)}.", style="status.fail"))
         console.print(OOM_SYMPTOM)
     limits = _limits(verdict)
     if limits:
         console.print("; ".join(limits) + ".")
 
-    if verdict.remedies:
-        title = ("Remedies: the peak under each one alone, and the best combination" if trace is None else
-                 "Remedies: the peak under each one alone (derived from the trace, or traced again)")
-        rem = Table(title=title, title_justify="left", show_edge=False)
-        rem.add_column("remedy", overflow="fold")
-        rem.add_column("change", overflow="fold")
-        rem.add_column("peak", justify="right", no_wrap=True, min_width=9)
-        rem.add_column("x now", justify="right", no_wrap=True)
-        rem.add_column("fits", no_wrap=True)
-        for r in verdict.remedies:
-            ratio = r.peak_bytes / verdict.peak_bytes if verdict.peak_bytes else 1.0
-            rem.add_row(r.name, r.change + (" (changes what is trained)" if r.changes_training else ""),
-                        format_bytes(r.peak_bytes), f"{ratio:.2f}",
-                        Text("yes", style="ok") if r.fits else Text("no", style="bad"))
-        console.print(rem)
-    console.print(MODEL_NOTE, style="dim")
-    console.print(ANALYTIC_NOTE if trace is None else TRACED_NOTE, style="dim")
+
+def _remedies_table(verdict: Verdict) -> Table:
+    """Each remedy alone: the change, its peak, the ratio to today's, whether it fits."""
+    title = ("Remedies: the peak under each one alone, and the best combination" if verdict.traced is None else
+             "Remedies: the peak under each one alone (derived from the trace, or traced again)")
+    rem = Table(title=title, title_justify="left", show_edge=False)
+    rem.add_column("remedy", overflow="fold")
+    rem.add_column("change", overflow="fold")
+    rem.add_column("peak", justify="right", no_wrap=True, min_width=9)
+    rem.add_column("x now", justify="right", no_wrap=True)
+    rem.add_column("fits", no_wrap=True)
+    for r in verdict.remedies:
+        ratio = r.peak_bytes / verdict.peak_bytes if verdict.peak_bytes else 1.0
+        rem.add_row(r.name, r.change + (" (changes what is trained)" if r.changes_training else ""),
+                    format_bytes(r.peak_bytes), f"{ratio:.2f}",
+                    Text("yes", style="status.pass") if r.fits else Text("no", style="status.fail"))
+    return rem
 
 
-def _header(console, verdict: Verdict) -> None:
+def _header(console: Console, verdict: Verdict) -> None:
     """What was estimated or traced: the model, the shape, and for a trace the attention kernel it ran."""
-    from rich.text import Text
-
-    est, trace = verdict.estimate, verdict.traced
-    if trace is None:
+    est, traced = verdict.estimate, verdict.traced
+    if traced is None:
         console.print(Text(f"tfdoctor memory (analytic): {est.config.describe()}", style="head"))
         console.print(f"{est.parameter_count:,} parameters", style="dim")
         return
-    console.print(Text(f"tfdoctor memory (traced): {clean(trace['target'])} at batch {trace['batch']} x seq "
-                       f"{trace['seq']}, {trace['dtype']}, optimizer {trace['optimizer']}", style="head"))
-    console.print(f"{trace['parameter_count']:,} parameters, {trace['ops']:,} ops traced in "
-                  f"{trace['seconds']:.1f} s", style="dim")
-    if trace.get("attention"):
-        console.print(describe_kernels(trace["attention"]), style="dim")
-    for note in trace.get("notes") or []:  # per device under sharding, what was not traced
+    console.print(Text(f"tfdoctor memory (traced): {clean(traced['target'])} at batch {traced['batch']} x seq "
+                       f"{traced['seq']}, {traced['dtype']}, optimizer {traced['optimizer']}", style="head"))
+    console.print(f"{traced['parameter_count']:,} parameters, {traced['ops']:,} ops traced in "
+                  f"{traced['seconds']:.1f} s", style="dim")
+    if traced.get("attention"):
+        console.print(describe_kernels(traced["attention"]), style="dim")
+    for note in traced.get("notes") or []:  # per device under sharding, what was not traced
         console.print(f"note: {clean(note)}", style="dim")
 
 
