@@ -15,6 +15,7 @@ from typing import Optional
 import typer
 
 from tfdoctor.errors import TfdoctorError, UsageError
+from tfdoctor.protocol import Ended, Phase
 from tfdoctor.result import ExitCode
 
 app = typer.Typer(
@@ -175,7 +176,7 @@ def _finish(outcome, report, fmt: "Format", output: Optional[Path]) -> None:
     """Write what the worker delivered, then exit: 2 with its one line when it stopped early."""
     if report is not None:
         _emit(report, fmt, output)
-    if outcome.ended != "done":
+    if outcome.ended != Ended.DONE:
         typer.echo(f"tfdoctor: error: {_whose()}{_shown(outcome.message)}", err=True)
         raise typer.Exit(ExitCode.USAGE_ERROR)
     raise typer.Exit(report.exit_code())
@@ -258,7 +259,7 @@ def run(
                    options={"timeout_per_check": timeout_per_check}, release=me.distributed and me.rank == 0)
 
     def conclude(outcome) -> None:
-        if outcome.ended == "rank-exit":
+        if outcome.ended == Ended.RANK_EXIT:
             raise typer.Exit(outcome.code)
         report = _report_of(outcome, f"run {target}", strict)
         if report is not None:
@@ -293,17 +294,17 @@ def _supervised(request: dict, show_progress: bool, timeout: float, timeout_per_
 
 def _handled(outcome):
     """The outcomes every command ends the same way: each one line on stderr and its exit code."""
-    if outcome.ended == "usage-error":
+    if outcome.ended == Ended.USAGE_ERROR:
         if outcome.quiet:  # another rank's line, which rank 0 prints
             raise typer.Exit(ExitCode.USAGE_ERROR)
         _fail_usage(UsageError(outcome.message))
-    if outcome.ended == "internal-error":
+    if outcome.ended == Ended.INTERNAL_ERROR:
         if os.environ.get("TFDOCTOR_DEBUG"):
             typer.echo(outcome.debug, err=True)
         typer.echo(f"tfdoctor: internal error: {_whose()}{outcome.message} (rerun with TFDOCTOR_DEBUG=1 for the traceback)",
                    err=True)
         raise typer.Exit(ExitCode.USAGE_ERROR)
-    if outcome.ended == "interrupted":
+    if outcome.ended == Ended.INTERRUPTED:
         typer.echo(f"tfdoctor: {_whose()}{outcome.message}", err=True)
         raise typer.Exit(outcome.code or 130)
     return outcome
@@ -348,12 +349,12 @@ def _report_of(outcome, target: str, strict: bool):
     """The Report from what the worker delivered; None when a run cut short finished no check."""
     from tfdoctor.result import Report, Result
 
-    if outcome.ended != "done" and not outcome.results:
+    if outcome.ended != Ended.DONE and not outcome.results:
         return None
     report = Report(target, list(outcome.results), strict=strict, sandbox=outcome.sandbox)
-    if outcome.ended != "done":
+    if outcome.ended != Ended.DONE:
         report.stopped = outcome.message
-        if outcome.phase not in ("", "loading"):  # the check that was cut short is reported as such
+        if outcome.phase not in ("", Phase.LOADING):  # the check that was cut short is reported as such
             cut = Result.errored(outcome.message, "see the line on stderr; fix it or raise the budget")
             cut.id, cut.title = outcome.phase, ""
             report.results.append(cut)
@@ -535,7 +536,7 @@ def memory(
                        budget_source=source, dtype=dtype.value, optimizer=optimizer.value, gpus=gpus,
                        shard=shard.value, device=device)
         outcome = _supervised(request, fmt is MemoryFormat.rich, DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK)
-        if outcome.ended != "done" or outcome.verdict is None:
+        if outcome.ended != Ended.DONE or outcome.verdict is None:
             typer.echo(f"tfdoctor: error: {outcome.message or 'the trace delivered no verdict'}", err=True)
             raise typer.Exit(ExitCode.USAGE_ERROR)
         verdict = outcome.verdict

@@ -1,5 +1,6 @@
 """The supervisor: starts a worker process (tfdoctor/worker.py) for the user's code and watches it,
-the way pytest-timeout or xdist watch theirs.
+the way pytest-timeout or xdist watch theirs. The two speak tfdoctor/protocol.py; the supervisor
+keeps what it hears as an Outcome.
 
 It enforces the time budgets (one per check, one for the whole run), names the user's frame that
 was running when a budget ran out (from a faulthandler dump), and tells a worker that delivered its
@@ -9,11 +10,9 @@ torch and never runs user code, so it always exits.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
-import pickle
 import re
 import select
 import signal
@@ -26,12 +25,13 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from tfdoctor.descendants import Descendants
+from tfdoctor.protocol import (CHANNEL_LOST_EXIT, REQUEST_ENV, Ended, Event, Phase, decode_result, decode_verdict,
+                               phase_name, read_event)
 from tfdoctor.recording.sites import display_path
 from tfdoctor.result import ExitCode, Result
 from tfdoctor.sandbox import Host
 from tfdoctor.stopping import LAUNCHED_ENV, signals_stop, stopped_by
 from tfdoctor.tempdirs import private_folder, temp_environment
-from tfdoctor.worker import CHANNEL_LOST_EXIT, REQUEST_ENV
 
 FIRST_FAILURE = "tfdoctor-first-failure"
 # After SIGUSR1, how long the worker gets to write its stack dump before it is killed.
@@ -44,27 +44,15 @@ class Outcome:
     """What the worker did: its results so far, and how it ended."""
 
     results: list[Result] = field(default_factory=list)
-    ended: str = "done"  # done | usage-error | timeout | exit | vanished | internal-error | interrupted | rank-exit
+    ended: Ended = Ended.DONE
     message: str = ""  # for everything but done: the one line to print
-    phase: str = ""  # what was running when it ended ("loading" or a check id)
+    phase: str = ""  # what was running when it ended (a protocol.Phase or a check id)
     debug: str = ""  # internal-error: the worker's traceback
     discovered: dict = field(default_factory=dict)  # `tfdoctor run`: what the script showed
     verdict: Any = None  # `tfdoctor memory TARGET`: the traced Verdict
     code: int = 0  # rank-exit: the exit code rank 0 sent; interrupted: 128 + the signal's number
     quiet: bool = False  # usage-error: rank 0 says the same line, this rank says nothing
     sandbox: dict = field(default_factory=dict)  # what the user's code tried to write (tfdoctor/sandbox)
-
-
-def _phase_name(phase: str) -> str:
-    if phase == "memory":
-        return "loading the target and tracing one training step"
-    if phase == "loading":
-        return "loading the target (import, factory, training loop)"
-    if phase == "script":
-        return "running the script up to its last recorded step"
-    if phase == "ranks":
-        return "waiting for rank 0 to judge the run"
-    return f"check {phase}" if phase else "starting"
 
 
 def supervise(request: dict, *, timeout: float, timeout_per_check: float,
@@ -115,17 +103,18 @@ def _supervised(request: dict, timeout: float, timeout_per_check: float, progres
         outcome = _watch(outcome, proc, read_end, dump, timeout, timeout_per_check, progress)
         outcome.sandbox = sandbox.report()
         _first_failure(outcome)
-        if hold is not None and proc.poll() is None and outcome.ended in ("done", "usage-error", "internal-error"):
+        if hold is not None and proc.poll() is None and outcome.ended in (Ended.DONE, Ended.USAGE_ERROR,
+                                                                         Ended.INTERNAL_ERROR):
             _clear(progress)  # the report is printed on a clean line, the bar gone
             _held(hold, outcome, proc, release_write)
         return outcome
     except KeyboardInterrupt as interrupt:  # Ctrl-C, SIGTERM or SIGHUP (the worker has its own session)
         stop = stopped_by(interrupt)
         if os.environ.get(LAUNCHED_ENV):  # one rank of `--nproc`: the launcher says it once
-            outcome.ended, outcome.code = "rank-exit", stop.code
+            outcome.ended, outcome.code = Ended.RANK_EXIT, stop.code
         else:
-            outcome.ended, outcome.code = "interrupted", stop.code
-            outcome.message = f"{stop.said} during {_phase_name(outcome.phase)}"
+            outcome.ended, outcome.code = Ended.INTERRUPTED, stop.code
+            outcome.message = f"{stop.said} during {phase_name(outcome.phase)}"
         return outcome
     finally:
         _clear(progress)
@@ -143,13 +132,13 @@ def _first_failure(outcome: Outcome) -> None:
     private temporary folder (TMPDIR, recording/launch.py), is made before this rank's worker is
     killed, which is what breaks the others'. A worker killed by a signal is never a consequence: it
     says so whatever the claim."""
-    if not os.environ.get(LAUNCHED_ENV) or outcome.quiet or outcome.ended in ("done", "rank-exit"):
+    if not os.environ.get(LAUNCHED_ENV) or outcome.quiet or outcome.ended in (Ended.DONE, Ended.RANK_EXIT):
         return
     try:
         os.close(os.open(os.path.join(tempfile.gettempdir(), FIRST_FAILURE), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
-        if outcome.ended != "vanished":
-            outcome.ended, outcome.code = "rank-exit", int(ExitCode.USAGE_ERROR)
+        if outcome.ended != Ended.VANISHED:
+            outcome.ended, outcome.code = Ended.RANK_EXIT, int(ExitCode.USAGE_ERROR)
     except OSError:
         pass
 
@@ -205,7 +194,7 @@ class _Budgets:
     def left(self, phase: str) -> tuple[float, float]:
         now = time.monotonic()
         # Waiting for rank 0 is not a check of its own: the whole run's budget bounds it.
-        phase_left = (_hard_limit(self.per_check) - (now - self.phase_started) if phase != "ranks"
+        phase_left = (_hard_limit(self.per_check) - (now - self.phase_started) if phase != Phase.RANKS
                       else self.timeout)
         return phase_left, self.timeout - (now - self.started)
 
@@ -213,9 +202,9 @@ class _Budgets:
         """The line's start when a budget has run out, else ""."""
         phase_left, run_left = self.left(phase)
         if phase_left <= 0:
-            return f"{_phase_name(phase)} ran past its {self.per_check:g} s budget (--timeout-per-check)"
+            return f"{phase_name(phase)} ran past its {self.per_check:g} s budget (--timeout-per-check)"
         if run_left <= 0:
-            return f"the run ran past its {self.timeout:g} s budget (--timeout), during {_phase_name(phase)}"
+            return f"the run ran past its {self.timeout:g} s budget (--timeout), during {phase_name(phase)}"
         return ""
 
 
@@ -238,9 +227,9 @@ def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
         for line in lines:
-            if _take(outcome, json.loads(line), state, tasks, progress, budgets):
+            if _take(outcome, read_event(line), state, tasks, progress, budgets):
                 state["finished"] = True
-        if state["finished"] or outcome.ended != "done":
+        if state["finished"] or outcome.ended != Ended.DONE:
             # The worker said its last word. Processes it started (DataLoader workers) may still hold
             # the pipe open, so waiting for its end could wait for them: they go with the group.
             return outcome
@@ -255,10 +244,10 @@ def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float
             break
         except subprocess.TimeoutExpired:
             continue
-    outcome.ended = "vanished"
+    outcome.ended = Ended.VANISHED
     if code == CHANNEL_LOST_EXIT:
         outcome.message = (f"your code closed tfdoctor's report pipe (a file descriptor above 2, closed below "
-                           f"Python's os.close) during {_phase_name(outcome.phase)}, so the report could not be "
+                           f"Python's os.close) during {phase_name(outcome.phase)}, so the report could not be "
                            "delivered; leave descriptors you did not open alone")
         return outcome
     if code < 0:
@@ -267,14 +256,14 @@ def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float
                                          else "")
     else:
         why = f"exited with code {code} (os._exit, or a crash in native code)"
-    outcome.message = (f"the process running your code {why} during {_phase_name(outcome.phase)}, before the "
+    outcome.message = (f"the process running your code {why} during {phase_name(outcome.phase)}, before the "
                        "report was delivered")
     return outcome
 
 
 def _timed_out(outcome: Outcome, which: str, proc, dump_path: str, main_thread: Optional[int]) -> Outcome:
     where = _stack_of(proc, dump_path, main_thread)
-    outcome.ended = "timeout"
+    outcome.ended = Ended.TIMEOUT
     outcome.message = which + (f"; it was at {where}" if where else "")
     return outcome
 
@@ -282,34 +271,34 @@ def _timed_out(outcome: Outcome, which: str, proc, dump_path: str, main_thread: 
 def _take(outcome: Outcome, event: dict, state: dict, tasks: dict, progress, budgets: _Budgets) -> bool:
     """Apply one event of the worker's to the outcome; True when it is the worker's "done"."""
     kind = event["event"]
-    if kind == "hello":
+    if kind == Event.HELLO:
         state["main_thread"] = event.get("main_thread")
-    elif kind == "phase":
+    elif kind == Event.PHASE:
         outcome.phase, budgets.phase_started = event["name"], time.monotonic()
-    elif kind == "result":
-        outcome.results.append(Result.from_dict(event["result"]))
-    elif kind == "progress" and progress is not None:
+    elif kind == Event.RESULT:
+        outcome.results.append(decode_result(event["result"]))
+    elif kind == Event.PROGRESS and progress is not None:
         tasks[event["task"]] = progress(event["description"], event["total"])
-    elif kind == "advance" and event["task"] in tasks:
+    elif kind == Event.ADVANCE and event["task"] in tasks:
         tasks[event["task"]](event["n"])
-    elif kind == "discovered":
+    elif kind == Event.DISCOVERED:
         outcome.discovered = event["facts"]
-    elif kind == "verdict":  # `memory TARGET`: the traced Verdict, from our own worker
-        outcome.verdict = pickle.loads(base64.b64decode(event["pickled"]))
-    elif kind == "done":
+    elif kind == Event.VERDICT:  # `memory TARGET`: the traced Verdict
+        outcome.verdict = decode_verdict(event["verdict"])
+    elif kind == Event.DONE:
         return True
-    elif kind == "usage-error":
-        outcome.ended, outcome.message = "usage-error", event["message"]
+    elif kind == Event.USAGE_ERROR:
+        outcome.ended, outcome.message = Ended.USAGE_ERROR, event["message"]
         outcome.quiet = bool(event.get("quiet"))
-    elif kind == "rank-exit":  # a rank other than 0: rank 0 reports, this one exits as it does
-        outcome.ended, outcome.code = "rank-exit", int(event["code"])
-    elif kind == "exit":
+    elif kind == Event.RANK_EXIT:  # a rank other than 0: rank 0 reports, this one exits as it does
+        outcome.ended, outcome.code = Ended.RANK_EXIT, int(event["code"])
+    elif kind == Event.EXIT:
         where = f" at {event['where']}" if event.get("where") else ""
-        outcome.ended = "exit"
+        outcome.ended = Ended.EXIT
         outcome.message = (f"your code called sys.exit({event['code']!r}){where} during "
-                           f"{_phase_name(outcome.phase)}, so tfdoctor could not finish")
-    elif kind == "internal-error":
-        outcome.ended, outcome.message = "internal-error", event["message"]
+                           f"{phase_name(outcome.phase)}, so tfdoctor could not finish")
+    elif kind == Event.INTERNAL_ERROR:
+        outcome.ended, outcome.message = Ended.INTERNAL_ERROR, event["message"]
         outcome.debug = event.get("traceback", "")
     return False
 

@@ -8,21 +8,19 @@ The user's code runs here, never in the process that prints the report, so that:
   a CI job silently green or running until the job's own limit;
 - threads the user leaves running cannot keep tfdoctor alive (the worker ends with os._exit).
 
-Events (one JSON object per line, "event" says which): hello (main thread id), phase (what runs
-now: "loading", "script" or a check id), result (a Result record), progress/advance (a long task),
-discovered (what `tfdoctor run` read off the script), done, usage-error, exit (the user's code raised
-SystemExit), internal-error.
+The request comes in the environment (protocol.REQUEST_ENV); the events go out one JSON object per
+line (protocol.Channel). tfdoctor/protocol.py lists every event and what it carries: hello, phase,
+progress/advance, discovered, result, verdict, then one last word: done, usage-error, exit,
+rank-exit or internal-error.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import itertools
 import json
 import os
-import pickle
 import sys
 import threading
 import traceback
@@ -30,31 +28,10 @@ from typing import Any, Callable
 
 from tfdoctor.errors import InternalError, OutputShapeError, TfdoctorError, UsageError, folded
 from tfdoctor.kept_fds import keep_open
+from tfdoctor.protocol import REQUEST_ENV, Channel, Event, Phase, encode_result, encode_verdict
 from tfdoctor.recording.distributed import world
 from tfdoctor.recording.sites import raised_at
 from tfdoctor.sandbox import enter as enter_sandbox
-
-REQUEST_ENV = "TFDOCTOR_WORKER_REQUEST"
-# The worker's exit code when its report pipe was closed under it (below os.close, which keeps it:
-# tfdoctor/kept_fds.py): nothing more can be said, and the supervisor names the cause.
-CHANNEL_LOST_EXIT = 86
-
-
-class Channel:
-    """The write end of the pipe to the supervisor; each event is one flushed line."""
-
-    def __init__(self, fd: int) -> None:
-        self._file = os.fdopen(fd, "w", encoding="utf-8", buffering=1)
-        self._lock = threading.Lock()
-
-    def send(self, event: str, **payload: Any) -> None:
-        line = json.dumps({"event": event, **payload}, default=str)
-        with self._lock:
-            try:
-                self._file.write(line + "\n")
-                self._file.flush()
-            except (OSError, ValueError):  # the user's code closed the descriptor (in C): the report is lost
-                os._exit(CHANNEL_LOST_EXIT)
 
 
 class _LineEnds:
@@ -87,11 +64,11 @@ def progress_over(channel: Channel) -> Callable:
 
     def start(description: str, total: int):
         task = next(ids)
-        channel.send("progress", task=task, description=description, total=int(total))
+        channel.send(Event.PROGRESS, task=task, description=description, total=int(total))
 
         def advance(n: int = 1) -> None:
             if n > 0:
-                channel.send("advance", task=task, n=int(n))
+                channel.send(Event.ADVANCE, task=task, n=int(n))
 
         return advance
 
@@ -289,56 +266,54 @@ def main(argv: list[str]) -> None:
     keep_open(kept)  # the user's os.closerange(3, ...) leaves tfdoctor's pipes and dump file alone
     # Before any thread starts (a user namespace needs one) and before the user's code runs.
     sandbox = enter_sandbox(request.get("sandbox"))
-    channel.send("hello", pid=os.getpid(), main_thread=threading.main_thread().ident)
+    channel.send(Event.HELLO, pid=os.getpid(), main_thread=threading.main_thread().ident)
 
     def listener(event: str, payload) -> None:
         if event == "start":
-            channel.send("phase", name=payload)
+            channel.send(Event.PHASE, name=payload)
         elif event == "result":
-            channel.send("result", result=payload.to_record())
+            channel.send(Event.RESULT, result=encode_result(payload))
 
     code = 0
     session = None
     try:
-        channel.send("phase", name="loading")
+        channel.send(Event.PHASE, name=Phase.LOADING)
         progress = progress_over(channel) if request.get("progress") else None
         if request.get("command") == "memory":
-            channel.send("phase", name="memory")
+            channel.send(Event.PHASE, name=Phase.MEMORY)
             verdict = run_memory_request(request, progress=progress)
-            # The Verdict is plain data (dataclasses, dicts, numbers) that only tfdoctor's own report
-            # reads back, so it crosses the pipe pickled, whole.
-            channel.send("verdict", pickled=base64.b64encode(pickle.dumps(verdict)).decode("ascii"))
+            channel.send(Event.VERDICT, verdict=encode_verdict(verdict))
         elif request.get("command") == "run":
-            channel.send("phase", name="script")
+            channel.send(Event.PHASE, name=Phase.SCRIPT)
             session = _rank_session(request)
             judged = run_script_request(request, listener=listener, progress=progress, session=session,
-                                        inform=lambda facts: channel.send("discovered", facts=facts))
+                                        inform=lambda facts: channel.send(Event.DISCOVERED, facts=facts))
             if session is not None and not judged:
-                channel.send("phase", name="ranks")
-                verdict = session.receive_code()  # the code this rank's tfdoctor exits with, not the worker
-                channel.send("rank-exit", code=verdict, rank=session.world.rank)
+                channel.send(Event.PHASE, name=Phase.RANKS)
+                code_sent = session.receive_code()  # the code this rank's tfdoctor exits with, not the worker
+                channel.send(Event.RANK_EXIT, code=code_sent, rank=session.world.rank)
         else:
             run_check_request(request, listener=listener, progress=progress)
         output.end_line()
-        channel.send("done")
+        channel.send(Event.DONE)
     except TfdoctorError as error:
         if session is not None and session.world.rank != 0 and session.verdict_group is not None:
             # rank 0 prints the job's line: this rank ends only once it has (torchrun ends the rest then)
             with contextlib.suppress(Exception):
                 session.receive_code()
         output.end_line()
-        channel.send("usage-error", message=error.one_line(),
+        channel.send(Event.USAGE_ERROR, message=error.one_line(),
                      quiet=bool(getattr(error, "said_by_rank_0", False)) and world().rank != 0)
     except SystemExit as error:  # the user's code: a CI gate must not take its code for ours
         output.end_line()
-        channel.send("exit", code=error.code if isinstance(error.code, int) or error.code is None
+        channel.send(Event.EXIT, code=error.code if isinstance(error.code, int) or error.code is None
                      else str(error.code), where=raised_at(error))
     except KeyboardInterrupt:
         code = 130
     except BaseException as error:  # noqa: BLE001 - everything else is reported, never a traceback
         said = str(error) if isinstance(error, InternalError) else f"{type(error).__name__}: {error}"
         output.end_line()
-        channel.send("internal-error", message=folded(said),
+        channel.send(Event.INTERNAL_ERROR, message=folded(said),
                      traceback="".join(traceback.format_exception(type(error), error, error.__traceback__)))
     finally:
         if sandbox is not None:
