@@ -74,7 +74,8 @@ REFERENCE_MEASURABLE_DROP = 0.02
 LOOP_MATCH_SHARE = 0.5
 
 
-@check("init-loss", title="Initial loss sits at the random-chance baseline ln(V)")
+@check("init-loss", title="Initial loss sits at the random-chance baseline ln(V)",
+       inputs=("model", "initial_weights"))
 def init_loss(subject) -> Result:
     """Catches oversized initial logits (loss far above ln(V)) and a model that can see the answer
     it is asked to predict (loss below ln(V) before any training).

@@ -14,9 +14,6 @@ from tfdoctor.recording.wiped import wiped_steps
 from tfdoctor.registry import check
 from tfdoctor.result import Result
 
-# Batches fed to the loop: two optimizer steps at accumulation 8, the most common large setting.
-DEFAULT_TRAIN_BATCHES = 16
-
 # objective: the offsets tried between a scored position and the input token it is graded on, and
 # the share of graded positions an offset must explain. On random tokens the right offset matches
 # every position and a wrong one about 1/V of them, so 0.9 leaves room only for coincidences.
@@ -69,65 +66,6 @@ WARMUP_START_SHARE = 0.5
 # twice its start, is noted as growing steadily (the sign of a learning rate set too high).
 GROWTH_MIN_STEPS = 6
 GROWTH_FACTOR = 2.0
-
-
-def _trace(subject):
-    """The one recorded run of the user's loop, shared by every check of the run.
-
-    A loop that raises is recorded once; every check then re-raises the user's exception, which the
-    runner reports as that check's error."""
-    from tfdoctor.context import current, memo, progress
-
-    recorded = getattr(subject.train, "trace", None)  # another driver recorded it (tfdoctor run SCRIPT)
-    if recorded is not None:
-        return recorded
-
-    def record():
-        import torch
-
-        from tfdoctor.probes.batches import train_batches
-        from tfdoctor.probes.trace import record_loop
-
-        count = int(current().options.get("train_batches") or DEFAULT_TRAIN_BATCHES)
-        batches = train_batches(subject, count, torch.Generator().manual_seed(current().seed + 5))
-        advance = progress("training loop", count)
-        trace = record_loop(subject, batches, advance)
-        advance(max(0, count - trace.batches_fed))
-        return trace
-
-    return memo(("train-trace", id(subject.model), subject.train), record)
-
-
-# The call each loop check judges, as the user wrote it: the finding names its file:line (recorded
-# from the stack when the call was made). The first kind that was recorded with a location wins.
-CALL_NAMES = {"loss": "the loss", "backward": "backward()", "clip": "clip_grad_norm_", "opt_step": "optimizer.step()",
-              "sched_step": "scheduler.step()", "autocast": "autocast", "scaler_step": "scaler.step()",
-              "unscale": "scaler.unscale_()", "zero_grad": "zero_grad()"}
-
-
-def _at(*kinds: str):
-    """Adds details["location"] (the user's "path:line" of the first recorded call of `kinds`) and
-    details["call"] to a loop check's result; skips carry none."""
-    import functools
-
-    def wrap(func):
-        @functools.wraps(func)
-        def located(subject) -> Result:
-            result = func(subject)
-            if result.status.value == "skip" or "location" in result.details:
-                return result
-            events = _trace(subject).events
-            for kind in kinds:
-                where = next((e.data["where"] for e in events if e.kind == kind and e.data.get("where")), None)
-                if where:
-                    result.details["location"] = where
-                    result.details["call"] = CALL_NAMES[kind]
-                    break
-            return result
-
-        return located
-
-    return wrap
 
 
 def _stepped(trace) -> str | None:
@@ -360,9 +298,8 @@ def _no_scores(trace, subject) -> str:
 @check("objective", title="Targets are the next input token (no identity, no double shift)",
        kinds=("causal", "seq2seq"), needs=("train",),
        skip_reasons={"encoder": "an encoder is graded on its own positions; the next-token alignment "
-                                "does not apply"})
-@_at("loss", "backward")
-def objective(subject) -> Result:
+                                "does not apply"}, located=("loss", "backward"))
+def objective(subject, trace) -> Result:
     """Catches a loss graded on the wrong targets: the input itself (input == target, the loss
     collapses to near zero in the first epoch and means nothing) or labels shifted twice (a library
     model given `labels=` shifts them itself, so pre-shifted labels ask for the token after next).
@@ -377,7 +314,6 @@ def objective(subject) -> Result:
     Fix: `logits = model(ids[:, :-1])`, `targets = ids[:, 1:]`; flatten logits and targets in the
     same order; give Hugging Face models `labels=input_ids` unshifted.
     """
-    trace = _trace(subject)
     found = _alignment(trace, subject)
     rows, shares = found["rows"], found["shares"]
     if not rows or not shares:
@@ -443,9 +379,8 @@ def _end_of_text_pads(found: dict, pad_id: int) -> dict | None:
     return {"graded_pads": placed, "first_pad_of_row": at_end, "rows_with_more_than_one": sequences}
 
 
-@check("ignore-index", title="Padding targets are left out of the loss", needs=("train", "pad_id"))
-@_at("loss", "backward")
-def ignore_index(subject) -> Result:
+@check("ignore-index", title="Padding targets are left out of the loss", needs=("train", "pad_id"), located=("loss", "backward"))
+def ignore_index(subject, trace) -> Result:
     """Catches a loss that grades padding: pad targets that are neither given `ignore_index=pad_id`
     nor replaced by the ignore value (-100), so part of every update teaches the model to predict
     padding.
@@ -458,7 +393,6 @@ def ignore_index(subject) -> Result:
     Fix: `ignore_index=pad_id`, `targets.masked_fill(targets == pad_id, -100)`, or weight a
     hand-written loss by `targets != pad_id`.
     """
-    trace = _trace(subject)
     entries = [e for e in trace.scores if e.get("backward") is not None and bool(e["readable"].any())]
     if not entries:
         return Result.skipped(_no_scores(trace, subject))
@@ -529,9 +463,8 @@ def _pad_targets(found: dict, pad_id: int) -> int:
     return count
 
 
-@check("unscale-before-clip", title="GradScaler gradients are unscaled before clipping", needs=("train",))
-@_at("clip", "unscale")
-def unscale_before_clip(subject) -> Result:
+@check("unscale-before-clip", title="GradScaler gradients are unscaled before clipping", needs=("train",), located=("clip", "unscale"))
+def unscale_before_clip(subject, trace) -> Result:
     """Catches `clip_grad_norm_` on gradients a GradScaler has not unscaled: they are still multiplied
     by the loss scale (65536 at the start), so every batch looks like an outlier, the clip cuts every
     update to a sliver and the model barely moves.
@@ -542,7 +475,6 @@ def unscale_before_clip(subject) -> Result:
 
     Fix: `scaler.unscale_(optimizer)` after the last backward, before the clip.
     """
-    trace = _trace(subject)
     scales = trace.of("scale")
     if not scales:
         return Result.skipped("the loop uses no GradScaler")
@@ -572,9 +504,8 @@ def unscale_before_clip(subject) -> Result:
 
 
 @check("accumulation-scaling", title="Accumulated losses are divided by the number of micro-batches",
-       needs=("train",))
-@_at("backward")
-def accumulation_scaling(subject) -> Result:
+       needs=("train",), located=("backward",))
+def accumulation_scaling(subject, trace) -> Result:
     """Catches gradient accumulation that forgets to divide the loss by the number of accumulated
     micro-batches: the gradients add up to k times the batch mean, which for plain SGD is k times the
     learning rate you set (with Adam, which divides the scale out, it makes a clip threshold bite k
@@ -589,7 +520,6 @@ def accumulation_scaling(subject) -> Result:
     Fix: `(loss / k).backward()` (or divide by the step's total token count); `if (step + 1) % k ==
     0: optimizer.step()`.
     """
-    trace = _trace(subject)
     reason = _stepped(trace)
     if reason:
         return Result.skipped(reason)
@@ -684,9 +614,8 @@ def _micro_batch_weights(trace) -> dict[int, list[dict]]:
 
 
 @check("token-weighting", title="Every trained token weighs the same within an optimizer step",
-       needs=("train", "pad_id"))
-@_at("loss", "backward")
-def token_weighting(subject) -> Result:
+       needs=("train", "pad_id"), located=("loss", "backward"))
+def token_weighting(subject, trace) -> Result:
     """Catches gradient accumulation that averages each micro-batch over its own tokens and then
     divides by k: with padding, micro-batches hold different numbers of real tokens, so a token in a
     short micro-batch weighs more than one in a long one and the step is not the mean over its tokens
@@ -702,7 +631,6 @@ def token_weighting(subject) -> Result:
     Fix: sum the token losses and divide by the trained tokens of the whole step:
     loss = F.cross_entropy(..., reduction="sum") / num_tokens_in_step.
     """
-    trace = _trace(subject)
     reason = _stepped(trace)
     if reason:
         return Result.skipped(reason)
@@ -747,9 +675,8 @@ def token_weighting(subject) -> Result:
         "1 / num_tokens_in_step before the step", details)
 
 
-@check("scheduler-placement", title="The LR scheduler steps once per optimizer step", needs=("train",))
-@_at("sched_step")
-def scheduler_placement(subject) -> Result:
+@check("scheduler-placement", title="The LR scheduler steps once per optimizer step", needs=("train",), located=("sched_step",))
+def scheduler_placement(subject, trace) -> Result:
     """Catches `scheduler.step()` placed outside the accumulation `if`: it then steps once per
     micro-batch, so the schedule runs k times faster than the optimizer (a warm-up meant for 4000
     updates is over after 1000, and the decay ends early).
@@ -759,7 +686,6 @@ def scheduler_placement(subject) -> Result:
 
     Fix: step the scheduler inside the accumulation `if`, after `optimizer.step()`.
     """
-    trace = _trace(subject)
     reason = _stepped(trace)
     if reason:
         return Result.skipped(reason)
@@ -780,9 +706,8 @@ def scheduler_placement(subject) -> Result:
         "move scheduler.step() inside the accumulation `if`, right after optimizer.step()", details)
 
 
-@check("zero-grad", title="Gradients are cleared between optimizer steps", needs=("train",))
-@_at("opt_step", "backward")
-def zero_grad(subject) -> Result:
+@check("zero-grad", title="Gradients are cleared between optimizer steps", needs=("train",), located=("opt_step", "backward"))
+def zero_grad(subject, trace) -> Result:
     """Catches a loop that never clears gradients (no `optimizer.zero_grad()` / `model.zero_grad()`):
     `backward` adds into `.grad`, so every update also re-applies the gradients of all earlier
     batches and the steps grow without bound.
@@ -797,7 +722,6 @@ def zero_grad(subject) -> Result:
 
     Fix: `optimizer.zero_grad(set_to_none=True)` after each step.
     """
-    trace = _trace(subject)
     reason = _stepped(trace)
     if reason:
         return Result.skipped(reason)
@@ -829,9 +753,8 @@ def zero_grad(subject) -> Result:
         "call optimizer.zero_grad(set_to_none=True) right after optimizer.step()", details)
 
 
-@check("clip-global-norm", title="Gradients are clipped by their global norm", needs=("train",))
-@_at("clip", "opt_step")
-def clip_global_norm(subject) -> Result:
+@check("clip-global-norm", title="Gradients are clipped by their global norm", needs=("train",), located=("clip", "opt_step"))
+def clip_global_norm(subject, trace) -> Result:
     """Catches clipping that changes the update's direction: `clip_grad_norm_` called per parameter
     (or per group), which scales each tensor by its own factor, and `clip_grad_value_`, which cuts
     each element on its own. Clipping by the global norm over all parameters only shortens the update.
@@ -840,7 +763,6 @@ def clip_global_norm(subject) -> Result:
 
     Fix: `clip_grad_norm_(model.parameters(), max_norm)` once per step, after unscaling.
     """
-    trace = _trace(subject)
     reason = _stepped(trace)
     if reason:
         return Result.skipped(reason)
@@ -967,9 +889,8 @@ def _describe(group: dict) -> str:
     return f"{group['optimizer']} group {group['group']} ({_holds(group)}) {group['peak_lr']:.2g}{rising}"
 
 
-@check("lr-schedule", title="The learning-rate schedule warms up to a sensible peak", needs=("train",))
-@_at("sched_step", "opt_step")
-def lr_schedule(subject) -> Result:
+@check("lr-schedule", title="The learning-rate schedule warms up to a sensible peak", needs=("train",), located=("sched_step", "opt_step"))
+def lr_schedule(subject, trace) -> Result:
     """Catches a learning rate that cannot train a Transformer: every param group peaking far below
     the range they train at (a Noam LambdaLR left on Adam's default lr=1e-3 peaks near 7e-7, a
     thousand times too small, because LambdaLR multiplies the optimizer's lr by the lambda); a
@@ -986,7 +907,6 @@ def lr_schedule(subject) -> Result:
     Fix: Noam lambdas need the optimizer at `lr=1.0`; keep Adam matrix groups within 1e-5..3e-3 and
     ramp the rate up over the first steps.
     """
-    trace = _trace(subject)
     reason = _stepped(trace)
     if reason:
         return Result.skipped(reason)
@@ -1073,9 +993,8 @@ def lr_schedule(subject) -> Result:
                          details)
 
 
-@check("amp-loss-scaling", title="float16 autocast comes with loss scaling", needs=("train",))
-@_at("autocast", "backward")
-def amp_loss_scaling(subject) -> Result:
+@check("amp-loss-scaling", title="float16 autocast comes with loss scaling", needs=("train",), located=("autocast", "backward"))
+def amp_loss_scaling(subject, trace) -> Result:
     """Catches float16 autocast without a GradScaler: float16 cannot hold gradients below about 6e-8
     (and loses precision below 6e-5), so many Transformer gradients silently become zero. bfloat16
     has float32's range and needs no scaling.
@@ -1086,7 +1005,6 @@ def amp_loss_scaling(subject) -> Result:
     Fix: `torch.amp.GradScaler('cuda')` around backward and step, or autocast with
     `dtype=torch.bfloat16`.
     """
-    trace = _trace(subject)
     regions = [e.data for e in trace.of("autocast") if e.data["requested"]]
     if not regions:
         return Result.skipped("the loop requests no autocast (mixed precision) region")
@@ -1119,9 +1037,8 @@ def amp_loss_scaling(subject) -> Result:
                          f"float16{here}", hint, details)
 
 
-@check("grad-health", title="Gradients stay finite and bounded during the loop", needs=("train",))
-@_at("opt_step", "backward")
-def grad_health(subject) -> Result:
+@check("grad-health", title="Gradients stay finite and bounded during the loop", needs=("train",), located=("opt_step", "backward"))
+def grad_health(subject, trace) -> Result:
     """Catches NaN or Inf gradients reaching the optimizer (every weight they touch becomes NaN) and
     notes a pre-clip gradient norm that grows at every step (usually a learning rate set too high).
 
@@ -1131,7 +1048,6 @@ def grad_health(subject) -> Result:
     Fix: find the first non-finite gradient with `torch.autograd.set_detect_anomaly(True)`; clip and
     lower the rate.
     """
-    trace = _trace(subject)
     reason = _stepped(trace)
     if reason:
         return Result.skipped(reason)
@@ -1177,9 +1093,8 @@ def grad_health(subject) -> Result:
 
 
 @check("optimizer-coverage", title="Every parameter that gets a gradient is updated by an optimizer",
-       needs=("train",))
-@_at("opt_step")
-def optimizer_coverage(subject) -> Result:
+       needs=("train",), located=("opt_step",))
+def optimizer_coverage(subject, trace) -> Result:
     """Catches parameters that receive gradients but sit in no optimizer: they keep their initial
     values however long you train (an optimizer built before a module was added, a param-group filter
     by name that misses some). nanoGPT's configure_optimizers asserts this for the same reason.
@@ -1197,7 +1112,6 @@ def optimizer_coverage(subject) -> Result:
     Fix: build the optimizer from every trainable parameter; reach submodules through `self`, not
     through a closure. A loop that never steps: make it iterate over the batches it is given.
     """
-    trace = _trace(subject)
     untrained = _untrained(trace)
     if untrained:
         return Result.failed(untrained, "make the loop iterate over the batches it is given and call loss.backward() "
