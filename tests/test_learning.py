@@ -5,7 +5,8 @@ import pytest
 from conftest import build_fixture
 from real_models import CAUSAL_MODELS
 from tfdoctor import run_checks
-from tfdoctor.checks.learning import HIGH_FAIL_NATS, sparkline
+from tfdoctor.checks.learning import HIGH_FAIL_NATS
+from tfdoctor.drawing import sparkline
 
 CORRECT = ["gpt_correct", "gpt_blocked_triu", "gpt_sdpa"]
 

@@ -25,7 +25,10 @@ CHECK_MODULES = (
     "tfdoctor.checks.decoding",
     "tfdoctor.checks.learning",
     "tfdoctor.checks.memory",
-    "tfdoctor.checks.trainloop",
+    "tfdoctor.checks.targets",
+    "tfdoctor.checks.accumulation",
+    "tfdoctor.checks.step",
+    "tfdoctor.checks.schedule",
     "tfdoctor.checks.ranks",
 )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from tfdoctor.drawing import sparkline
 from tfdoctor.registry import check
 from tfdoctor.result import Result
 
@@ -37,7 +38,6 @@ OVERFIT_TARGET_NATS = 0.01
 # Below this many tokens (a binary vocabulary, say) the memorisation target is within the init's
 # reach or out of it by chance: the verdict flipped with the seed on a correct model (issue 10).
 OVERFIT_MIN_VOCAB = 8
-SPARKLINE_POINTS = 60
 # When tfdoctor's first rate does not memorise the batch, lower rates are tried (probes/memorise.py)
 # for this many steps each: a model that stalls at a rate too high for it memorises quickly at one
 # that fits (x-transformers' enwik8 model: 7 steps at 3e-4).
@@ -133,19 +133,6 @@ def init_loss(subject) -> Result:
             return (Result.warned(f"{summary}: {message}{note}", hint, details) if close[0][1] == "fail"
                     else Result.passed(f"{summary}{note}", details))
     return Result.passed(summary, details)
-
-
-def sparkline(values: list[float], points: int = SPARKLINE_POINTS) -> str:
-    """A one-line drawing of a curve, resampled to at most `points` characters."""
-    if not values:
-        return ""
-    bars = "▁▂▃▄▅▆▇█"
-    stride = max(1, math.ceil(len(values) / points))
-    sampled = [values[i] for i in range(0, len(values), stride)]
-    finite = [v for v in sampled if math.isfinite(v)]
-    low, high = (min(finite), max(finite)) if finite else (0.0, 1.0)
-    span = (high - low) or 1.0
-    return "".join(bars[min(7, int((v - low) / span * 7.999))] if math.isfinite(v) else "!" for v in sampled)
 
 
 @check("overfit-batch", title="The model can overfit a single small batch")
