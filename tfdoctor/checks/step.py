@@ -202,14 +202,15 @@ def grad_health(subject, trace) -> Result:
         norms.append(norm)
         finite.append(ok and step_finite)
     skipped = [e for e in trace.of("scaler_step") if e.data.get("skipped")]
-    details = {"pre_clip_norms": norms, "sparkline": sparkline(norms), "steps": len(norms),
+    drawn = sparkline(norms)  # the message quotes the curve; the report draws details["pre_clip_norms"]
+    details = {"pre_clip_norms": norms, "steps": len(norms),
                "non_finite_steps": [i + 1 for i, ok in enumerate(finite) if not ok],
                "scaler_skipped_steps": len(skipped)}
     bad = details["non_finite_steps"]
     if bad:
         return Result.failed(
             f"gradients were NaN/Inf at {len(bad)} of {len(norms)} optimizer steps (first at step {bad[0]}); "
-            f"the optimizer wrote them into the weights. Pre-clip norm {details['sparkline']}",
+            f"the optimizer wrote them into the weights. Pre-clip norm {drawn}",
             "find the first non-finite gradient (torch.autograd.set_detect_anomaly(True)); typical causes: "
             "log or sqrt of zero in a custom loss or penalty, -inf masks on fully masked rows, float16 overflow",
             details)
@@ -218,7 +219,7 @@ def grad_health(subject, trace) -> Result:
                              "find the first non-finite gradient with torch.autograd.set_detect_anomaly(True)",
                              details)
     summary = f"gradients finite at all {len(norms)} steps; pre-clip norm {norms[0]:.3g} -> {norms[-1]:.3g} " \
-              f"{details['sparkline']}"
+              f"{drawn}"
     growing = (len(norms) >= GROWTH_MIN_STEPS and all(b >= a for a, b in zip(norms, norms[1:]))
                and norms[-1] >= GROWTH_FACTOR * norms[0])
     if growing:
