@@ -20,7 +20,6 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from conftest import ROOT
 from tfdoctor.checks.ranks import ddp_accumulation, rank_data, rank_sync, rank_uniform
 from tfdoctor.probes.trace import Event, Trace
-from tfdoctor.recording.discovery import RecordedLoop
 from tfdoctor.recording.ranks import RankRecorder
 from tfdoctor.result import Result
 from tfdoctor.subject import Subject
@@ -74,14 +73,17 @@ def digests(tmp_path_factory):
     return get
 
 
-def subject_of(ranks: list[dict]) -> Subject:
-    trace = Trace([], 0, [], [], [], 0, ranks=ranks)
-    return Subject(torch.nn.Linear(2, 2), vocab_size=50, train=RecordedLoop(trace, "ddp"))
+# A judge is a function of (subject, trace): called on a hand-built Trace, no loop and no recorder.
+SUBJECT = Subject(torch.nn.Linear(2, 2), vocab_size=50)
+
+
+def trace_of(ranks: list[dict]) -> Trace:
+    return Trace([], 0, [], [], [], 0, ranks=ranks)
 
 
 def judge(ranks: list[dict]) -> dict:
-    subject = subject_of(ranks)
-    return {check_id: func(subject) for check_id, func in CHECKS.items()}
+    trace = trace_of(ranks)
+    return {check_id: func(SUBJECT, trace) for check_id, func in CHECKS.items()}
 
 
 def statuses(results: dict) -> dict:
@@ -184,7 +186,7 @@ def test_rank_sync_names_a_start_that_differs(digests):
     i = names.index("head.weight")
     total, squares = ranks[1]["params"][0]["states"][0][i]
     ranks[1]["params"][0]["states"][0][i] = [total + 1.0, squares * 1.01]
-    found = rank_sync(subject_of(ranks))
+    found = rank_sync(SUBJECT, trace_of(ranks))
     assert found.status.value == "fail" and found.details["first_step"] == 0
     assert found.details["differing"] == ["head.weight"]
     assert "at the start" in found.message and "DistributedDataParallel" in found.hint
@@ -228,7 +230,7 @@ def _sampler_verdict(shuffle: bool, plan) -> Result:
             loader = DataLoader(_rows(), batch_size=2, sampler=sampler)
             events = _epochs(loader, plan)
         digests.append(recorder.digest(events, None))
-    return rank_data(subject_of(digests))
+    return rank_data(SUBJECT, trace_of(digests))
 
 
 @pytest.mark.parametrize("shuffle, plan, status", [

@@ -28,7 +28,8 @@ def sample_report() -> Report:
                           "tolerance": 1.5e-06})
     direction = Result.failed("upper-triangular", "use torch.tril", {"dependency_map": leak.details["dependency_map"],
                                                                     "pattern": "upper"})
-    overfit = Result.warned("slow to fit", "check the loss", {"sparkline": "█▆▄▂▁", "final_loss": 0.5})
+    overfit = Result.warned("slow to fit", "check the loss", {"loss_curve": [5.0, 4.0, 3.0, 2.0, 1.0],
+                                                                   "final_loss": 0.5})
     crash = Result.errored("RuntimeError: boom", "see traceback", {"traceback": "Traceback...\nRuntimeError: boom"})
     results = [leak, direction, Result.passed("initial loss 4.57 vs ln(V) = 4.56", {"loss": 4.57}), overfit,
                Result.skipped("needs pad_id (pass --pad-id N or Subject(pad_id=N))"), crash]
@@ -61,6 +62,16 @@ def test_rich_report_draws_the_map_once_and_the_fix():
     assert "as drawn above" in text
     assert "fix: use torch.tril" in text
     assert "█▆▄▂▁" in text
+
+
+def test_rich_report_labels_each_series_by_what_it_is():
+    """grad-health keeps the pre-clip gradient norm, not a loss: the drawing says so (issue 19)."""
+    norms = Result.failed("gradients were NaN/Inf", "find the first", {"pre_clip_norms": [1.0, 2.0, 3.0], "steps": 3})
+    norms.id, norms.title = "grad-health", "title of grad-health"
+    out = io.StringIO()
+    render(Report("t", [norms], versions=VERSIONS), "rich", out, width=100)
+    text = out.getvalue()
+    assert "pre-clip gradient norm ▁▄█" in text and "loss curve" not in text
 
 
 def test_json_is_one_object():

@@ -194,3 +194,27 @@ def test_process_wide_switches_come_back_after_every_check():
     assert after == before
     assert numpy.random.rand() == expected_numpy
     assert report["init-loss"].status.value == "pass"
+
+
+def test_the_catalogue_states_every_registered_id_in_its_order():
+    from tfdoctor.registry import CATALOGUE
+
+    ids = [spec.id for spec in all_checks()]
+    assert ids == [check_id for check_id in CATALOGUE if check_id in ids] and set(CATALOGUE) <= set(ids)
+
+
+def test_a_trace_handed_in_is_judged_and_absent_inputs_skip_with_their_reason():
+    """`tfdoctor run`'s single call: the loop checks judge the trace handed in (no Subject.train), a
+    check that reads an absent input skips with the reason given, word for word."""
+    from tfdoctor.probes.trace import Trace
+
+    trace = Trace([], 0, [], [], [], 0, ranks=[])
+    report = run_checks(build_fixture("gpt_correct"), "init-loss,finite-logits,rank-sync", trace=trace,
+                        absent={"model": "no copy of the model", "initial_weights": "trained weights"})
+    assert [(r.id, r.status.value, r.message) for r in report.results][:2] == [
+        ("finite-logits", "skip", "no copy of the model"), ("init-loss", "skip", "no copy of the model")]
+    assert report["rank-sync"].status.value == "skip" and report["rank-sync"].message.startswith("one process")
+    later = run_checks(build_fixture("gpt_correct"), "init-loss", absent={"initial_weights": "trained weights"})
+    assert later["init-loss"].message == "trained weights" and later["init-loss"].title
+    untraced = run_checks(build_fixture("gpt_correct"), "rank-sync")["rank-sync"]
+    assert untraced.message == "needs train (pass --train MODULE:FN or Subject(train=fn))"

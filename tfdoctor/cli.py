@@ -263,10 +263,6 @@ def run(
             raise typer.Exit(outcome.code)
         report = _report_of(outcome, f"run {target}", strict)
         if report is not None:
-            from tfdoctor.registry import all_checks
-
-            order = {spec.id: i for i, spec in enumerate(all_checks())}  # the catalogue's order, as `check`
-            report.results.sort(key=lambda r: order.get(r.id, len(order)))
             report.discovered = dict(outcome.discovered)
         _finish(outcome, report, fmt, output)
 
@@ -347,7 +343,7 @@ def _launched(nproc: int) -> None:
 
 def _report_of(outcome, target: str, strict: bool):
     """The Report from what the worker delivered; None when a run cut short finished no check."""
-    from tfdoctor.result import Report, Result
+    from tfdoctor.result import Report, Result, Status
 
     if outcome.ended != Ended.DONE and not outcome.results:
         return None
@@ -355,8 +351,8 @@ def _report_of(outcome, target: str, strict: bool):
     if outcome.ended != Ended.DONE:
         report.stopped = outcome.message
         if outcome.phase not in ("", Phase.LOADING):  # the check that was cut short is reported as such
-            cut = Result.errored(outcome.message, "see the line on stderr; fix it or raise the budget")
-            cut.id, cut.title = outcome.phase, ""
+            cut = Result(Status.ERROR, outcome.message, "see the line on stderr; fix it or raise the budget",
+                         id=outcome.phase)
             report.results.append(cut)
     return report
 

@@ -16,7 +16,7 @@ from tfdoctor.errors import UsageError
 
 KINDS = ("causal", "encoder", "seq2seq")
 
-# One module per family. A new family adds its module here; order is the report's order.
+# One module per family. A new family adds its module here (and its ids to CATALOGUE).
 CHECK_MODULES = (
     "tfdoctor.checks.masking",
     "tfdoctor.checks.numerics",
@@ -25,8 +25,23 @@ CHECK_MODULES = (
     "tfdoctor.checks.decoding",
     "tfdoctor.checks.learning",
     "tfdoctor.checks.memory",
-    "tfdoctor.checks.trainloop",
+    "tfdoctor.checks.targets",
+    "tfdoctor.checks.accumulation",
+    "tfdoctor.checks.step",
+    "tfdoctor.checks.schedule",
     "tfdoctor.checks.ranks",
+)
+
+# The catalogue's order, which is the report's order: stated here, so that moving a check to another
+# family module does not move it in `tfdoctor checks` or in a report. A check registered elsewhere
+# (a user's own) follows these, in the order it was registered.
+CATALOGUE = (
+    "future-leak", "mask-direction", "bidirectional-encoder", "cross-attention-mask", "finite-logits",
+    "softmax-mask-order", "half-precision-mask", "padding-mask", "masked-row-nan", "padding-equivalence",
+    "packing-isolation", "cache-consistency", "init-loss", "overfit-batch", "memory",
+    "objective", "ignore-index", "unscale-before-clip", "accumulation-scaling", "token-weighting",
+    "scheduler-placement", "zero-grad", "clip-global-norm", "lr-schedule", "amp-loss-scaling", "grad-health",
+    "optimizer-coverage", "rank-data", "rank-sync", "ddp-accumulation", "rank-uniform",
 )
 
 
@@ -36,8 +51,23 @@ class CheckSpec:
     title: str
     func: Callable
     kinds: tuple[str, ...] = KINDS
-    needs: tuple[str, ...] = ()  # Subject fields that must be set, e.g. ("pad_id",)
+    # Subject fields that must be set, e.g. ("pad_id",). "train" is the loop: set on the Subject (the
+    # runner records it once) or recorded by another driver and handed to run_checks(trace=...).
+    needs: tuple[str, ...] = ()
     skip_reasons: dict[str, str] = field(default_factory=dict)  # kind -> why it does not apply
+    # The recorded calls whose user's line the finding names (details "location" and "call"): the first
+    # kind recorded with a location wins, e.g. ("loss", "backward"). The runner adds them.
+    located: tuple[str, ...] = ()
+    # What the check reads besides the Subject's fields: "model" (the model's outputs), "trace" (the
+    # recorded loop), "initial_weights" (the model as initialised). run_checks(absent={input: why})
+    # skips every check that reads an input it cannot have, with that reason.
+    inputs: tuple[str, ...] = ()
+
+    @property
+    def fixtures(self) -> tuple[str, ...]:
+        """The check function's parameters after the subject, each handed in by the runner by name
+        (as pytest hands fixtures to tests): today only `trace`."""
+        return tuple(inspect.signature(self.func).parameters)[1:]
 
     @property
     def doc(self) -> str:
@@ -61,26 +91,30 @@ _REGISTRY: dict[str, CheckSpec] = {}
 
 
 def check(id: str, title: str, kinds: tuple[str, ...] = KINDS, needs: tuple[str, ...] = (),
-          skip_reasons: dict[str, str] | None = None):
-    """Register a check function `(subject) -> Result` under a stable id."""
+          skip_reasons: dict[str, str] | None = None, located: tuple[str, ...] = (),
+          inputs: tuple[str, ...] | None = None):
+    """Register a check function `(subject) -> Result`, or `(subject, trace) -> Result` for a judge of
+    the recorded loop, under a stable id. `inputs` defaults to ("trace",) for a check that needs
+    "train", else ("model",)."""
 
     def register(func: Callable) -> Callable:
         if id in _REGISTRY and _REGISTRY[id].func.__qualname__ != func.__qualname__:
             raise RuntimeError(f"check id {id!r} registered twice")
-        _REGISTRY[id] = CheckSpec(id, title, func, tuple(kinds), tuple(needs), dict(skip_reasons or {}))
+        read = tuple(inputs) if inputs is not None else ("trace",) if "train" in needs else ("model",)
+        _REGISTRY[id] = CheckSpec(id, title, func, tuple(kinds), tuple(needs), dict(skip_reasons or {}),
+                                  tuple(located), read)
         return func
 
     return register
 
 
 def all_checks() -> list[CheckSpec]:
-    """Every registered check in catalogue order: by family (CHECK_MODULES), then as written."""
+    """Every registered check in catalogue order (CATALOGUE), then any other as registered."""
     for module in CHECK_MODULES:
         importlib.import_module(module)
-    family = {module: rank for rank, module in enumerate(CHECK_MODULES)}
-    written = {check_id: rank for rank, check_id in enumerate(_REGISTRY)}
-    return sorted(_REGISTRY.values(),
-                  key=lambda spec: (family.get(spec.func.__module__, len(family)), written[spec.id]))
+    rank = {check_id: i for i, check_id in enumerate(CATALOGUE)}
+    written = {check_id: i for i, check_id in enumerate(_REGISTRY)}
+    return sorted(_REGISTRY.values(), key=lambda spec: (rank.get(spec.id, len(rank)), written[spec.id]))
 
 
 def _split(ids: str | list[str] | tuple[str, ...] | None) -> list[str]:

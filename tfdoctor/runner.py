@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import traceback
 
-from tfdoctor.context import RunContext, running, _no_progress
+from tfdoctor.context import RunContext, current, memo, progress as progress_task, running, _no_progress
 from tfdoctor.registry import CheckSpec, select
 from tfdoctor.result import Report, Result, Status
 from tfdoctor.subject import Subject, resolve
@@ -20,6 +21,15 @@ _NEEDS_HINTS = {
     "train": "pass --train MODULE:FN or Subject(train=fn)",
 }
 
+# Batches fed to the loop: two optimizer steps at accumulation 8, the most common large setting.
+DEFAULT_TRAIN_BATCHES = 16
+
+# The call each loop check judges, as the user wrote it: the finding names its file:line (recorded
+# from the stack when the call was made). The first kind that was recorded with a location wins.
+CALL_NAMES = {"loss": "the loss", "backward": "backward()", "clip": "clip_grad_norm_", "opt_step": "optimizer.step()",
+              "sched_step": "scheduler.step()", "autocast": "autocast", "scaler_step": "scaler.step()",
+              "unscale": "scaler.unscale_()", "zero_grad": "zero_grad()"}
+
 
 def as_subject(subject_or_model, **fields) -> Subject:
     """A Subject from a Subject or a bare nn.Module, with the non-None `fields` overriding."""
@@ -32,13 +42,17 @@ def as_subject(subject_or_model, **fields) -> Subject:
 
 
 def run_checks(subject_or_model, only=None, skip=None, *, seed: int = 0, target: str | None = None,
-               progress=None, options: dict | None = None, listener=None, **fields) -> Report:
+               progress=None, options: dict | None = None, listener=None, trace=None,
+               absent: dict[str, str] | None = None, **fields) -> Report:
     """Run the battery (or the `only`/`skip` selection) and return the Report.
 
     `fields` override Subject fields (vocab_size, seq_len, batch_size, pad_id, kind, forward, train).
     `options` are settings for individual checks (see RunContext.options).
     `listener(event, payload)` hears "start" (the check id) and "result" (the Result) as they happen:
     the worker process streams them to its supervisor, so a run cut short keeps what it finished.
+    `trace`: the loop as another driver recorded it (tfdoctor run SCRIPT); without it the loop checks
+    record `subject.train` once, on the first that asks. `absent`: {input: why} for inputs this run
+    cannot give (see CheckSpec.inputs); every check that reads one is skipped with that reason.
     Raises UsageError or SubjectError when the subject cannot be examined at all.
     """
     import torch
@@ -46,13 +60,15 @@ def run_checks(subject_or_model, only=None, skip=None, *, seed: int = 0, target:
     from tfdoctor.probes.modes import preserved_process_state, training_flags
 
     specs = select(only, skip)
+    absent = dict(absent or {})
     ctx = RunContext(seed=seed, progress=progress or _no_progress, options=dict(options or {}))
     with running(ctx), preserved_process_state():
         subject = as_subject(subject_or_model, **fields)
         _refuse_meta(subject.model)
         subject, unusable = _resolved(subject)  # its test forward draws random ids
-        if unusable is not None:
+        if unusable is not None and "model" not in absent:
             specs = _judging_nonfinite(specs)
+        fixtures = Fixtures(subject, trace)
         report = Report(target or type(subject.model).__name__)
         if sum(p.numel() for p in subject.model.parameters()) <= SINGLE_THREAD_MAX_PARAMS:
             torch.set_num_threads(1)
@@ -60,8 +76,14 @@ def run_checks(subject_or_model, only=None, skip=None, *, seed: int = 0, target:
         for spec in specs:
             if listener is not None:
                 listener("start", spec.id)
+            missing = next((absent[name] for name in spec.inputs if name in absent), None)
             blocked = unusable is not None and spec.id != "finite-logits" and "train" not in spec.needs
-            result = _blocked(spec) if blocked else _run_one(spec, subject, seed)
+            if missing is not None:
+                result = _stamped(spec, Result.skipped(missing))
+            elif blocked:
+                result = _stamped(spec, Result.skipped(_BLOCKED))
+            else:
+                result = _run_one(spec, subject, seed, fixtures)
             if listener is not None:
                 listener("result", result)
             if training_flags(subject.model) != flags:  # a check must not leave the mode changed
@@ -90,11 +112,68 @@ def _judging_nonfinite(specs: list[CheckSpec]) -> list[CheckSpec]:
     return select("finite-logits") + [s for s in specs if s.id != "finite-logits"]
 
 
-def _blocked(spec: CheckSpec) -> Result:
-    result = Result.skipped("the model's logits are NaN/Inf on valid random tokens, so this check cannot judge "
-                            "them (see finite-logits)")
+_BLOCKED = ("the model's logits are NaN/Inf on valid random tokens, so this check cannot judge them (see "
+            "finite-logits)")
+
+
+def _stamped(spec: CheckSpec, result: Result) -> Result:
+    """The result under its check's id and title: the one place a Result gets them."""
     result.id, result.title = spec.id, spec.title
     return result
+
+
+class Fixtures:
+    """What the runner hands a check by parameter name besides the subject, made once per run.
+
+    `trace`: the one recorded run of the user's loop, shared by every loop check. Handed in by another
+    driver (tfdoctor run SCRIPT), or recorded from `subject.train` on the first check that asks. A loop
+    that raises is recorded once; every check then re-raises the user's exception, which the runner
+    reports as that check's error."""
+
+    def __init__(self, subject: Subject, trace=None):
+        self.subject = subject
+        self.given = trace
+
+    def has_loop(self) -> bool:
+        return self.given is not None or self.subject.train is not None
+
+    def trace(self):
+        if self.given is not None:
+            return self.given
+        subject = self.subject
+        return memo(("train-trace", id(subject.model), subject.train), functools.partial(_record_loop, subject))
+
+    def __getitem__(self, name: str):
+        return getattr(self, name)()
+
+    def located(self, spec: CheckSpec, result: Result) -> Result:
+        """Adds details["location"] (the user's "path:line" of the first recorded call of the spec's
+        `located` kinds) and details["call"] to a loop check's result; skips carry none."""
+        if not spec.located or result.status is Status.SKIP or "location" in result.details:
+            return result
+        events = self.trace().events
+        for kind in spec.located:
+            where = next((e.data["where"] for e in events if e.kind == kind and e.data.get("where")), None)
+            if where:
+                result.details["location"] = where
+                result.details["call"] = CALL_NAMES[kind]
+                break
+        return result
+
+
+def _record_loop(subject: Subject):
+    """Run `subject.train` once on random batches, recording what it calls (check --train)."""
+    import torch
+
+    from tfdoctor.probes.batches import train_batches
+    from tfdoctor.probes.trace import record_loop
+
+    count = int(current().options.get("train_batches") or DEFAULT_TRAIN_BATCHES)
+    batches = train_batches(subject, count, torch.Generator().manual_seed(current().seed + 5))
+    advance = progress_task("training loop", count)
+    trace = record_loop(subject, batches, advance)
+    advance(max(0, count - trace.batches_fed))
+    return trace
 
 
 def _refuse_meta(model) -> None:
@@ -108,32 +187,34 @@ def _refuse_meta(model) -> None:
                            "models without allocating them")
 
 
-def _applies(spec: CheckSpec, subject: Subject) -> str | None:
+def _applies(spec: CheckSpec, subject: Subject, fixtures: Fixtures) -> str | None:
     """Why the check does not apply to this subject, or None when it does."""
     if subject.kind not in spec.kinds:
         return spec.skip_reasons.get(subject.kind, f"does not apply to {subject.kind} models")
     for field in spec.needs:
-        if getattr(subject, field) is None:
+        given = fixtures.has_loop() if field == "train" else getattr(subject, field) is not None
+        if not given:
             return f"needs {field} ({_NEEDS_HINTS.get(field, 'set it on the Subject')})"
     return None
 
 
-def _run_one(spec: CheckSpec, subject: Subject, seed: int) -> Result:
+def _run_one(spec: CheckSpec, subject: Subject, seed: int, fixtures: Fixtures) -> Result:
     import torch
 
     from tfdoctor.probes.modes import preserved_process_state
 
     start = time.perf_counter()
-    reason = _applies(spec, subject)
+    reason = _applies(spec, subject, fixtures)
     if reason is not None:
         result = Result.skipped(reason)
     else:
         with preserved_process_state():
             torch.manual_seed(seed)
             try:
-                result = spec.func(subject)
+                result = spec.func(subject, **{name: fixtures[name] for name in spec.fixtures})
                 if not isinstance(result, Result):
                     raise TypeError(f"check returned {type(result).__name__}, not Result")
+                result = fixtures.located(spec, result)
             except Exception as exc:  # the runner owns `error`: one check's crash is not the run's
                 frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
                 result = Result.errored(
@@ -141,7 +222,7 @@ def _run_one(spec: CheckSpec, subject: Subject, seed: int) -> Result:
                     "the check crashed while running your model; the traceback is in details",
                     {"traceback": "".join(frames[-6:])},
                 )
-    result.id, result.title = spec.id, spec.title
+    result = _stamped(spec, result)
     result.seconds = time.perf_counter() - start
     return result
 

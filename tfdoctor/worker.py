@@ -102,16 +102,15 @@ def run_check_request(request: dict, listener=None, progress=None):
 def run_script_request(request: dict, listener=None, progress=None, inform=None, session=None) -> bool:
     """`tfdoctor run`: run the script until it has taken its steps (tfdoctor/recording/script.py),
     then judge the recorded loop with the loop checks and a copy of its model, as it was at its first
-    forward, with the model checks. `inform(facts)` hears what was discovered, before any check.
+    forward, with the model checks: one run_checks call, the trace handed in. `inform(facts)` hears
+    what was discovered, before any check.
 
     In a distributed run (`session`, a RankSession) every rank records and rank 0 alone judges:
     returns False on the other ranks, which then only wait for rank 0's exit code."""
     import torch
 
-    from tfdoctor.recording.discovery import discover, subjects
+    from tfdoctor.recording.discovery import discover, subject_of
     from tfdoctor.recording.script import ScriptError, TraceOnly, record_script, unwrap
-    from tfdoctor.registry import select
-    from tfdoctor.result import Result
     from tfdoctor.runner import run_checks
 
     torch.manual_seed(request.get("seed", 0))  # a script that seeds nothing still gives one report
@@ -124,46 +123,31 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
         raise
     if session is not None and session.world.rank != 0:
         return False
+    absent = {}  # inputs the checks cannot have: the runner skips the checks that read them
     uncopied = run.recorder.uncopied
     if uncopied is not None:  # the loop and rank checks still judge the trace; no model check runs
         run.recorder.snapshot = TraceOnly(run.recorder.vocab, unwrap(run.recorder.bound))
         run.notes.append(uncopied)
+        absent["model"] = uncopied
     facts = discover(run)
     if session is not None:
         facts["world_size"] = session.world.size
-    model_subject, loop_subject = subjects(run, facts, request.get("fields", {}))
-    unreadable = None if uncopied is not None else _unreadable_output(model_subject)
+    subject = subject_of(run, facts, request.get("fields", {}))
+    unreadable = None if uncopied is not None else _unreadable_output(subject)
     if unreadable is not None:  # only the model checks need the logits; the loop checks judge the trace
-        stand_in = TraceOnly(model_subject.vocab_size or run.recorder.vocab, unwrap(run.recorder.bound))
-        loop_subject = dataclasses.replace(loop_subject, model=stand_in, forward=None, packing=None)
-        uncopied = unreadable
+        stand_in = TraceOnly(subject.vocab_size or run.recorder.vocab, unwrap(run.recorder.bound))
+        subject = dataclasses.replace(subject, model=stand_in, forward=None, packing=None)
+        absent["model"] = unreadable
         facts.setdefault("notes", []).append(unreadable)
     if inform is not None:
         inform(facts)
-    specs = select(request.get("only"), request.get("skip"))
-    loop_ids = [s.id for s in specs if "train" in s.needs]
-    model_ids = [s.id for s in specs if "train" not in s.needs]
-
-    def skip(check_id: str, reason: str) -> None:
-        model_ids.remove(check_id)
-        skipped = Result.skipped(reason)
-        skipped.id = check_id
-        skipped.title = next(s.title for s in specs if s.id == check_id)
-        if listener is not None:
-            listener("result", skipped)
-
-    for check_id in list(model_ids) if uncopied is not None else []:
-        skip(check_id, uncopied)
-    if facts.get("checkpoint") and "init-loss" in model_ids:  # the init it judges is not the script's
-        skip("init-loss", f"the script loaded trained weights before its first forward "
-                          f"({facts['checkpoint']}): the initial loss judges an untrained model")
-    common = dict(seed=request.get("seed", 0), target=run.name, progress=progress,
-                  options=request.get("options", {}), listener=listener)
-    if loop_ids:
-        run_checks(loop_subject, loop_ids, **common)
-    if model_ids:  # overfit-batch tries the script's own optimizer first (probes/memorise.py)
-        options = dict(common["options"], recorded_optimizers=run.trace.optimizers)
-        run_checks(model_subject, model_ids, **dict(common, options=options))
+    if facts.get("checkpoint"):  # the init init-loss judges is not the script's
+        absent["initial_weights"] = (f"the script loaded trained weights before its first forward "
+                                     f"({facts['checkpoint']}): the initial loss judges an untrained model")
+    # overfit-batch tries the script's own optimizer first (probes/memorise.py)
+    options = dict(request.get("options", {}), recorded_optimizers=run.trace.optimizers)
+    run_checks(subject, request.get("only"), request.get("skip"), seed=request.get("seed", 0), target=run.name,
+               progress=progress, options=options, listener=listener, trace=run.trace, absent=absent)
     return True
 
 

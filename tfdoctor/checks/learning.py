@@ -37,7 +37,6 @@ OVERFIT_TARGET_NATS = 0.01
 # Below this many tokens (a binary vocabulary, say) the memorisation target is within the init's
 # reach or out of it by chance: the verdict flipped with the seed on a correct model (issue 10).
 OVERFIT_MIN_VOCAB = 8
-SPARKLINE_POINTS = 60
 # When tfdoctor's first rate does not memorise the batch, lower rates are tried (probes/memorise.py)
 # for this many steps each: a model that stalls at a rate too high for it memorises quickly at one
 # that fits (x-transformers' enwik8 model: 7 steps at 3e-4).
@@ -59,7 +58,7 @@ LOOP_PASS_SHARE = 0.9
 # shown it learns stops early: a tenth of a training step's cost per batch at most.
 LOOP_PROBE_EVERY = 10
 # When the loop has not passed, its optimizer is replayed at the rates it used with a plain
-# next-token loss (see tfdoctor/probes/overfit.py). That reference must itself fall by the pass
+# next-token loss (see tfdoctor/recording/overfit.py). That reference must itself fall by the pass
 # bar (10%) for the loop to fail, and the loop then fails when it achieved at most a quarter of the
 # reference's fall. Measured on the fixtures: broken loops at normal rates leave the loss at -2% to
 # +8% of its start while their full replay falls 55% (labels shifted twice) to 67% (targets =
@@ -74,7 +73,8 @@ REFERENCE_MEASURABLE_DROP = 0.02
 LOOP_MATCH_SHARE = 0.5
 
 
-@check("init-loss", title="Initial loss sits at the random-chance baseline ln(V)")
+@check("init-loss", title="Initial loss sits at the random-chance baseline ln(V)",
+       inputs=("model", "initial_weights"))
 def init_loss(subject) -> Result:
     """Catches oversized initial logits (loss far above ln(V)) and a model that can see the answer
     it is asked to predict (loss below ln(V) before any training).
@@ -132,19 +132,6 @@ def init_loss(subject) -> Result:
             return (Result.warned(f"{summary}: {message}{note}", hint, details) if close[0][1] == "fail"
                     else Result.passed(f"{summary}{note}", details))
     return Result.passed(summary, details)
-
-
-def sparkline(values: list[float], points: int = SPARKLINE_POINTS) -> str:
-    """A one-line drawing of a curve, resampled to at most `points` characters."""
-    if not values:
-        return ""
-    bars = "▁▂▃▄▅▆▇█"
-    stride = max(1, math.ceil(len(values) / points))
-    sampled = [values[i] for i in range(0, len(values), stride)]
-    finite = [v for v in sampled if math.isfinite(v)]
-    low, high = (min(finite), max(finite)) if finite else (0.0, 1.0)
-    span = (high - low) or 1.0
-    return "".join(bars[min(7, int((v - low) / span * 7.999))] if math.isfinite(v) else "!" for v in sampled)
 
 
 @check("overfit-batch", title="The model can overfit a single small batch")
@@ -273,7 +260,7 @@ def _overfit_verdict(subject, batch, attempts, target, goal, floor, note, budget
     details = {"steps": steps, "max_steps": last.steps,
                "start_loss": curve[0], "final_loss": final, "best_loss": last.best, "target_loss": goal,
                "lr": last.plan.lr, "optimizer": last.plan.label, "dropout_off_by": last.mode,
-               "batch_shape": list(batch.targets.shape), "loss_curve": curve, "sparkline": sparkline(curve),
+               "batch_shape": list(batch.targets.shape), "loss_curve": curve,
                "attempts": [{"optimizer": a.plan.label, "lr": a.plan.lr, "steps": len(a.curve),
                              "start_loss": a.curve[0], "best_loss": a.best, "final_loss": a.curve[-1]}
                             for a in attempts]}
@@ -335,69 +322,63 @@ def _drop(start: float, final: float) -> float:
 
 def _overfit_with_loop(subject, budget) -> Result:
     """overfit-batch through the user's own loop: feed it one batch over and over on a copy of the
-    model and judge the next-token loss the copy reaches on it, against what a correct loss reaches
-    with the same optimizer at the same rates when the loop does not pass on its own."""
-    import warnings
-
-    import torch
-
+    model (tfdoctor/recording/overfit.py measures) and judge the next-token loss the copy reaches on
+    it, against what a correct loss reaches with the same optimizer at the same rates when the loop
+    does not pass on its own."""
     from tfdoctor.context import current, progress
-    from tfdoctor.probes.batches import train_batches
-    from tfdoctor.probes.loss import eval_loss, lm_batch_of
-    from tfdoctor.probes.overfit import Feed, StepLog, isolated_trainable_copy, replay, seeded
-    from tfdoctor.probes.trace import guarded
+    from tfdoctor.recording.overfit import overfit_loop, replay
 
-    seed = current().seed
-    model = isolated_trainable_copy(subject.model)
-    for p in model.parameters():
-        p.grad = None
-    raw = train_batches(subject, 1, torch.Generator().manual_seed(seed + 2))[0]
-    batch = lm_batch_of(subject, raw)
     target = max(OVERFIT_TARGET_NATS, OVERFIT_TARGET_SHARE * math.log(subject.vocab_size))
-    start = eval_loss(subject, model, batch)
-    learned = lambda loss: loss < target or loss <= LOOP_PASS_SHARE * start  # noqa: E731
-    probes: list[list[float]] = [[0, start]]  # [batches handed out, loss] at each measurement
-    state = {"out_of_time": False, "learned": False}
-    advance = progress("overfit-batch (your loop)", LOOP_BATCHES)
+    learned = lambda loss, start: loss < target or loss <= LOOP_PASS_SHARE * start  # noqa: E731
+    run = overfit_loop(subject, LOOP_BATCHES, LOOP_PROBE_EVERY, learned, budget.exceeded,
+                       progress("overfit-batch (your loop)", LOOP_BATCHES), current().seed)
+    details = _loop_details(run, target)
+    verdict = _judged_loop(run, learned, budget, details)
+    if verdict is not None:
+        return verdict
+    log, loop_drop = run.log, details["loss_drop"]
+    steps = len(log.iterations())
+    advance_ref = progress("overfit-batch (reference)", steps)
+    out_of_time = []
 
-    def before(handed: int) -> bool:
+    def stop(curve: list[float]) -> bool:
         if budget.exceeded():
-            state["out_of_time"] = True
-            return False
-        if handed and handed % LOOP_PROBE_EVERY == 0:
-            probes.append([handed, eval_loss(subject, model, batch)])
-            if learned(probes[-1][1]):
-                state["learned"] = True
-                return False
-        advance(1)
-        return True
+            out_of_time.append(True)
+            return True
+        return _concluded(curve, loop_drop)
 
-    feed = Feed([raw] * LOOP_BATCHES, before)
-    log = StepLog(model)
-    with guarded(subject.model), seeded(seed), warnings.catch_warnings(), log.installed(), torch.enable_grad():
-        warnings.simplefilter("ignore")
-        feed.drive(subject.train, model)
-    advance(max(0, LOOP_BATCHES - feed.handed))
-    final = probes[-1][1] if state["learned"] else eval_loss(subject, model, batch)
-    if not state["learned"]:
-        probes.append([feed.handed, final])
-    loop_drop = _drop(start, final)
-    fed = feed.handed
-    details = {"start_loss": start, "final_loss": final, "loss_drop": loop_drop, "target_loss": target,
-               "batches": fed, "max_batches": LOOP_BATCHES, "pass_share": LOOP_PASS_SHARE,
-               "batch_shape": list((raw[1] if isinstance(raw, tuple) else raw).shape), "loop": True,
-               "stopped_early": bool(state["learned"]), "loss_at_batches": probes,
-               "optimizers": [type(o).__name__ for o in log.optimizers], "optimizer_steps": len(log.iterations()),
-               "peak_lr": log.peak_rate(), "lr_curve": log.rate_curve(),
-               "params_with_grad": len(log.with_grad), "params_stepped": len(log.params)}
-    summary = (f"your loop, fed the same batch {fed} times, took its next-token loss {start:.2f} -> {final:.3f} "
-               f"({-loop_drop:+.1%})")
-    if learned(final):
+    curve = replay(subject, log, run.batch, stop, advance_ref)
+    advance_ref(max(0, steps - len(curve) + 1))
+    return _judged_reference(run, curve, bool(out_of_time), budget, details)
+
+
+def _loop_details(run, target: float) -> dict:
+    """The evidence of the loop's own run: losses, batches, optimizers and their rates."""
+    log = run.log
+    return {"start_loss": run.start, "final_loss": run.final, "loss_drop": _drop(run.start, run.final),
+            "target_loss": target, "batches": run.handed, "max_batches": LOOP_BATCHES,
+            "pass_share": LOOP_PASS_SHARE, "batch_shape": run.batch_shape, "loop": True,
+            "stopped_early": bool(run.learned), "loss_at_batches": run.probes,
+            "optimizers": [type(o).__name__ for o in log.optimizers], "optimizer_steps": len(log.iterations()),
+            "peak_lr": log.peak_rate(), "lr_curve": log.rate_curve(),
+            "params_with_grad": len(log.with_grad), "params_stepped": len(log.params)}
+
+
+def _summary(run, details: dict) -> str:
+    return (f"your loop, fed the same batch {run.handed} times, took its next-token loss {run.start:.2f} -> "
+            f"{run.final:.3f} ({-details['loss_drop']:+.1%})")
+
+
+def _judged_loop(run, learned, budget, details: dict) -> Result | None:
+    """The verdict on the loop's own run, or None when only a replay of its optimizer can tell."""
+    log, final, fed = run.log, run.final, run.handed
+    summary = _summary(run, details)
+    if learned(final, run.start):
         return Result.passed(f"{summary} (needs <= {LOOP_PASS_SHARE:.0%} of the start)", details)
     if not math.isfinite(final):
         return Result.failed(f"{summary}: the weights became non-finite",
                              "run grad-health and fix the first NaN gradient", details)
-    if state["out_of_time"]:
+    if run.out_of_time:
         details["budget"] = budget.describe()
         return Result.skipped(f"stopped at its {budget.seconds:g} s time budget after {fed} of {LOOP_BATCHES} "
                               f"batches: {summary} so far, not yet to {LOOP_PASS_SHARE:.0%} of the start "
@@ -406,9 +387,7 @@ def _overfit_with_loop(subject, budget) -> Result:
         return Result.skipped("the loop never iterated over the batches it was given, so it cannot be "
                               "fed one batch over and over", details)
     if not log.steps:
-        changed = any(not torch.equal(a.detach(), b.detach())
-                      for a, b in zip(model.parameters(), subject.model.parameters()))
-        if not changed:
+        if not run.weights_changed:
             return Result.failed(f"{summary}: the weights never changed, and no optimizer.step() ran",
                                  "call optimizer.step() after loss.backward() in every training step", details)
         return Result.skipped(f"{summary}; the loop updates the weights itself (no optimizer.step()), so its "
@@ -421,39 +400,36 @@ def _overfit_with_loop(subject, budget) -> Result:
             "compute the logits with gradients on (no torch.no_grad() or .detach() between model(...) and "
             "the loss; loss.requires_grad_() only hides that), keep requires_grad=True on the parameters "
             "you train, and clear gradients before backward(), not between backward() and step()", details)
+    return None
 
+
+def _concluded(curve: list[float], loop_drop: float) -> bool:
+    """The reference has fallen by the pass bar and by four times what the loop managed: it can
+    only fall further, so the verdict is fail whatever the rest of the replay does."""
+    reached = _drop(curve[0], curve[-1])
+    return reached >= REFERENCE_PASS_DROP and loop_drop <= LOOP_FAIL_SHARE * reached
+
+
+def _judged_reference(run, curve: list[float], out_of_time: bool, budget, details: dict) -> Result:
+    """The verdict once the loop's optimizer was replayed with a plain next-token loss (`curve`)."""
+    log, loop_drop, fed = run.log, details["loss_drop"], run.handed
+    summary = _summary(run, details)
     steps = len(log.iterations())
-    advance_ref = progress("overfit-batch (reference)", steps)
-
-    def concluded(curve: list[float]) -> bool:
-        """The reference has fallen by the pass bar and by four times what the loop managed: it can
-        only fall further, so the verdict is fail whatever the rest of the replay does."""
-        reached = _drop(curve[0], curve[-1])
-        return reached >= REFERENCE_PASS_DROP and loop_drop <= LOOP_FAIL_SHARE * reached
-
-    def stop(curve: list[float]) -> bool:
-        if budget.exceeded():
-            state["out_of_time"] = True
-            return True
-        return concluded(curve)
-
-    curve = replay(subject, log, batch, stop, advance_ref)
-    advance_ref(max(0, steps - len(curve) + 1))
     ref_drop = _drop(curve[0], curve[-1])
     updates = len(curve) - 1
     details["reference"] = {"start_loss": curve[0], "final_loss": curve[-1], "loss_drop": ref_drop,
-                            "steps": updates, "loss_curve": curve, "sparkline": sparkline(curve)}
+                            "steps": updates, "loss_curve": curve}
     optimizers = "+".join(dict.fromkeys(details["optimizers"]))
     rates = f"peak learning rate {log.peak_rate():.1e} over {steps} {optimizers} steps"
     reference = f"a plain next-token loss {curve[0]:.2f} -> {curve[-1]:.3f} ({-ref_drop:+.1%})"
-    if concluded(curve):
+    if _concluded(curve, loop_drop):
         return Result.failed(
             f"{summary}, while the same optimizer at the same rates ({rates}) takes {reference} within "
             f"{updates} steps: the loop's gradient does not teach the next token",
             "check the loop's objective (targets are the inputs shifted by one: run objective), that "
             "nothing is detached on the way from the logits to the loss, and that optimizer.step() "
             "follows loss.backward()", details)
-    if state["out_of_time"]:
+    if out_of_time:
         details["budget"] = budget.describe()
         return Result.skipped(f"stopped at its {budget.seconds:g} s time budget after replaying {updates} of "
                               f"{steps} optimizer steps with a plain next-token loss ({reference} so far); "

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from tfdoctor.checks.trainloop import _trace
 from tfdoctor.registry import check
 from tfdoctor.result import Result
 
@@ -33,9 +32,9 @@ UNIFORM_CALLS = {"backward": "backward()", "clip": "clip_grad_norm_", "unscale":
                  "scaler_step": "scaler.step()", "scaler_update": "scaler.update()", "opt_step": "optimizer.step()"}
 
 
-def _digests(subject) -> tuple[list[dict], str | None]:
+def _digests(trace) -> tuple[list[dict], str | None]:
     """The ranks' digests, rank 0 first, and why the rank checks cannot judge them (or None)."""
-    digests = list(getattr(_trace(subject), "ranks", None) or [])
+    digests = list(getattr(trace, "ranks", None) or [])
     if len(digests) < 2:
         return digests, ("one process: the rank checks compare the ranks of a distributed run (run the "
                          "script under torchrun, or tfdoctor run --nproc N)")
@@ -98,7 +97,7 @@ def _maybe_tensor_parallel(digests) -> bool:
 
 
 @check("rank-data", title="Each rank trains on its own batches, and each epoch in a new order", needs=("train",))
-def rank_data(subject) -> Result:
+def rank_data(subject, trace) -> Result:
     """Catches ranks that read the same data: a DataLoader with no DistributedSampler (every rank
     draws the same batches, so N ranks do the work of one at N times the cost), and a shuffling
     DistributedSampler that is never told the epoch (every epoch replays the first one's order).
@@ -110,7 +109,7 @@ def rank_data(subject) -> Result:
     Fix: `DataLoader(dataset, sampler=DistributedSampler(dataset))` and `sampler.set_epoch(epoch)` at
     the start of every epoch.
     """
-    digests, why = _digests(subject)
+    digests, why = _digests(trace)
     if why:
         return Result.skipped(why)
     sequences = {d["rank"]: tuple(b["fingerprint"] for b in d["batches"]) for d in digests}
@@ -187,7 +186,7 @@ def _step_name(state: int) -> str:
 
 
 @check("rank-sync", title="Every rank holds the same weights at the start and after each step", needs=("train",))
-def rank_sync(subject) -> Result:
+def rank_sync(subject, trace) -> Result:
     """Catches ranks whose weights differ: ranks that start from different initial weights (no DDP
     broadcast, a seed that depends on the rank) or drift apart after a step (a clip, a GradScaler or
     an optimizer step that not every rank makes, the last micro-batch under no_sync(), a parameter
@@ -201,7 +200,7 @@ def rank_sync(subject) -> Result:
     Fix: wrap the model in DistributedDataParallel (it broadcasts rank 0's weights), and make every
     gradient-changing call (clip, scaler, step) on every rank.
     """
-    digests, why = _digests(subject)
+    digests, why = _digests(trace)
     if why:
         return Result.skipped(why)
     missing = [d["rank"] for d in digests if not d.get("params")]
@@ -285,7 +284,7 @@ def _last_drift(a: dict, b: dict) -> float:
 
 @check("ddp-accumulation", title="Under DDP, accumulated micro-batches before the last skip the all-reduce",
        needs=("train",))
-def ddp_accumulation(subject) -> Result:
+def ddp_accumulation(subject, trace) -> Result:
     """Catches gradient accumulation under DistributedDataParallel without `no_sync()`: DDP then
     all-reduces the gradients after every micro-batch, though only the sum at the step is used. The
     result is the same, but a step of k micro-batches pays k all-reduces instead of one (on a large
@@ -297,7 +296,7 @@ def ddp_accumulation(subject) -> Result:
     Fix: `with model.no_sync():` around the forward and backward of every micro-batch but the last
     of each step.
     """
-    digests, why = _digests(subject)
+    digests, why = _digests(trace)
     if why:
         return Result.skipped(why)
     if not any(d.get("ddp") for d in digests):
@@ -354,7 +353,7 @@ def _times(n: int) -> str:
 
 
 @check("rank-uniform", title="Every rank makes the same training calls in each step", needs=("train",))
-def rank_uniform(subject) -> Result:
+def rank_uniform(subject, trace) -> Result:
     """Catches training calls that only some ranks make: `if rank == 0: clip_grad_norm_(...)`, a
     GradScaler stepped on one rank, a rank that runs more micro-batches than the others. Ranks that
     disagree step with different gradients and drift apart (or hang in a collective only some join).
@@ -364,7 +363,7 @@ def rank_uniform(subject) -> Result:
 
     Fix: make those calls on every rank; keep rank-0-only code to logging and checkpoints.
     """
-    digests, why = _digests(subject)
+    digests, why = _digests(trace)
     if why:
         return Result.skipped(why)
     steps = {d["rank"]: d["steps"] for d in digests}

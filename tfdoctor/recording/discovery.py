@@ -1,5 +1,5 @@
 """What a recorded script showed, turned into the facts `tfdoctor run` reports under "discovered" and
-the Subjects its checks run on: the model and how the script called it, its batches (shape, pad id
+the Subject its checks run on: the model and how the script called it, its batches (shape, pad id
 and where it was read from, padding side, packed rows), whether it loaded a checkpoint first.
 
 The recorder (script.py) only watches; this module reads its Trace and the recorded forward. The
@@ -18,7 +18,7 @@ import torch
 
 from tfdoctor.probes.trace import Trace
 from tfdoctor.recording.recovered import capturing, flattened, unflattening
-from tfdoctor.recording.script import ScriptError, ScriptRun, unwrap
+from tfdoctor.recording.script import ScriptRun, unwrap
 from tfdoctor.recording.sites import display_path
 from tfdoctor.recording.unshard import users_class
 from tfdoctor.subject import PACKING_POSITION_IDS as PACKING_BY_POSITION_IDS
@@ -514,25 +514,10 @@ def _packing_for(facts: dict, recorder, pad_id: Optional[int]):
     return replay_packed(judged.call, judged.snapshot, pad_id)
 
 
-class RecordedLoop:
-    """Stands in for `train(model, batches)` when another driver already recorded the loop: the loop
-    checks judge `trace`, and nothing can call it again (the script makes its own batches)."""
-
-    def __init__(self, trace: Trace, name: str):
-        self.trace = trace
-        self.name = name
-
-    def __call__(self, model, batches):
-        raise ScriptError(f"{self.name} was recorded as a script and cannot be re-run on tfdoctor's batches")
-
-    def __repr__(self) -> str:
-        return f"RecordedLoop({self.name!r})"
-
-
-def subjects(run: ScriptRun, facts: dict, overrides: dict):
-    """The Subject the model checks run on (the snapshot, called as the script called it) and the one
-    the loop checks judge (the same, with the recorded trace as its loop). `overrides` are the
-    command's flags (vocab_size, seq_len, batch_size, pad_id, kind, padding_side); given ones win."""
+def subject_of(run: ScriptRun, facts: dict, overrides: dict):
+    """The Subject the checks run on: the snapshot, called as the script called it (the loop checks
+    judge `run.trace`, handed to the runner beside it). `overrides` are the command's flags
+    (vocab_size, seq_len, batch_size, pad_id, kind, padding_side); given ones win."""
     from tfdoctor.subject import Subject
 
     recorder = run.recorder
@@ -558,6 +543,4 @@ def subjects(run: ScriptRun, facts: dict, overrides: dict):
     given = {"vocab_size": "--vocab", "seq_len": "--seq-len", "batch_size": "--batch", "pad_id": "--pad-id",
              "kind": "--kind", "padding_side": "--padding-side", "packing": "--packing"}
     facts["overridden"] = {flag: overrides[name] for name, flag in given.items() if overrides.get(name) is not None}
-    model_subject = Subject(judged.snapshot, **fields)
-    loop_subject = dataclasses.replace(model_subject, train=RecordedLoop(run.trace, run.name))
-    return model_subject, loop_subject
+    return Subject(judged.snapshot, **fields)

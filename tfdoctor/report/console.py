@@ -9,13 +9,16 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from tfdoctor.drawing import sparkline
 from tfdoctor.report.theme import THEME
 from tfdoctor.result import Report, Result, Status
 from tfdoctor.versions import describe
 
 LABELS = {Status.PASS: "PASS", Status.WARN: "WARN", Status.FAIL: "FAIL", Status.SKIP: "SKIP", Status.ERROR: "ERROR"}
+# The series checks keep in their details, drawn as one line each under the label that says what it is.
+SERIES = {"loss_curve": "loss curve", "pre_clip_norms": "pre-clip gradient norm"}
 # Details shown as numbers under a problem; the bulky ones (maps, curves) get drawings instead.
-DRAWN_KEYS = {"dependency_map", "loss_curve", "sparkline", "traceback", "map_cell_positions", "location", "call"}
+DRAWN_KEYS = {"dependency_map", "traceback", "map_cell_positions", "location", "call", *SERIES}
 MAX_EVIDENCE_ITEMS = 10
 
 
@@ -66,8 +69,9 @@ def evidence(result: Result, drawn_maps: list) -> list:
         else:
             drawn_maps.append(details["dependency_map"])
             parts.append(heat_map(details["dependency_map"], details.get("map_cell_positions", 1)))
-    if details.get("sparkline"):
-        parts.append(Text.assemble(("loss curve ", "evidence"), details["sparkline"]))
+    for key, label in SERIES.items():
+        if details.get(key):
+            parts.append(Text.assemble((f"{label} ", "evidence"), sparkline(details[key])))
     numbers = [(k, v) for k, v in details.items() if k not in DRAWN_KEYS][:MAX_EVIDENCE_ITEMS]
     if numbers:
         grid = Table.grid(padding=(0, 2))

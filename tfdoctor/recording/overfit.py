@@ -1,5 +1,7 @@
 """Feed a training loop one batch over and over, watch its loss, and replay its optimizer with a
 correct loss, to tell a loop that cannot learn from one whose schedule does not let it learn yet.
+Measures only: `overfit_loop` returns an OverfitRun and `replay` a loss curve; overfit-batch
+(tfdoctor/checks/learning.py) judges them.
 
 - `Feed`: the batches as a list (len() works, epochs re-iterate) that stops handing them out once
   told to (the loss has already fallen far enough, or the check's time budget is spent) by raising
@@ -11,6 +13,8 @@ correct loss, to tell a loop that cannot learn from one whose schedule does not 
   step it copies the model as it is then (built and frozen the way the loop wants, not yet updated)
   and, at each optimizer's first step, the optimizer itself (class, groups, hyperparameters and any
   attribute it holds, with empty state) bound to that copy. Nothing is patched.
+- `overfit_loop`: drives the user's loop on a copy of the model with a Feed of one batch and a StepLog
+  installed, measuring the next-token loss on that batch every few batches: an `OverfitRun`.
 - `replay`: trains the copy with the copied optimizers at the recorded rates, one update per update
   the loop made, on the same batch with the plain next-token loss: what the loop's own update rule
   and schedule allow a correct loss to reach.
@@ -29,9 +33,11 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
-from tfdoctor.probes.loss import LMBatch, eval_loss, lm_loss
+from tfdoctor.probes.batches import train_batches
+from tfdoctor.probes.loss import LMBatch, eval_loss, lm_batch_of, lm_loss
 from tfdoctor.probes.memorise import isolated_trainable_copy
 from tfdoctor.probes.modes import DropoutOff
+from tfdoctor.probes.trace import guarded
 from tfdoctor.subject import Subject
 
 
@@ -169,6 +175,66 @@ class StepLog:
     def rate_curve(self) -> list[float]:
         """The largest rate over param groups and optimizers at each iteration."""
         return [max((max(rates) for _, rates in it if rates), default=0.0) for it in self.iterations()]
+
+
+@dataclasses.dataclass
+class OverfitRun:
+    """What the user's loop did with one batch fed over and over, on a copy of the model."""
+
+    batch: LMBatch  # the batch, as the next-token loss reads it
+    batch_shape: list[int]  # the token ids' shape, as the loop was fed them
+    start: float  # the next-token loss on the batch before the loop ran
+    final: float  # ... once the loop stopped
+    probes: list[list[float]]  # [batches handed out, loss] at each measurement
+    handed: int  # batches the loop took
+    learned: bool  # stopped early: `learned(loss, start)` held at a measurement
+    out_of_time: bool  # stopped because the time budget was spent
+    log: StepLog  # the loop's optimizer steps (for replay)
+    weights_changed: Optional[bool]  # measured only when the loop took no optimizer step, else None
+
+
+def overfit_loop(subject: Subject, batches: int, probe_every: int, learned: Callable[[float, float], bool],
+                 exceeded: Callable[[], bool], advance: Callable[[int], None], seed: int) -> OverfitRun:
+    """Feed `subject.train` one random batch up to `batches` times on a copy of the model (the user's
+    stays as it was), measuring the next-token loss on it (one forward, dropout off) every
+    `probe_every` batches: the feed stops once `learned(loss, start)` holds or `exceeded()` says the
+    time budget is spent."""
+    model = isolated_trainable_copy(subject.model)
+    for p in model.parameters():
+        p.grad = None
+    raw = train_batches(subject, 1, torch.Generator().manual_seed(seed + 2))[0]
+    batch = lm_batch_of(subject, raw)
+    start = eval_loss(subject, model, batch)
+    probes: list[list[float]] = [[0, start]]
+    state = {"out_of_time": False, "learned": False}
+
+    def before(handed: int) -> bool:
+        if exceeded():
+            state["out_of_time"] = True
+            return False
+        if handed and handed % probe_every == 0:
+            probes.append([handed, eval_loss(subject, model, batch)])
+            if learned(probes[-1][1], start):
+                state["learned"] = True
+                return False
+        advance(1)
+        return True
+
+    feed = Feed([raw] * batches, before)
+    log = StepLog(model)
+    with guarded(subject.model), seeded(seed), warnings.catch_warnings(), log.installed(), torch.enable_grad():
+        warnings.simplefilter("ignore")
+        feed.drive(subject.train, model)
+    advance(max(0, batches - feed.handed))
+    final = probes[-1][1] if state["learned"] else eval_loss(subject, model, batch)
+    if not state["learned"]:
+        probes.append([feed.handed, final])
+    changed = None
+    if not log.steps:
+        changed = any(not torch.equal(a.detach(), b.detach())
+                      for a, b in zip(model.parameters(), subject.model.parameters()))
+    return OverfitRun(batch, list((raw[1] if isinstance(raw, tuple) else raw).shape), start, final, probes,
+                      feed.handed, state["learned"], state["out_of_time"], log, changed)
 
 
 def _set_rate(group: dict, rate: float) -> None:

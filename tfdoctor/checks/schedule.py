@@ -1,0 +1,171 @@
+"""Schedule judge: does the learning rate of every param group warm up to a peak a Transformer can
+train at (lr-schedule)? Judges the one recorded trace of the loop, handed in by the runner, through
+the rates tfdoctor/recording/windows.py reads or projects for each param group.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tfdoctor.drawing import sparkline
+from tfdoctor.recording.windows import group_schedules, step_norms, stepped, window_losses
+from tfdoctor.registry import check
+from tfdoctor.result import Result
+
+# lr-schedule: the peak learning rates Transformers train at with Adam-family optimizers run from
+# about 1e-5 (fine-tuning large models) to about 3e-3 (small models pre-training). Only what cannot
+# be right fails: every param group peaking below 1e-6, a thousand times under the range's bottom
+# (the Noam schedule left on Adam's default lr=1e-3 peaks near 7e-7).
+LR_FAIL_LOW = 1e-6
+# "Far above" a family's usual peak, on a group that holds weight matrices, warns (and fails only if
+# the loop's loss or gradients blew up within the recorded steps). Adam family: 10x the top of its
+# range. Muon's orthogonalised update is used at 0.02-0.1 (Keller Jordan's Muon, modded-nanogpt), SGD
+# at up to ~1: both are judged 10x above that. Groups of embedding tables or vectors only (norm gains,
+# biases, scalars) are not judged high: modded-nanogpt trains its embeddings at 0.6 and its scalars
+# at 0.04 with Adam, by design, behind a norm.
+LR_WARN_HIGH = {"adam": 3e-2, "muon": 1.0, "sgd": 10.0}
+# A blow-up: the graded tokens' mean loss at the last recorded step this many times the first's
+# (on random tokens a working loop keeps it near ln V), or non-finite gradients.
+BLOWUP_LOSS_FACTOR = 1.5
+# A recorded (not projected) schedule still rising at its last step has not shown its peak. At its
+# recorded pace it must reach the bottom of the usual range within a long warm-up (nanoGPT and
+# Llama warm up over 2000 steps, Noam over 4000; 20000 is ten times the common one), else it warns.
+LR_USUAL_LOW = 1e-5
+WARMUP_HORIZON_STEPS = 20_000
+# A schedule whose first step runs at more than half its peak has no warm-up to speak of. Judged
+# for pure Adam-family loops only: Muon and SGD loops train without one by design.
+WARMUP_START_SHARE = 0.5
+
+
+def _blow_up(trace) -> str | None:
+    """What shows that the loop's training blew up within the recorded steps, or None."""
+    bad = [i + 1 for i, (_, _, ok) in enumerate(step_norms(trace)) if not ok]
+    if bad:
+        return f"gradients were NaN/Inf from step {bad[0]}"
+    losses = window_losses(trace)
+    if len(losses) >= 2 and (not math.isfinite(losses[-1]) or losses[-1] > BLOWUP_LOSS_FACTOR * losses[0]):
+        return f"the loss rose from {losses[0]:.2f} to {losses[-1]:.2f} within {len(losses)} steps"
+    return None
+
+
+def _holds(group: dict) -> str:
+    held = group["holds"]
+    parts = [kind if kind != "vector" else "norms/biases" for kind in ("matrix", "embedding", "vector")
+             if held.get(kind)]
+    return "matrices" if parts == ["matrix"] else " + ".join(p if p != "matrix" else "matrices" for p in parts) \
+        or "?"
+
+
+def _describe(group: dict) -> str:
+    rising = " and rising" if group["rising"] else ""
+    return f"{group['optimizer']} group {group['group']} ({_holds(group)}) {group['peak_lr']:.2g}{rising}"
+
+
+def _main_group(groups: list[dict]) -> tuple[dict, dict]:
+    """The param group that holds the most tensors (the highest peak among equals), and the evidence:
+    its schedule, then every group's."""
+    size = {id(g): sum(g["holds"].values()) for g in groups}
+    main = max(groups, key=lambda g: (size[id(g)], g["peak_lr"]))
+    details = {"source": main["source"], "peak_lr": main["peak_lr"], "peak_step": main["peak_step"],
+               "start_lr": main["start_lr"], "optimizer": main["optimizer"], "base_lr": main["base_lr"],
+               "betas": main["betas"], "eps": main["eps"], "weight_decay": main["weight_decay"],
+               "schedule_sparkline": sparkline(main["rates"]), "schedule_head": main["rates"][:5],
+               "groups": [{k: v for k, v in g.items() if k != "rates"} | {"rates_head": g["rates"][:5]}
+                          for g in groups]}
+    return main, details
+
+
+@check("lr-schedule", title="The learning-rate schedule warms up to a sensible peak", needs=("train",),
+       located=("sched_step", "opt_step"))
+def lr_schedule(subject, trace) -> Result:
+    """Catches a learning rate that cannot train a Transformer: every param group peaking far below
+    the range they train at (a Noam LambdaLR left on Adam's default lr=1e-3 peaks near 7e-7, a
+    thousand times too small, because LambdaLR multiplies the optimizer's lr by the lambda); a
+    weight-matrix group far above its optimizer family's usual peak (warned, failed only if the loss
+    or gradients blow up within the loop's steps); and, for pure Adam-family loops, a schedule with no
+    warm-up (warned: early updates on untrained attention are the unstable ones).
+
+    Judged per param group and per family: Adam-like groups, Muon, SGD, a loop that updates the weights
+    itself. Groups of embedding tables or norm gains are not judged high (some train them at 0.6 by
+    design). Each scheduler is projected forward on a copy bound to a stand-in optimizer (the user's
+    is not touched) until its peak is seen; a schedule written in the loop (`group["lr"] = ...`) is
+    read from the rates it set.
+
+    Fix: Noam lambdas need the optimizer at `lr=1.0`; keep Adam matrix groups within 1e-5..3e-3 and
+    ramp the rate up over the first steps.
+    """
+    reason = stepped(trace)
+    if reason:
+        return Result.skipped(reason)
+    groups = group_schedules(trace)
+    if not groups:
+        return Result.skipped("the loop's optimizer steps carried no learning rate")
+    main, details = _main_group(groups)
+    peak, peak_step, start = main["peak_lr"], main["peak_step"], main["start_lr"]
+    adaptive = main["betas"] is not None
+    adam = (f"{main['optimizer']} betas {tuple(main['betas'])}, eps {main['eps']:g}" if adaptive and main["eps"]
+            is not None else main["optimizer"])
+    several = f"; {len(groups)} param groups" if len(groups) > 1 else ""
+    shape = f"peak {peak:.1e} at step {peak_step} ({main['source']}); {adam}{several}"
+
+    seen = [g for g in groups if not g["rising"]]
+    if all(g["peak_lr"] < LR_FAIL_LOW for g in groups):
+        top = max(groups, key=lambda g: g["peak_lr"])
+        if not top["rising"]:
+            details.update(peak_lr=top["peak_lr"], peak_step=top["peak_step"])
+            hint = f"pick a peak learning rate between 1e-5 and 3e-3 for {top['optimizer']}"
+            if any(s["name"] == "LambdaLR" for s in trace.schedules):
+                hint = (f"LambdaLR multiplies the optimizer's lr ({top['base_lr']:g}) by your lambda; if the "
+                        "lambda already returns the rate (Noam), create the optimizer with lr=1.0")
+            every = "every param group peaks" if len(groups) > 1 else "the learning rate peaks"
+            return Result.failed(f"{every} below {LR_FAIL_LOW:g}: at most {top['peak_lr']:.1e} (step "
+                                 f"{top['peak_step']}), far below the 1e-5..3e-3 range Transformers train at "
+                                 f"with {top['optimizer']}; {adam}", hint, details)
+    rising = [g for g in groups if g["rising"]]
+    if rising and all(g["peak_lr"] < LR_USUAL_LOW for g in groups):
+        pace = []
+        for g in rising:
+            per_step = (g["rates"][-1] - g["rates"][0]) / (len(g["rates"]) - 1)
+            pace.append((LR_USUAL_LOW - g["rates"][-1]) / per_step if per_step > 0 else math.inf)
+        details["steps_to_usual_low"] = min(pace)
+        if min(pace) > WARMUP_HORIZON_STEPS:
+            return Result.warned(
+                f"the learning rate is still rising at the last of {trace.steps} steps but only reaches "
+                f"{max(g['rates'][-1] for g in rising):.1e}; at its pace it reaches {LR_USUAL_LOW:g} (the bottom "
+                f"of the usual range) only after about {min(pace):.0f} steps",
+                "check the warm-up length and the base rate the schedule multiplies", details)
+        return Result.passed(f"still warming up at the last of {trace.steps} recorded steps "
+                             f"({max(g['rates'][-1] for g in rising):.1e} and rising; the peak lies beyond them); "
+                             f"{adam}{several}", details)
+
+    high = [g for g in seen if g["holds"].get("matrix") and g["family"] in LR_WARN_HIGH
+            and g["peak_lr"] > LR_WARN_HIGH[g["family"]]]
+    by_design = [g for g in seen if not g["holds"].get("matrix") and sum(g["holds"].values())
+                 and g["family"] in LR_WARN_HIGH and g["peak_lr"] > LR_WARN_HIGH[g["family"]]]
+    if high:
+        listed = ", ".join(f"{_describe(g)} (usual peak up to {LR_WARN_HIGH[g['family']] / 10:g})" for g in high)
+        details["too_high"] = [[g["optimizer"], g["group"]] for g in high]
+        blown = _blow_up(trace)
+        hint = "lower the peak learning rate of the weight matrices (Adam family: 1e-5..3e-3)"
+        if blown:
+            details["blow_up"] = blown
+            return Result.failed(f"the learning rate is far above the usual peak: {listed}; and {blown}",
+                                 hint, details)
+        return Result.warned(f"the learning rate is far above the usual peak: {listed} (the loss did not "
+                             f"blow up within {trace.steps} steps)", hint, details)
+    def listed(gs):
+        return ", ".join(_describe(g) + (" (by design: embeddings/norms)" if g in by_design else "") for g in gs[:6])
+
+    note = f"; large rates on {listed(by_design)}" if by_design and len(groups) == 1 else ""
+    families = {g["family"] for g in groups}
+    if families == {"adam"} and not main["rising"] and start > WARMUP_START_SHARE * peak:
+        return Result.warned(f"no warm-up: the first step already runs at {start:.1e}, "
+                             f"{start / peak:.0%} of the peak; {shape}{note}",
+                             "ramp the rate up over the first steps, e.g. LambdaLR(optimizer, lambda s: "
+                             "min(1.0, (s + 1) / warmup_steps)) (often combined with a decay)", details)
+    if len(groups) > 1:
+        classes = ", ".join(dict.fromkeys(g["optimizer"] for g in groups))
+        return Result.passed(f"{len(groups)} param groups ({classes}) peak at {listed(groups)}; "
+                             f"schedule {main['source']}", details)
+    return Result.passed(f"warm-up from {start:.1e} to a {shape}{note}" if start < peak else f"{shape}{note}",
+                         details)

@@ -1,0 +1,291 @@
+"""Step judges: what happens to the gradients between the last backward and the optimizer step.
+GradScaler gradients unscaled before the clip (unscale-before-clip), the clip by the global norm
+(clip-global-norm), float16 autocast with loss scaling (amp-loss-scaling), finite and bounded
+gradients (grad-health), every parameter with a gradient in an optimizer (optimizer-coverage). Each
+judges the one recorded trace of the loop, handed in by the runner; the measures on it are in
+tfdoctor/recording/windows.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from tfdoctor.drawing import sparkline
+from tfdoctor.recording.windows import order, scaled_clips, step_norms, stepped
+from tfdoctor.registry import check
+from tfdoctor.result import Result
+
+# grad-health: a pre-clip norm that rose at every step over at least this many steps, to at least
+# twice its start, is noted as growing steadily (the sign of a learning rate set too high).
+GROWTH_MIN_STEPS = 6
+GROWTH_FACTOR = 2.0
+
+
+def _untrained(trace) -> str | None:
+    """What shows that the loop trained nothing at all, or None. Only a loop that took no optimizer
+    step, called no backward() and left every weight as it was (an empty DataLoader, a loop that
+    returns before its first batch) is certain: one that called backward() may accumulate over more
+    micro-batches than it was fed, and the script driver refuses a script that never stepped."""
+    if trace.steps or trace.of("scaler_step") or trace.of("backward"):
+        return None
+    if trace.isolation.get("weights_changed", True):  # unknown (another driver), or trained unseen
+        return None
+    if trace.batches_fed == 0:
+        return ("the loop returned without iterating over the batches it was given: no optimizer step was "
+                "taken, so nothing trains")
+    return (f"the loop iterated over the {trace.batches_fed} batches it was given but no optimizer step was "
+            "taken: no backward(), no optimizer.step(), every weight left as it was (a DataLoader or filter "
+            "that yields nothing?)")
+
+
+@check("unscale-before-clip", title="GradScaler gradients are unscaled before clipping", needs=("train",),
+       located=("clip", "unscale"))
+def unscale_before_clip(subject, trace) -> Result:
+    """Catches `clip_grad_norm_` on gradients a GradScaler has not unscaled: they are still multiplied
+    by the loss scale (65536 at the start), so every batch looks like an outlier, the clip cuts every
+    update to a sliver and the model barely moves.
+
+    Judged on the order of calls (scale, backward, clip, unscale_), not on whether unscale_ appears:
+    calling it after the clip is as wrong as never calling it. A GradScaler('cuda') disables itself on
+    a machine without CUDA, but the order is the same, so the bug is caught there too.
+
+    Fix: `scaler.unscale_(optimizer)` after the last backward, before the clip.
+    """
+    scales = trace.of("scale")
+    if not scales:
+        return Result.skipped("the loop uses no GradScaler")
+    clips = trace.of("clip")
+    if not clips:
+        return Result.skipped("the loop scales its loss but clips no gradients")
+    bad = scaled_clips(trace)
+    bad_windows = sorted({event.window for event, _ in bad})
+    windows = sorted({event.window for event in clips})
+    first = scales[0].data
+    scale = first["scale"] if first["enabled"] else first["init_scale"]
+    details = {"clip_windows": len(windows), "clips_on_scaled_gradients": len(bad_windows),
+               "order": order(trace, (bad_windows or windows)[0]), "scaler_device": first["device"],
+               "scaler_enabled_here": first["enabled"], "loss_scale": scale}
+    if not bad:
+        return Result.passed(f"gradients unscaled before every clip ({len(windows)} steps; order: "
+                             f"{details['order']})", details)
+    where = ("" if first["enabled"] else
+             f" (GradScaler('{first['device']}') is disabled on this machine, so this run was unharmed; "
+             "the order is wrong wherever it is enabled)")
+    return Result.failed(
+        f"clip ran on still-scaled gradients at {len(bad_windows)} of {len(windows)} steps (order: "
+        f"{details['order']}): with a loss scale of {scale:.0f} the clip sees every batch as an outlier "
+        f"and shrinks each update about {scale:.0f}-fold{where}",
+        "call scaler.unscale_(optimizer) after the last backward and before "
+        "torch.nn.utils.clip_grad_norm_(...); scaler.step(optimizer) then does not unscale again", details)
+
+
+@check("clip-global-norm", title="Gradients are clipped by their global norm", needs=("train",),
+       located=("clip", "opt_step"))
+def clip_global_norm(subject, trace) -> Result:
+    """Catches clipping that changes the update's direction: `clip_grad_norm_` called per parameter
+    (or per group), which scales each tensor by its own factor, and `clip_grad_value_`, which cuts
+    each element on its own. Clipping by the global norm over all parameters only shortens the update.
+
+    No clipping at all is noted, not faulted.
+
+    Fix: `clip_grad_norm_(model.parameters(), max_norm)` once per step, after unscaling.
+    """
+    reason = stepped(trace)
+    if reason:
+        return Result.skipped(reason)
+    clips = trace.of("clip")
+    if not clips:
+        return Result.passed("the loop does not clip gradients (a note, not a fault)", {"clips": 0},
+                             hint="torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0) before "
+                                  "optimizer.step() guards against rare huge batches")
+    windows: dict[int, list] = {}
+    for event in clips:
+        windows.setdefault(event.window, []).append(event.data)
+    kinds = Counter()
+    for calls in windows.values():
+        if any(c["how"] == "value" for c in calls):
+            kinds["value"] += 1
+        elif any(c["covers_all"] for c in calls):
+            kinds["global"] += 1
+        elif len(calls) > 1:
+            kinds["per-parameter" if all(c["params"] == 1 for c in calls) else "per-group"] += 1
+        else:
+            kinds["partial"] += 1
+    calls = max(windows.values(), key=len)
+    details = {"steps_with_clip": len(windows), "by_kind": dict(kinds), "calls_per_step": len(calls),
+               "limit": calls[0]["limit"], "model_params_with_grad": calls[0]["model_params_with_grad"]}
+    if set(kinds) == {"global"}:
+        return Result.passed(f"clip_grad_norm_ over all {calls[0]['params']} parameter tensors, max_norm "
+                             f"{calls[0]['limit']:g}, at {len(windows)} steps", details)
+    hint = "clip once over all parameters: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)"
+    if "value" in kinds:
+        return Result.warned(f"clip_grad_value_({calls[0]['limit']:g}) cuts each gradient element on its "
+                             "own, which changes the update's direction", hint, details)
+    if "per-parameter" in kinds or "per-group" in kinds:
+        unit = "parameter tensor" if "per-parameter" in kinds else "group"
+        return Result.warned(f"clip_grad_norm_ called {len(calls)} times per step, once per {unit}: each is "
+                             f"cut to norm {calls[0]['limit']:g} on its own, which changes the update's "
+                             "direction", hint, details)
+    return Result.warned(f"clip_grad_norm_ covers {calls[0]['params']} of the "
+                         f"{calls[0]['model_params_with_grad']} parameter tensors with gradients", hint, details)
+
+
+@check("amp-loss-scaling", title="float16 autocast comes with loss scaling", needs=("train",),
+       located=("autocast", "backward"))
+def amp_loss_scaling(subject, trace) -> Result:
+    """Catches float16 autocast without a GradScaler: float16 cannot hold gradients below about 6e-8
+    (and loses precision below 6e-5), so many Transformer gradients silently become zero. bfloat16
+    has float32's range and needs no scaling.
+
+    Reads the autocast regions the loop requested (also a CUDA autocast that disables itself on a
+    CPU-only machine) and whether its backward calls start from a GradScaler-scaled loss.
+
+    Fix: `torch.amp.GradScaler('cuda')` around backward and step, or autocast with
+    `dtype=torch.bfloat16`.
+    """
+    regions = [e.data for e in trace.of("autocast") if e.data["requested"]]
+    if not regions:
+        return Result.skipped("the loop requests no autocast (mixed precision) region")
+    fp16 = [r for r in regions if r["dtype"] == "float16"]
+    devices = sorted({r["device"] for r in fp16 or regions})
+    scales = trace.of("scale")
+    requested = [e.data for e in scales if e.data["requested"]]
+    backwards = trace.of("backward")
+    scaled = [e for e in backwards if e.data["scaled"]]
+    details = {"autocast": sorted({f"{r['device']}:{r['dtype']}" for r in regions}),
+               "enabled_here": any(r["enabled"] for r in regions), "grad_scaler": bool(scales),
+               "scaler_requested": bool(requested), "backward_calls": len(backwards),
+               "scaled_backward_calls": len(scaled)}
+    if not fp16:
+        return Result.passed(f"{', '.join(details['autocast'])} autocast: bfloat16 keeps float32's range and "
+                             "needs no loss scaling", details)
+    here = ("" if any(r["enabled"] for r in fp16) else
+            f" (autocast('{devices[0]}') disabled itself on this machine, so this run was float32)")
+    if requested and len(scaled) == len(backwards):
+        return Result.passed(f"float16 autocast ({', '.join(devices)}) with a GradScaler on every backward{here}",
+                             details)
+    hint = ("scaler = torch.amp.GradScaler('cuda'); scaler.scale(loss).backward(); scaler.step(optimizer); "
+            "scaler.update() -- or autocast with dtype=torch.bfloat16, which needs no scaler")
+    if scales and not requested:
+        return Result.failed(f"float16 autocast ({', '.join(devices)}) with a GradScaler created with "
+                             f"enabled=False: small gradients underflow to zero{here}", hint, details)
+    unscaled = len(backwards) - len(scaled)
+    return Result.failed(f"float16 autocast ({', '.join(devices)}) with no loss scaling on {unscaled} of "
+                         f"{len(backwards)} backward calls: gradients below ~6e-8 underflow to zero in "
+                         f"float16{here}", hint, details)
+
+
+@check("grad-health", title="Gradients stay finite and bounded during the loop", needs=("train",),
+       located=("opt_step", "backward"))
+def grad_health(subject, trace) -> Result:
+    """Catches NaN or Inf gradients reaching the optimizer (every weight they touch becomes NaN) and
+    notes a pre-clip gradient norm that grows at every step (usually a learning rate set too high).
+
+    Records the global gradient norm over all parameters before any clipping at each optimizer step
+    and draws it as a sparkline.
+
+    Fix: find the first non-finite gradient with `torch.autograd.set_detect_anomaly(True)`; clip and
+    lower the rate.
+    """
+    reason = stepped(trace)
+    if reason:
+        return Result.skipped(reason)
+    scaled = {id(event): scale for event, scale in scaled_clips(trace)}
+    norms, finite = [], []
+    pre_clip = {}
+    for event in trace.of("clip"):
+        if "global_pre_norm" in event.data and event.window not in pre_clip:
+            scale = scaled.get(id(event)) or 1.0
+            pre_clip[event.window] = (event.data["global_pre_norm"] / scale, event.data["finite"])
+    for window, step_norm, step_finite in step_norms(trace):
+        norm, ok = pre_clip.get(window, (step_norm, step_finite))
+        norms.append(norm)
+        finite.append(ok and step_finite)
+    skipped = [e for e in trace.of("scaler_step") if e.data.get("skipped")]
+    drawn = sparkline(norms)  # the message quotes the curve; the report draws details["pre_clip_norms"]
+    details = {"pre_clip_norms": norms, "steps": len(norms),
+               "non_finite_steps": [i + 1 for i, ok in enumerate(finite) if not ok],
+               "scaler_skipped_steps": len(skipped)}
+    bad = details["non_finite_steps"]
+    if bad:
+        return Result.failed(
+            f"gradients were NaN/Inf at {len(bad)} of {len(norms)} optimizer steps (first at step {bad[0]}); "
+            f"the optimizer wrote them into the weights. Pre-clip norm {drawn}",
+            "find the first non-finite gradient (torch.autograd.set_detect_anomaly(True)); typical causes: "
+            "log or sqrt of zero in a custom loss or penalty, -inf masks on fully masked rows, float16 overflow",
+            details)
+    if skipped and not norms:
+        return Result.failed(f"the GradScaler skipped all {len(skipped)} steps: the gradients were never finite",
+                             "find the first non-finite gradient with torch.autograd.set_detect_anomaly(True)",
+                             details)
+    summary = f"gradients finite at all {len(norms)} steps; pre-clip norm {norms[0]:.3g} -> {norms[-1]:.3g} " \
+              f"{drawn}"
+    growing = (len(norms) >= GROWTH_MIN_STEPS and all(b >= a for a, b in zip(norms, norms[1:]))
+               and norms[-1] >= GROWTH_FACTOR * norms[0])
+    if growing:
+        details["growing"] = True
+        return Result.passed(f"{summary}; note: it grew at every step ({norms[-1] / norms[0]:.1f}x), "
+                             "a sign of a learning rate set too high", details,
+                             hint="lower the peak learning rate or lengthen the warm-up")
+    return Result.passed(summary, details)
+
+
+@check("optimizer-coverage", title="Every parameter that gets a gradient is updated by an optimizer",
+       needs=("train",), located=("opt_step",))
+def optimizer_coverage(subject, trace) -> Result:
+    """Catches parameters that receive gradients but sit in no optimizer: they keep their initial
+    values however long you train (an optimizer built before a module was added, a param-group filter
+    by name that misses some). nanoGPT's configure_optimizers asserts this for the same reason.
+
+    Compares the parameters that hold a gradient at the loop's optimizer steps with those its
+    optimizers hold. Also makes sure the loop left your own model as it found it: the loop trains a
+    copy, and function attributes that captured submodules (minGPT's `self.mlpf = lambda x: ...`),
+    which copy.deepcopy does not copy, are rebuilt on the copy; anything of yours the loop still
+    changed is put back and reported.
+
+    Also fails a loop that took no optimizer step at all: it returned without iterating over its
+    batches, or iterated without a backward() or any change to the weights (an empty DataLoader, a
+    `range(1, epochs)` that is empty, a filter that keeps nothing), so nothing trains.
+
+    Fix: build the optimizer from every trainable parameter; reach submodules through `self`, not
+    through a closure. A loop that never steps: make it iterate over the batches it is given.
+    """
+    untrained = _untrained(trace)
+    if untrained:
+        return Result.failed(untrained, "make the loop iterate over the batches it is given and call loss.backward() "
+                                        "and optimizer.step() on them (an empty DataLoader: check its dataset, "
+                                        "batch_size and drop_last)",
+                             {"batches_fed": trace.batches_fed, "optimizer_steps": 0, "backward_calls": 0})
+    reason = stepped(trace)
+    if reason:
+        return Result.skipped(reason)
+    coverage, isolation = trace.coverage, trace.isolation
+    restored, rebound = isolation.get("restored", []), isolation.get("rebound", [])
+    missing = coverage.get("not_optimized", [])
+    details = {"parameters_with_grad": coverage.get("with_grad"), "trainable": coverage.get("trainable"),
+               "not_optimized": missing[:20], "never_reached": coverage.get("never_reached", [])[:20],
+               "optimizers": coverage.get("optimizers"), "rebound": rebound, "restored": restored[:20]}
+    if missing:
+        return Result.failed(
+            f"{len(missing)} of the {coverage['with_grad']} parameter tensors that receive gradients are in no "
+            f"optimizer and never change: {', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}",
+            "build the optimizer from every trainable parameter (model.parameters(), or param groups that "
+            "together cover all of model.named_parameters()); set requires_grad=False on what you freeze",
+            details)
+    if restored:
+        return Result.warned(
+            f"training tfdoctor's copy of your model changed {len(restored)} of your model's own tensors "
+            f"({', '.join(restored[:4])}{', ...' if len(restored) > 4 else ''}): the copy still shares them "
+            "through something copy.deepcopy cannot follow; tfdoctor put them back, but an EMA or any "
+            "copy.deepcopy(model) shares them the same way",
+            "reach submodules through self inside forward (self.mlp(x)), not through a closure stored on "
+            "the module", details)
+    if trace.manual and not coverage.get("optimizers"):
+        return Result.skipped("the loop updates the parameters itself (no optimizer object)", details)
+    note = ""
+    if rebound:
+        note = (f"; note: copy.deepcopy(model) shares submodules with the original through "
+                f"{', '.join(rebound[:3])}{', ...' if len(rebound) > 3 else ''} (functions are not copied): "
+                "tfdoctor rebuilt them on its copy, but an EMA made with deepcopy would run your live weights")
+    return Result.passed(f"all {coverage['with_grad']} parameter tensors that receive gradients are in the "
+                         f"loop's optimizer{'s' if coverage.get('optimizers', 1) > 1 else ''}{note}", details)
