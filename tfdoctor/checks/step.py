@@ -218,6 +218,12 @@ def grad_health(subject, trace) -> Result:
         return Result.failed(f"the GradScaler skipped all {len(skipped)} steps: the gradients were never finite",
                              "find the first non-finite gradient with torch.autograd.set_detect_anomaly(True)",
                              details)
+    if norms and max(norms) == 0.0:  # finite, but nothing to judge a trend on: no gradient arrived at all
+        return Result.warned(
+            f"the pre-clip gradient norm was 0 at all {len(norms)} optimizer steps: no gradient reached the "
+            "trained parameters when the optimizer stepped",
+            "a loss detached from the parameters, or zero_grad() between backward() and step(), leaves "
+            "nothing to step with; see the zero-grad and overfit-batch findings", details)
     summary = f"gradients finite at all {len(norms)} steps; pre-clip norm {norms[0]:.3g} -> {norms[-1]:.3g} " \
               f"{drawn}"
     growing = (len(norms) >= GROWTH_MIN_STEPS and all(b >= a for a, b in zip(norms, norms[1:]))
