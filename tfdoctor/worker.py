@@ -31,7 +31,7 @@ from typing import Any, Callable
 from tfdoctor.errors import InternalError, OutputShapeError, TfdoctorError, UsageError, folded
 from tfdoctor.kept_fds import keep_open
 from tfdoctor.recording.distributed import world
-from tfdoctor.recording.sites import raised_at
+from tfdoctor.sites import raised_at
 from tfdoctor.sandbox import enter as enter_sandbox
 
 REQUEST_ENV = "TFDOCTOR_WORKER_REQUEST"

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from tfdoctor.probes.fused_head import watch_log_probs
-from tfdoctor.recording.sites import call_site
+from tfdoctor.sites import call_site
 from tfdoctor.subject import Subject, extract_logits
 
 # Loss functions whose calls are recorded. The nn losses (CrossEntropyLoss, NLLLoss) call these.
@@ -86,7 +86,7 @@ SAMPLE_PER_TENSOR = 32
 READ_CHUNK_ELEMENTS = 1 << 20
 # Watched scored tensors kept for the "already watched?" search; older ones have been backpropagated.
 WATCHED_KEEP = 8
-# Events that carry the user's file:line of the call (see tfdoctor/recording/sites.py), which the
+# Events that carry the user's file:line of the call (see tfdoctor/sites.py), which the
 # loop checks name in their findings. Forwards and batches are many and judged by content only.
 LOCATED_EVENTS = frozenset({"loss", "backward", "scale", "unscale", "scaler_step", "clip", "opt_step",
                             "zero_grad", "sched_step", "autocast"})

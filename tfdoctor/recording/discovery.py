@@ -19,7 +19,7 @@ import torch
 from tfdoctor.probes.trace import Trace
 from tfdoctor.recording.recovered import capturing, flattened, unflattening
 from tfdoctor.recording.script import ScriptError, ScriptRun, unwrap
-from tfdoctor.recording.sites import display_path
+from tfdoctor.sites import display_path
 from tfdoctor.recording.unshard import users_class
 from tfdoctor.subject import PACKING_POSITION_IDS as PACKING_BY_POSITION_IDS
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from tfdoctor.recording.sites import call_site
+from tfdoctor.sites import call_site
 
 # Indices of each sampler iteration kept in the digest. Two different shuffles of N items agree on
 # their first m indices with chance ~1/N^m, so a few are enough; 64 keep a partial epoch comparable.

@@ -39,7 +39,7 @@ import torch
 from tfdoctor.errors import InternalError, LoadError, first_line
 from tfdoctor.probes.trace import Trace, _finish, _Recorder, compiling, isolated_copy
 from tfdoctor.recording.pretrained import pretrained_loads
-from tfdoctor.recording.sites import call_site, raised_at, raised_in_tfdoctor, user_frames
+from tfdoctor.sites import call_site, raised_at, raised_in_tfdoctor, user_frames
 from tfdoctor.recording.stopping import Stopper, StopScript
 from tfdoctor.subject import extract_logits, vocab_size_of
 
