@@ -38,7 +38,9 @@ import torch
 
 from tfdoctor.errors import InternalError, LoadError, first_line
 from tfdoctor.probes.trace import Trace, _finish, _Recorder, compiling, isolated_copy
+from tfdoctor.recording.models import is_shard, lightning_module_on_stack, redirected, unwrap
 from tfdoctor.recording.pretrained import pretrained_loads
+from tfdoctor.recording.ranks import RankRecorder
 from tfdoctor.sites import call_site, raised_at, raised_in_tfdoctor, user_frames
 from tfdoctor.recording.stopping import Stopper, StopScript
 from tfdoctor.subject import extract_logits, vocab_size_of
@@ -70,50 +72,6 @@ class TraceOnly(torch.nn.Module):
 
     def forward(self, ids, *args, **kwargs):
         return self.anchor + torch.zeros(*ids.shape, self.vocab)  # (B, T, V)
-
-
-def unwrap(module: torch.nn.Module) -> torch.nn.Module:
-    """The user's model inside DDP / FSDP (`.module`), torch.compile (`._orig_mod`) and accelerate's
-    wrappers, which forward to it."""
-    seen = set()
-    while id(module) not in seen:
-        seen.add(id(module))
-        inner = getattr(module, "_orig_mod", None)
-        if not isinstance(inner, torch.nn.Module):
-            name = type(module).__name__
-            inner = getattr(module, "module", None) if name in _WRAPPERS else None
-        if not isinstance(inner, torch.nn.Module):
-            return module
-        module = inner
-    return module
-
-
-# Wrappers whose `.module` is the model (a user's own module may also name a submodule `module`).
-_WRAPPERS = {"DistributedDataParallel", "DataParallel", "FullyShardedDataParallel", "OptimizedModule"}
-
-
-def _lightning_module_on_stack() -> Optional[torch.nn.Module]:
-    """The LightningModule whose hook is running the optimizer step (Lightning steps from inside
-    `LightningModule.optimizer_step`), or None outside Lightning. Walked once, at the first step."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        owner = frame.f_locals.get("self")
-        if isinstance(owner, torch.nn.Module) and any(
-                c.__name__ == "LightningModule" and c.__module__.startswith(("lightning.", "pytorch_lightning."))
-                for c in type(owner).__mro__):
-            return owner
-        frame = frame.f_back
-    return None
-
-
-def _redirected(module: torch.nn.Module) -> bool:
-    """Whether calling `module` runs Lightning's training_step rather than the model: a Lightning
-    strategy that wraps the LightningModule (DDP, FSDP) calls training_step through the wrapper's
-    forward, swapping the LightningModule's `forward` for one call (lightning.pytorch.strategies.
-    strategy._ForwardRedirection). The model's own call comes inside, from training_step."""
-    inner = getattr(module, "module", None) if type(module).__name__ in _WRAPPERS else module
-    forward = inner.__dict__.get("forward") if isinstance(inner, torch.nn.Module) else None
-    return forward is not None and "_ForwardRedirection" in getattr(forward, "__qualname__", "")
 
 
 def _describe_value(value) -> dict:
@@ -239,7 +197,7 @@ class ScriptRecorder(_Recorder):
     def forward_pre(self, module, args, kwargs):
         if not self.record or compiling():
             return
-        self.redirected.append(_redirected(module))
+        self.redirected.append(redirected(module))
         if self.redirected[-1]:  # Lightning calling training_step through a wrapper: the model's call is inside
             return
         grad = torch.is_grad_enabled()
@@ -367,7 +325,7 @@ class ScriptRecorder(_Recorder):
         accumulation) may come before any call: then it is settled when the closure returns, before
         that step is recorded (_record_step)."""
         if self.lightning is None:
-            self.lightning = _lightning_module_on_stack()
+            self.lightning = lightning_module_on_stack()
         candidates = list(self.top.values())
         if not candidates:
             return
@@ -598,7 +556,7 @@ class ScriptRecorder(_Recorder):
                     # exception: not the script's forwards, and no candidates (Trainer, TRL's default)
                     return call_original(module, *args, **kwargs)
                 if recorder.depth == 0 and recorder.record and not recorder.busy:
-                    if _redirected(module):  # not counted: the model called inside it is the top-level call
+                    if redirected(module):  # not counted: the model called inside it is the top-level call
                         return call_original(module, *args, **kwargs)
                     recorder.top_call(module)
                 # model.compile() in place: its hooks run inside the compiled region, where they step
@@ -760,8 +718,6 @@ class _Sharded(Exception):
 def _sharded(model: torch.nn.Module) -> bool:
     """FSDP (fully_shard's DTensor parameters, FSDP1's flat parameters): each rank holds a shard, and
     the model runs only with every rank taking part in its all-gathers."""
-    from tfdoctor.recording.ranks import is_shard
-
     return any(is_shard(p) for p in model.parameters())
 
 
@@ -878,8 +834,6 @@ def _rank_recording(recorder: ScriptRecorder, session):
 
     if session is None:
         return contextlib.nullcontext()
-    from tfdoctor.recording.ranks import RankRecorder
-
     stack = contextlib.ExitStack()
     ranks = stack.enter_context(RankRecorder(session.world.rank, session.world.size))
     stack.enter_context(session.teardown_deferred())
