@@ -342,10 +342,10 @@ def _overfit_with_loop(subject, budget) -> Result:
     import torch
 
     from tfdoctor.context import current, progress
-    from tfdoctor.probes.batches import train_batches
+    from tfdoctor.recording.batches import train_batches
     from tfdoctor.probes.loss import eval_loss, lm_batch_of
     from tfdoctor.probes.overfit import Feed, StepLog, isolated_trainable_copy, replay, seeded
-    from tfdoctor.probes.trace import guarded
+    from tfdoctor.probes.isolation import guarded
 
     seed = current().seed
     model = isolated_trainable_copy(subject.model)

@@ -85,8 +85,8 @@ def _trace(subject):
     def record():
         import torch
 
-        from tfdoctor.probes.batches import train_batches
-        from tfdoctor.probes.trace import record_loop
+        from tfdoctor.recording.batches import train_batches
+        from tfdoctor.recording.loop import record_loop
 
         count = int(current().options.get("train_batches") or DEFAULT_TRAIN_BATCHES)
         batches = train_batches(subject, count, torch.Generator().manual_seed(current().seed + 5))
@@ -900,7 +900,7 @@ def _group_schedules(trace) -> list[dict]:
     """Every param group of every optimizer the loop stepped (a loop that updates the weights itself
     counts as one group): its learning rate at each step, projected from its scheduler when it has
     one, else as recorded (a manual `group["lr"] = f(step)` is read from what it set)."""
-    from tfdoctor.probes.trace import project_groups
+    from tfdoctor.recording.schedule import project_groups
 
     recorded: dict = {}
     for event in trace.of("opt_step"):

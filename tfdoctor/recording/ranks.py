@@ -1,6 +1,6 @@
 """What one rank of a distributed run did, as the rank checks compare it across ranks.
 
-The script recorder (probes/trace.py, driven by recording/script.py) already sees each rank's
+The script recorder (recording/recorder.py, driven by recording/script.py) already sees each rank's
 forwards, backward, clip, scaler and optimizer calls. `RankRecorder` adds what only matters when
 there are several ranks, with global hooks and a few patches of its own, removed on exit:
 - parameters: per-tensor float64 sum and sum of squares of every optimizer parameter before its
@@ -330,7 +330,7 @@ class RankRecorder:
 
     def digest(self, events: list, model) -> dict:
         """Small, picklable (plain Python data, no tensors): called at the stop point on every rank with
-        the ScriptRecorder's events so far (tfdoctor.probes.trace.Event list) and the module the script
+        the ScriptRecorder's events so far (tfdoctor.recording.trace.Event list) and the module the script
         trains (maybe wrapped in DDP). Must take well under a second on a tiny model."""
         return {"rank": self.rank, "world_size": self.world_size,
                 "batches": _batches(events), "windows": _windows(events), "calls_at": _calls_at(events),

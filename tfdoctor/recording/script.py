@@ -37,12 +37,14 @@ from typing import Any, Callable, Optional
 import torch
 
 from tfdoctor.errors import InternalError, LoadError, first_line
-from tfdoctor.probes.trace import Trace, _finish, _Recorder, compiling, isolated_copy
+from tfdoctor.probes.isolation import isolated_copy
 from tfdoctor.recording.models import is_shard, lightning_module_on_stack, redirected, unwrap
 from tfdoctor.recording.pretrained import pretrained_loads
 from tfdoctor.recording.ranks import RankRecorder
+from tfdoctor.recording.recorder import Recorder, compiling, finish
 from tfdoctor.sites import call_site, raised_at, raised_in_tfdoctor, user_frames
 from tfdoctor.recording.stopping import Stopper, StopScript
+from tfdoctor.recording.trace import Trace
 from tfdoctor.subject import extract_logits, vocab_size_of
 
 class ScriptError(LoadError):
@@ -88,7 +90,7 @@ def _describe_call_args(args, kwargs) -> dict:
     return {"args": [_describe_value(a) for a in args], "kwargs": {k: _describe_value(v) for k, v in kwargs.items()}}
 
 
-class ScriptRecorder(_Recorder):
+class ScriptRecorder(Recorder):
     """The loop recorder, bound to whichever model the script trains, stopping after `steps` steps.
 
     A script may train several models, each with its own optimizer (an LM and a value head, a GAN's
@@ -812,7 +814,7 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
         ended, error = "stopped", None
     if recorder.stop_error is not None:
         raise recorder.stop_error
-    trace = _finish(recorder, caught)
+    trace = finish(recorder, caught)
     if session is not None and session.digests:
         trace.ranks = list(session.digests)
     # The script feeds itself: its micro-batches are the forwards of its model under grad mode.
