@@ -133,7 +133,8 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
 
     from tfdoctor.recording.discovery import discover, subjects
     from tfdoctor.recording.models import unwrap
-    from tfdoctor.recording.script import ScriptError, TraceOnly, record_script
+    from tfdoctor.recording.script import ScriptError, record_script
+    from tfdoctor.recording.snapshot import TraceOnly
     from tfdoctor.registry import select
     from tfdoctor.result import Result
     from tfdoctor.runner import run_checks
