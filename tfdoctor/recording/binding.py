@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from tfdoctor.recording.grads import params_of
 from tfdoctor.recording.models import lightning_module_on_stack, redirected, unwrap
 from tfdoctor.recording.objects import find_tokenizers, script_objects
 from tfdoctor.recording.pretrained import pretrained_loads
@@ -297,7 +298,7 @@ class ScriptRecorder(Recorder):
         self.settled = True
         objects = script_objects()
         self.tokenizers = find_tokenizers(objects)
-        held = {id(p) for opt in [optimizer, *self.built] for p in _params_of(opt)}
+        held = {id(p) for opt in [optimizer, *self.built] for p in params_of(opt)}
         trained = {id(m): sum(p.numel() for p in m.parameters() if id(p) in held) for m in candidates}
         models = [m for m in candidates if trained[id(m)]]
         if not models:
@@ -330,12 +331,13 @@ class ScriptRecorder(Recorder):
             self.bind(best)
         self.audited = described(best)
 
-    def _foreign(self, params) -> bool:
-        """Whether these parameters are another trained model's, none of the audited one's."""
+    def owns(self, params) -> bool:
+        """False for another trained model's parameters, none of the audited one's: its clip,
+        zero_grad, scaler and scheduler calls (and its optimizer steps) pass unrecorded."""
         if not self.other_ids:
-            return False
+            return True
         ids = {id(p) for p in params}
-        return not ids & self.param_ids and bool(ids & self.other_ids)
+        return bool(ids & self.param_ids) or not ids & self.other_ids
 
     # ------------------------------------------------------------------ other models' calls pass unrecorded
 
@@ -353,48 +355,6 @@ class ScriptRecorder(Recorder):
             return super()._backward(func, args, kwargs)
         finally:
             self.reaching = None
-
-    def clip(self, how: str, original: Callable) -> Callable:
-        recorded = super().clip(how, original)
-
-        def clipped(parameters, *args, **kwargs):
-            params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
-            return (original if self._foreign(params) else recorded)(params, *args, **kwargs)
-
-        clipped.__wrapped__ = original
-        return clipped
-
-    def zero_grad(self, owner: str, original: Callable) -> Callable:
-        recorded = super().zero_grad(owner, original)
-
-        def zero_grad(obj, *args, **kwargs):
-            params = _params_of(obj) if owner == "optimizer" else obj.parameters()
-            return (original if self._foreign(params) else recorded)(obj, *args, **kwargs)
-
-        zero_grad.__wrapped__ = original
-        return zero_grad
-
-    def scaler_method(self, name: str, original: Callable) -> Callable:
-        recorded = super().scaler_method(name, original)
-        if name not in ("unscale_", "step"):
-            return recorded
-
-        def method(scaler, optimizer, *args, **kwargs):
-            return (original if self._foreign(_params_of(optimizer)) else recorded)(scaler, optimizer, *args, **kwargs)
-
-        method.__wrapped__ = original
-        return method
-
-    def sched_step(self, original: Callable) -> Callable:
-        recorded = super().sched_step(original)
-
-        def step(scheduler, *args, **kwargs):
-            optimizer = getattr(scheduler, "optimizer", None)
-            foreign = optimizer is not None and self._foreign(_params_of(optimizer))
-            return (original if foreign else recorded)(scheduler, *args, **kwargs)
-
-        step.__wrapped__ = original
-        return step
 
     def keep_own_events(self) -> None:
         """Drop what concerns the other modules called: their forwards (and the losses and scores read
@@ -441,20 +401,20 @@ class ScriptRecorder(Recorder):
             self.stopper.stop()
         if self.record and not self.settled:
             self.settle(optimizer)
-        if self._foreign(_params_of(optimizer)):
+        if not self.owns(params_of(optimizer)):
             return None  # another model's step: not a step of the audited loop
         return super().opt_pre(optimizer, args, kwargs)
 
     def _record_step(self, optimizer) -> None:
         if self.record and not self.settled:  # a closure step whose closure made the first calls
             self.settle(optimizer)
-            if self._foreign(_params_of(optimizer)):
+            if not self.owns(params_of(optimizer)):
                 self.optimizers.pop(id(optimizer), None)  # another model's step, known only now
                 return
         super()._record_step(optimizer)
 
     def opt_post(self, optimizer, args, kwargs):
-        if self._foreign(_params_of(optimizer)):
+        if not self.owns(params_of(optimizer)):
             return
         super().opt_post(optimizer, args, kwargs)
         if self.window < self.stop_after:
@@ -573,10 +533,6 @@ class ScriptRecorder(Recorder):
                 recorder.keep_own_events()
 
         return installed()
-
-
-def _params_of(optimizer) -> list:
-    return [p for group in getattr(optimizer, "param_groups", ()) for p in group["params"]]
 
 
 def _reached(root: torch.Tensor) -> frozenset:

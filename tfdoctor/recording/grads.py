@@ -1,6 +1,6 @@
 """What the recorder reads off tensors and autograd graphs: the global gradient norm, a few sampled
 elements of every tensor (to see weights or gradients change), the integer tensors of a call (token
-ids, targets) and short walks back through the autograd graph.
+ids, targets), short walks back through the autograd graph, and the parameters an optimizer holds.
 """
 
 from __future__ import annotations
@@ -79,3 +79,7 @@ def sample(tensors) -> torch.Tensor:
         flat = t.detach().reshape(-1)
         parts.append(flat[::max(1, flat.numel() // SAMPLE_PER_TENSOR)][:SAMPLE_PER_TENSOR].float())
     return torch.cat(parts).cpu() if parts else torch.zeros(0)
+
+
+def params_of(optimizer) -> list:
+    return [p for group in getattr(optimizer, "param_groups", ()) for p in group["params"]]

@@ -1,7 +1,9 @@
 """The recorder's wrappers of what PyTorch offers no hook for: GradScaler's methods, clip_grad_*,
 zero_grad, LR scheduler steps and autocast regions, and `installed`, which puts every patch and hook
 of the recorder in place (in a fixed order: the recorder is order-sensitive) and removes them in
-`finally`. A mixin of recorder.Recorder, whose state and events the wrappers record into.
+`finally`. A mixin of recorder.Recorder, whose state and events the wrappers record into. Each
+wrapper first asks the recorder whether it `owns` the parameters concerned: another model's clip,
+zero_grad, scaler or scheduler call passes through unrecorded.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from tfdoctor.recording.grads import grad_norm
+from tfdoctor.recording.grads import grad_norm, params_of
 from tfdoctor.recording.schedule import snapshot_scheduler
 
 
@@ -26,6 +28,8 @@ class PatchedCalls:
 
         def clipped(parameters, *args, **kwargs):
             params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            if not recorder.owns(params):
+                return original(params, *args, **kwargs)
             recorder._step_begins()
             if recorder.record:
                 with_grad = {id(p) for p in recorder.params if p.grad is not None}
@@ -69,6 +73,8 @@ class PatchedCalls:
             return result
 
         def unscale_(scaler, optimizer):
+            if not recorder.owns(params_of(optimizer)):
+                return original(scaler, optimizer)
             if not recorder.in_scaler_step:
                 recorder._step_begins()
             if recorder.record:
@@ -77,6 +83,8 @@ class PatchedCalls:
             return original(scaler, optimizer)
 
         def step(scaler, optimizer, *args, **kwargs):
+            if not recorder.owns(params_of(optimizer)):
+                return original(scaler, optimizer, *args, **kwargs)
             recorder._step_begins()
             data = recorder.event("scaler_step", scaler=id(scaler), optimizer=id(optimizer)) if recorder.record \
                 else {}
@@ -110,6 +118,8 @@ class PatchedCalls:
         recorder = self
 
         def zero_grad(obj, *args, **kwargs):
+            if not recorder.owns(params_of(obj) if owner == "optimizer" else obj.parameters()):
+                return original(obj, *args, **kwargs)
             if recorder.record and (owner == "optimizer" or obj is recorder.model):
                 recorder.event("zero_grad", owner=owner)
             return original(obj, *args, **kwargs)
@@ -121,6 +131,9 @@ class PatchedCalls:
         recorder = self
 
         def step(scheduler, *args, **kwargs):
+            optimizer = getattr(scheduler, "optimizer", None)
+            if optimizer is not None and not recorder.owns(params_of(optimizer)):
+                return original(scheduler, *args, **kwargs)
             outer = recorder.sched_depth == 0 and not getattr(scheduler, "_is_initial", False)
             if outer and recorder.record:
                 held = recorder.schedulers.get(id(scheduler))

@@ -137,6 +137,12 @@ class Recorder(PatchedCalls, TorchFunctionMode):
             return self._loss(name, func, args, kwargs)
         return func(*args, **kwargs)
 
+    def owns(self, params) -> bool:
+        """Whether calls on these parameters (a clip, zero_grad, the scaler's unscale_ / step, a
+        scheduler's step) are the recorded loop's: every one is here; a driver that watches several
+        models lets another model's calls pass unrecorded (see binding.py)."""
+        return True
+
     def unrecorded(self, func, args, kwargs):
         """A watched call made while nothing is recorded (a driver may act on it: see script.py)."""
         return func(*args, **kwargs)
