@@ -18,6 +18,7 @@ SCALE_SEARCH_NODES = 64
 # calls (every tensor with a gradient moves, so a few per tensor are plenty).
 SAMPLE_PER_TENSOR = 32
 
+
 def grad_norm(params) -> tuple[float, bool]:
     """Global L2 norm of the gradients present, and whether all of them are finite."""
     grads = [p.grad.detach() for p in params if p.grad is not None]

@@ -35,6 +35,7 @@ HARD_TARGET_SHARE = 0.5
 # read_scores works in float64 on this many elements at a time (8 MB per temporary).
 READ_CHUNK_ELEMENTS = 1 << 20
 
+
 def class_dim(func, tensor: torch.Tensor, args, kwargs) -> Optional[int]:
     """The class dimension of a SCORE_FUNCTIONS call's input, or None when it has none to speak of."""
     where = SCORE_FUNCTIONS[func]

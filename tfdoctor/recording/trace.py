@@ -17,7 +17,6 @@ LOCATED_EVENTS = frozenset({"loss", "backward", "scale", "unscale", "scaler_step
                             "zero_grad", "sched_step", "autocast"})
 
 
-
 @dataclass
 class Event:
     kind: str  # batch forward loss backward scale unscale scaler_step scaler_update clip opt_step zero_grad
