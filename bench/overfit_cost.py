@@ -45,7 +45,7 @@ def subject_of(build, loop: str):
 
 def old_check(subject) -> None:
     """overfit-batch with --train before item 11: copy, feed all 160 batches, judge the loss."""
-    from tfdoctor.probes.batches import train_batches
+    from tfdoctor.recording.batches import train_batches
     from tfdoctor.probes.loss import eval_loss, lm_batch_of
 
     model = copy.deepcopy(subject.model)
@@ -57,7 +57,7 @@ def old_check(subject) -> None:
 
 
 def bare(subject, threads: int) -> float:
-    from tfdoctor.probes.batches import train_batches
+    from tfdoctor.recording.batches import train_batches
 
     raw = train_batches(subject, 1, torch.Generator().manual_seed(2))[0]
     model = copy.deepcopy(subject.model)

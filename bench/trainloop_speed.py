@@ -36,8 +36,8 @@ def main():
     from gpt_correct import build
 
     from tfdoctor.loader import load_function
-    from tfdoctor.probes.batches import train_batches
-    from tfdoctor.probes.trace import record_loop, run_loop
+    from tfdoctor.recording.batches import train_batches
+    from tfdoctor.recording.loop import record_loop, run_loop
     from tfdoctor.subject import Subject, resolve
 
     torch.set_num_threads(1)

@@ -329,7 +329,7 @@ def test_token_weighting_skips_without_accumulation_or_pad_id():
 
 
 def test_fed_batches_alternate_long_and_short():
-    from tfdoctor.probes.batches import train_batches
+    from tfdoctor.recording.batches import train_batches
     from tfdoctor.subject import resolve
 
     subject = resolve(build_fixture("gpt_pad_masked"))

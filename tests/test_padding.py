@@ -4,7 +4,7 @@ import torch
 from conftest import build_fixture
 from tfdoctor import Subject, run_checks
 from tfdoctor.errors import UsageError
-from tfdoctor.probes.batches import train_batches
+from tfdoctor.recording.batches import train_batches
 from tfdoctor.probes.padding import pad_counts
 from tfdoctor.subject import resolve
 

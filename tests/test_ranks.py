@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from conftest import ROOT
 from tfdoctor.checks.ranks import ddp_accumulation, rank_data, rank_sync, rank_uniform
-from tfdoctor.probes.trace import Event, Trace
+from tfdoctor.recording.trace import Event, Trace
 from tfdoctor.recording.ranks import RankRecorder
 from tfdoctor.result import Result
 from tfdoctor.subject import Subject

@@ -477,7 +477,7 @@ def test_ddp_with_an_unused_parameter_and_find_unused_parameters_is_quiet():
 
 def test_an_exception_raised_in_tfdoctors_own_code_is_located_there():
     from tfdoctor.errors import OutputShapeError
-    from tfdoctor.recording.sites import raised_in_tfdoctor
+    from tfdoctor.sites import raised_in_tfdoctor
     from tfdoctor.subject import extract_logits
 
     with pytest.raises(OutputShapeError) as ours:

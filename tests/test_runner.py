@@ -206,7 +206,7 @@ def test_the_catalogue_states_every_registered_id_in_its_order():
 def test_a_trace_handed_in_is_judged_and_absent_inputs_skip_with_their_reason():
     """`tfdoctor run`'s single call: the loop checks judge the trace handed in (no Subject.train), a
     check that reads an absent input skips with the reason given, word for word."""
-    from tfdoctor.probes.trace import Trace
+    from tfdoctor.recording.trace import Trace
 
     trace = Trace([], 0, [], [], [], 0, ranks=[])
     report = run_checks(build_fixture("gpt_correct"), "init-loss,finite-logits,rank-sync", trace=trace,

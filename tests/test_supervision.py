@@ -219,3 +219,19 @@ def test_a_child_process_holding_the_pipe_does_not_delay_the_report():
     done = run("check", f"{HOSTILE}:forks_a_lingering_child", *QUICK, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.seconds < 40
+
+
+def test_a_library_frame_in_site_packages_is_never_named_as_the_users_line():
+    """The stack dump names the user's innermost frame with the recorder's own test (sites.is_library):
+    a budget that runs out inside transformers or Lightning, with no user frame on the stack, names
+    nothing rather than the library's line; with one, names the user's."""
+    from tfdoctor.supervisor import user_frame
+
+    library = "/venv/lib/python3.11/site-packages/transformers/trainer.py"
+    dump = (f'Current thread 0x00000000000000ab (most recent call first):\n'
+            f'  File "{library}", line 2300 in train\n'
+            f'  File "/venv/lib/python3.11/dist-packages/lightning/fit.py", line 9 in fit\n\n')
+    assert user_frame(dump, 0xab) == ""
+    user = os.path.join(os.getcwd(), "train_user_script.py")
+    with_user = dump.replace("\n\n", f'\n  File "{user}", line 12 in main\n\n')
+    assert user_frame(with_user, 0xab) == "train_user_script.py:12 in main"

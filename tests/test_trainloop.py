@@ -226,7 +226,7 @@ def test_scores_give_each_rows_target_and_weight_whatever_the_loss(loss_fn, weig
     divided by the real tokens) and NLL on log-probabilities."""
     import torch.nn.functional as F_
 
-    from tfdoctor.probes.trace import read_scores
+    from tfdoctor.recording.scores import read_scores
 
     generator = torch.Generator().manual_seed(0)
     z = (0.2 * torch.randn(12, 96, generator=generator)).requires_grad_()
@@ -258,7 +258,7 @@ def test_scores_give_each_rows_target_and_weight_whatever_the_loss(loss_fn, weig
 
 
 def test_scores_are_read_the_same_a_few_rows_at_a_time(monkeypatch):
-    import tfdoctor.probes.trace as trace
+    import tfdoctor.recording.scores as trace
 
     z = (0.2 * torch.randn(40, 96)).requires_grad_()
     (grad,) = torch.autograd.grad(torch.nn.functional.cross_entropy(z, torch.randint(0, 96, (40,))), z)
@@ -376,7 +376,7 @@ def test_a_model_whose_deepcopy_shares_modules_is_left_untouched():
     """minGPT's `mlpf` lambda: copy.deepcopy's copy calls the original's MLP; tfdoctor's copy does not."""
     import copy
 
-    from tfdoctor.probes.trace import isolated_copy
+    from tfdoctor.probes.isolation import isolated_copy
 
     model = build_fixture("gpt_mlp_lambda")
     ids = torch.randint(1, 96, (2, 8))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from tfdoctor.errors import OutputShapeError, SubjectError, UsageError
+from tfdoctor.modes import evaluation
 from tfdoctor.registry import KINDS
 from tfdoctor.tolerances import RELATIVE_TOLERANCE
 
@@ -337,8 +338,6 @@ def _at_decoded_length(resolved: Subject, given_seq_len: Optional[int], max_posi
 
     import torch
 
-    from tfdoctor.probes.modes import evaluation
-
     error = sys.exc_info()[1]
     if given_seq_len is not None or not max_positions or max_positions <= resolved.seq_len:
         raise error
@@ -368,8 +367,6 @@ def _twin_ids(subject: Subject) -> tuple:
 def _preflight(subject: Subject) -> tuple:
     """Call the model once on two identical rows and check the logits' shape. Returns (ids, logits)."""
     import torch
-
-    from tfdoctor.probes.modes import evaluation
 
     ids = _twin_ids(subject)
     B, T = ids[0].shape
@@ -443,8 +440,6 @@ def _behaves_sequence_first(subject: Subject, ids: tuple, logits) -> bool:
     else keeps the batch-first contract (the dependency map then reports what it sees).
     """
     import torch
-
-    from tfdoctor.probes.modes import evaluation
 
     if _agree(logits[0], logits[1]):
         return False

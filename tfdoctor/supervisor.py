@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 from tfdoctor.descendants import Descendants
 from tfdoctor.protocol import (CHANNEL_LOST_EXIT, REQUEST_ENV, Ended, Event, Phase, decode_result, decode_verdict,
                                phase_name, read_event)
-from tfdoctor.recording.sites import display_path
+from tfdoctor.sites import display_path, is_library
 from tfdoctor.result import ExitCode, Result
 from tfdoctor.sandbox import Host
 from tfdoctor.stopping import LAUNCHED_ENV, signals_stop, stopped_by
@@ -334,8 +334,9 @@ _FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+) in (\S+)', re.M)
 
 
 def user_frame(dump: str, main_thread: Optional[int]) -> str:
-    """file:line in function of the innermost frame that is the user's (not tfdoctor's, torch's or
-    the standard library's), preferring the main thread, where the checks run."""
+    """file:line in function of the innermost frame that is the user's (not tfdoctor's, torch's, the
+    standard library's or an installed package's: sites.is_library), preferring the main thread,
+    where the checks run."""
     blocks = []
     for match in _THREAD.finditer(dump):
         end = dump.find("\n\n", match.end())
@@ -343,18 +344,9 @@ def user_frame(dump: str, main_thread: Optional[int]) -> str:
     blocks.sort(key=lambda block: block[0] != main_thread)
     for _, block in blocks:
         for path, line, function in _FRAME.findall(block):
-            if not _is_library(path):
+            if not is_library(path):
                 return f"{display_path(path)}:{line} in {function}"
     return ""
-
-
-def _is_library(path: str) -> bool:
-    import sysconfig
-
-    here = str(Path(__file__).resolve().parent)
-    stdlib = sysconfig.get_paths()["stdlib"]
-    return (path.startswith(here) or f"{os.sep}torch{os.sep}" in path or path.startswith(stdlib)
-            or path.startswith("<"))
 
 
 def _kill(proc) -> None:

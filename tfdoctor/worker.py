@@ -30,7 +30,7 @@ from tfdoctor.errors import InternalError, OutputShapeError, TfdoctorError, Usag
 from tfdoctor.kept_fds import keep_open
 from tfdoctor.protocol import REQUEST_ENV, Channel, Event, Phase, encode_result, encode_verdict
 from tfdoctor.recording.distributed import world
-from tfdoctor.recording.sites import raised_at
+from tfdoctor.sites import raised_at
 from tfdoctor.sandbox import enter as enter_sandbox
 
 
@@ -110,7 +110,9 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
     import torch
 
     from tfdoctor.recording.discovery import discover, subject_of
-    from tfdoctor.recording.script import ScriptError, TraceOnly, record_script, unwrap
+    from tfdoctor.recording.models import unwrap
+    from tfdoctor.recording.script import ScriptError, record_script
+    from tfdoctor.recording.snapshot import TraceOnly
     from tfdoctor.runner import run_checks
 
     torch.manual_seed(request.get("seed", 0))  # a script that seeds nothing still gives one report

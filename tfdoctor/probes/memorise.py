@@ -24,6 +24,7 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
+from tfdoctor.probes.isolation import isolated_copy
 from tfdoctor.probes.loss import LMBatch, lm_loss
 from tfdoctor.probes.modes import DropoutOff
 from tfdoctor.subject import Subject
@@ -101,21 +102,17 @@ def detached_attributes(model: torch.nn.Module) -> Iterator[int]:
 
 
 def isolated_trainable_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """trace.isolated_copy (function attributes rebuilt on the copy) of a model that may hold
+    """isolation.isolated_copy (function attributes rebuilt on the copy) of a model that may hold
     non-leaf tensors kept from a forward (copied detached)."""
-    from tfdoctor.probes.trace import isolated_copy
-
     with detached_attributes(model):
         return isolated_copy(model)[0]
 
 
 def trainable_copy(model: torch.nn.Module) -> tuple[torch.nn.Module, Optional[str]]:
-    """A deep copy of `model` whose function attributes call the copy (trace.isolated_copy: a forward
+    """A deep copy of `model` whose function attributes call the copy (isolation.isolated_copy: a forward
     wrapped as `model.forward = wrapper` around `original = model.forward`, TRL's fused LM head, would
     otherwise train the original's weights and leave the copy's still), and a note when non-leaf
     tensors it holds had to be copied detached."""
-    from tfdoctor.probes.trace import isolated_copy
-
     with detached_attributes(model) as detached:
         clone = isolated_copy(model)[0]
     note = (f"{detached} non-leaf tensor(s) the model holds as attributes (kept from a forward) were "

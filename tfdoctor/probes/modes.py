@@ -1,4 +1,8 @@
-"""Leave the user's model as it was found: train/eval flags per module, and process-wide state."""
+"""Leave the user's model as it was found: train/eval flags per module, and process-wide state.
+
+`evaluation` itself lives one floor down, in tfdoctor/modes.py (the Subject uses it); it is
+re-exported here for the probes and checks.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +12,9 @@ from typing import Callable, Iterator, TypeVar
 
 import torch
 
+from tfdoctor.modes import evaluation  # noqa: F401  (re-exported)
+
 T = TypeVar("T")
-
-
-@contextlib.contextmanager
-def evaluation(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """model.eval() for the block, then every submodule's own flag back (they may differ)."""
-    flags = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
-        yield model
-    finally:
-        for module, training in flags:
-            module.training = training
 
 
 def _numpy_random():

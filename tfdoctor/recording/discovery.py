@@ -16,11 +16,11 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from tfdoctor.probes.trace import Trace
+from tfdoctor.recording.models import unwrap, users_class
 from tfdoctor.recording.recovered import capturing, flattened, unflattening
-from tfdoctor.recording.script import ScriptRun, unwrap
-from tfdoctor.recording.sites import display_path
-from tfdoctor.recording.unshard import users_class
+from tfdoctor.recording.script import ScriptRun
+from tfdoctor.recording.trace import Trace
+from tfdoctor.sites import display_path
 from tfdoctor.subject import PACKING_POSITION_IDS as PACKING_BY_POSITION_IDS
 
 # Probe length for the model checks when the script's batches are longer: the dependency map and

@@ -33,11 +33,11 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
-from tfdoctor.probes.batches import train_batches
+from tfdoctor.probes.isolation import guarded
 from tfdoctor.probes.loss import LMBatch, eval_loss, lm_batch_of, lm_loss
 from tfdoctor.probes.memorise import isolated_trainable_copy
 from tfdoctor.probes.modes import DropoutOff
-from tfdoctor.probes.trace import guarded
+from tfdoctor.recording.batches import train_batches
 from tfdoctor.subject import Subject
 
 

@@ -1,6 +1,6 @@
 """What one rank of a distributed run did, as the rank checks compare it across ranks.
 
-The script recorder (probes/trace.py, driven by recording/script.py) already sees each rank's
+The script recorder (recording/recorder.py, driven by recording/script.py) already sees each rank's
 forwards, backward, clip, scaler and optimizer calls. `RankRecorder` adds what only matters when
 there are several ranks, with global hooks and a few patches of its own, removed on exit:
 - parameters: per-tensor float64 sum and sum of squares of every optimizer parameter before its
@@ -31,7 +31,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from tfdoctor.recording.sites import call_site
+from tfdoctor.recording.models import is_shard, unwrap
+from tfdoctor.sites import call_site
 
 # Indices of each sampler iteration kept in the digest. Two different shuffles of N items agree on
 # their first m indices with chance ~1/N^m, so a few are enough; 64 keep a partial epoch comparable.
@@ -39,8 +40,6 @@ ORDER_HEAD = 64
 # Script-recorder calls counted per optimizer-step window (rank-uniform); unscale_ calls made inside
 # scaler.step are the scaler's own and are left out.
 COUNTED_CALLS = ("backward", "clip", "unscale", "scaler_step", "scaler_update", "opt_step")
-# Parameter classes whose value on a rank is that rank's shard (FSDP2 / tensor parallel, FSDP1).
-SHARDED_CLASSES = {"DTensor", "FlatParameter"}
 # Hex digits kept of each fingerprint: 64 bits, so distinct batches never collide in practice.
 FINGERPRINT_HEX = 16
 
@@ -53,11 +52,6 @@ def fingerprint(tensors) -> str:
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
         h.update(t.numpy().tobytes())
     return h.hexdigest()
-
-
-def is_shard(p: torch.Tensor) -> bool:
-    """A parameter whose value on this rank is only its shard (FSDP2's DTensors, FSDP1's flat parameters)."""
-    return any(cls.__name__ in SHARDED_CLASSES for cls in type(p).__mro__)
 
 
 def _layout(p: torch.Tensor) -> Optional[str]:
@@ -336,7 +330,7 @@ class RankRecorder:
 
     def digest(self, events: list, model) -> dict:
         """Small, picklable (plain Python data, no tensors): called at the stop point on every rank with
-        the ScriptRecorder's events so far (tfdoctor.probes.trace.Event list) and the module the script
+        the ScriptRecorder's events so far (tfdoctor.recording.trace.Event list) and the module the script
         trains (maybe wrapped in DDP). Must take well under a second on a tiny model."""
         return {"rank": self.rank, "world_size": self.world_size,
                 "batches": _batches(events), "windows": _windows(events), "calls_at": _calls_at(events),
@@ -346,8 +340,6 @@ class RankRecorder:
                 "samplers": [self._sampler_digest(s) for s in self.samplers.values() if s.iterations or s.set_epoch]}
 
     def _params(self, model) -> list[dict]:
-        from tfdoctor.recording.script import unwrap
-
         names: dict[int, str] = {}
         if isinstance(model, torch.nn.Module):
             wrapped_fsdp = any(type(m).__name__ == "FullyShardedDataParallel" for m in model.modules())

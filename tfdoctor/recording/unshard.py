@@ -14,6 +14,8 @@ from collections import OrderedDict
 
 import torch
 
+from tfdoctor.recording.models import users_class
+
 # Every rank gathers the whole weights once, and rank 0 keeps them: beyond this size (a model sharded
 # because it does not fit one device) the model checks skip instead.
 MAX_UNSHARDED_BYTES = 2 << 30
@@ -34,14 +36,6 @@ class TooLarge(Exception):
 def sharded_bytes(model: torch.nn.Module) -> int:
     """The whole model's parameter bytes (a DTensor reports its global shape)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
-def users_class(module: torch.nn.Module) -> type:
-    """The class the user wrote: fully_shard puts an `FSDP<Class>` (and FSDPModule) in front of it."""
-    from torch.distributed.fsdp import FSDPModule
-
-    cls = type(module)
-    return next(c for c in cls.__mro__ if not issubclass(c, FSDPModule)) if issubclass(cls, FSDPModule) else cls
 
 
 def unsharded_copy(model: torch.nn.Module) -> torch.nn.Module:

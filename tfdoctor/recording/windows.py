@@ -266,7 +266,7 @@ def group_schedules(trace) -> list[dict]:
     """Every param group of every optimizer the loop stepped (a loop that updates the weights itself
     counts as one group): its learning rate at each step, projected from its scheduler when it has
     one, else as recorded (a manual `group["lr"] = f(step)` is read from what it set)."""
-    from tfdoctor.probes.trace import project_groups
+    from tfdoctor.recording.schedule import project_groups
 
     recorded: dict = {}
     for event in trace.of("opt_step"):

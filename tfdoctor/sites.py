@@ -15,13 +15,17 @@ import sysconfig
 from pathlib import Path
 from typing import Optional
 
-_PACKAGE = str(Path(__file__).resolve().parent.parent)  # tfdoctor/
+_PACKAGE = str(Path(__file__).resolve().parent)  # tfdoctor/
 _LIBRARY_ROOTS = tuple({p for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib",
                                                                           "platlib")) if p})
 _verdicts: dict[str, bool] = {}
 
 
-def _is_library(filename: str) -> bool:
+def is_library(filename: str) -> bool:
+    """Whether `filename` is not the user's: tfdoctor's own, the standard library's, an installed
+    package's (site-packages, dist-packages: torch, transformers, Lightning) or no file at all. The
+    one test of "is this frame the user's", for the recorder's call sites and the supervisor's stack
+    dumps alike."""
     verdict = _verdicts.get(filename)
     if verdict is None:
         path = os.path.abspath(filename)
@@ -57,7 +61,7 @@ def call_site(skip: int = 1) -> Optional[str]:
         return None
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not _is_library(filename):
+        if not is_library(filename):
             return f"{display_path(filename)}:{frame.f_lineno}"
         frame = frame.f_back
     return None
@@ -70,7 +74,7 @@ def user_frames(skip: int = 1):
     except ValueError:
         return
     while frame is not None:
-        if not _is_library(frame.f_code.co_filename):
+        if not is_library(frame.f_code.co_filename):
             yield frame
         frame = frame.f_back
 
@@ -80,7 +84,7 @@ def raised_at(error: BaseException) -> str:
     where a script raised, or called sys.exit."""
     import traceback
 
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if not _is_library(f.filename)]
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if not is_library(f.filename)]
     if not frames:
         return ""
     frame = frames[-1]

@@ -1,0 +1,71 @@
+"""The `check --train` driver of the recorder: run the user's `train(model, batches)` once on a copy
+of the model and return the `Trace` of what it did (`record_loop`); `run_loop` runs it unrecorded
+(bench/trainloop_speed.py measures the recorder's cost against it).
+
+The loop trains a copy (probes/isolation.py `isolated_copy`); the user's own model is snapshot before
+and compared after, and anything the copy still shared with it is put back (`guarded`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Callable
+
+import torch
+
+from tfdoctor.probes.isolation import guarded, isolated_copy, same_values
+from tfdoctor.recording.recorder import Recorder, finish
+from tfdoctor.recording.trace import Trace
+from tfdoctor.subject import Subject
+
+
+class Feed(list):
+    """The batches as a list (len() works, epochs re-iterate) that records each one handed out."""
+
+    def __init__(self, batches, on_batch: Callable[[int], None]):
+        super().__init__(batches)
+        self._on_batch = on_batch
+
+    def __iter__(self):
+        for i, batch in enumerate(list.__iter__(self)):
+            self._on_batch(i)
+            yield batch
+
+
+def record_loop(subject: Subject, batches: list, advance: Callable[[int], None] = lambda n=1: None) -> Trace:
+    """Run the user's loop once on a copy of the model and return what it did.
+
+    The user's exception, if the loop raises, propagates after every patch and hook is removed and
+    the user's model is put back as it was."""
+    model, rebuilt = isolated_copy(subject.model)
+    for p in model.parameters():
+        p.grad = None
+    recorder = Recorder(model, subject.vocab_size)
+    recorder.advance = advance
+    feed = Feed(batches, recorder.on_batch)
+    with guarded(subject.model) as restored:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with recorder.installed(subject.train), torch.enable_grad():
+                subject.train(model, feed)
+                recorder._manual_update()  # a manual update after the last backward
+    trace = finish(recorder, caught)
+    trace.isolation = {"rebound": rebuilt, "restored": restored}
+    if not recorder.stepped:  # no step seen: whether anything unseen (torch.autograd.grad) trained it
+        with torch.no_grad():
+            trace.isolation["weights_changed"] = any(
+                not same_values(a.detach(), b.detach()) for a, b in zip(model.parameters(), subject.model.parameters()))
+    return trace
+
+
+def run_loop(subject: Subject, model: torch.nn.Module, batches: list,
+             advance: Callable[[int], None] = lambda n=1: None) -> list[str]:
+    """Run the user's loop on `model` (a copy: see `isolated_copy`) without recording; its warnings
+    are swallowed. Returns the names of the user's own tensors it still changed, which are put back."""
+    with guarded(subject.model) if model is not subject.model else contextlib.nullcontext([]) as restored:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.enable_grad():
+                subject.train(model, Feed(batches, lambda i: advance(1)))
+    return restored

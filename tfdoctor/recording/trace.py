@@ -1,0 +1,66 @@
+"""What a training loop did, as plain data: the ordered `Event`s the recorder saw (forward, loss,
+backward, GradScaler calls, clip, optimizer step, zero_grad, scheduler step, autocast region), each
+stamped with the optimizer-step window it fell in, and the `Trace` that holds them with what the
+recorder read at the end (optimizers, schedules, warnings, scores, coverage).
+
+The recorder (recording/recorder.py) fills it, whichever driver runs the loop (recording/loop.py for
+`check --train`, recording/script.py for `tfdoctor run`); the loop checks only read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Events that carry the user's file:line of the call (see tfdoctor/sites.py), which the
+# loop checks name in their findings. Forwards and batches are many and judged by content only.
+LOCATED_EVENTS = frozenset({"loss", "backward", "scale", "unscale", "scaler_step", "clip", "opt_step",
+                            "zero_grad", "sched_step", "autocast"})
+
+
+@dataclass
+class Event:
+    kind: str  # batch forward loss backward scale unscale scaler_step scaler_update clip opt_step zero_grad
+    #            sched_step autocast
+    window: int  # optimizer steps taken before this event
+    data: dict = field(default_factory=dict)
+
+
+@dataclass
+class Trace:
+    events: list[Event]
+    batches_fed: int
+    optimizers: list[dict]  # per optimizer stepped: class name, id, per-group hyperparameters and contents
+    schedules: list[dict]  # per scheduler stepped by the loop: name, snapshot (or None), steps, optimizer id
+    warnings: list[str]
+    param_count: int
+    # What the gradient reaching the scores over the vocabulary says, one entry per watched tensor and
+    # backward (see read_scores): forward, backward, source, rows_shape and per-row tensors.
+    scores: list[dict] = field(default_factory=list)
+    # Parameters that received a gradient, and which of them no optimizer holds (names).
+    coverage: dict = field(default_factory=dict)
+    # rebound: function attributes of the copy rebuilt to use the copy's modules (minGPT's `mlpf`);
+    # restored: the user's own tensors the loop still changed through the copy, put back afterwards.
+    isolation: dict = field(default_factory=dict)
+    # window -> factor by which the loop rescaled the accumulated gradients between its last backward
+    # and the step (`p.grad.mul_(1 / num_tokens)`, torchtune's scale_grads); absent: not rescaled.
+    grad_rescale: dict = field(default_factory=dict)
+    # A distributed run (torchrun): every rank's digest of what it did (see recording/ranks.py), rank 0
+    # first, gathered to rank 0 at the stop point (recording/distributed.py); empty in one process.
+    ranks: list = field(default_factory=list)
+
+    def of(self, *kinds: str) -> list[Event]:
+        return [e for e in self.events if e.kind in kinds]
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps of the loop (several optimizers stepped together count once)."""
+        return len({e.window for e in self.of("opt_step")})
+
+    def training_losses(self) -> list[Event]:
+        """Loss calls whose value reached a backward (their gradient hook fired)."""
+        return [e for e in self.of("loss") if e.data.get("grad") is not None]
+
+    @property
+    def manual(self) -> bool:
+        """Whether the loop updates the parameters itself, with no optimizer object."""
+        return any(e.data.get("manual") for e in self.of("opt_step"))
