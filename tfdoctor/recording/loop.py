@@ -15,22 +15,10 @@ from typing import Callable
 import torch
 
 from tfdoctor.probes.isolation import guarded, isolated_copy, same_values
+from tfdoctor.recording.feed import Feed
 from tfdoctor.recording.recorder import Recorder, finish
 from tfdoctor.recording.trace import Trace
 from tfdoctor.subject import Subject
-
-
-class Feed(list):
-    """The batches as a list (len() works, epochs re-iterate) that records each one handed out."""
-
-    def __init__(self, batches, on_batch: Callable[[int], None]):
-        super().__init__(batches)
-        self._on_batch = on_batch
-
-    def __iter__(self):
-        for i, batch in enumerate(list.__iter__(self)):
-            self._on_batch(i)
-            yield batch
 
 
 def record_loop(subject: Subject, batches: list, advance: Callable[[int], None] = lambda n=1: None) -> Trace:
@@ -43,7 +31,7 @@ def record_loop(subject: Subject, batches: list, advance: Callable[[int], None] 
         p.grad = None
     recorder = Recorder(model, subject.vocab_size)
     recorder.advance = advance
-    feed = Feed(batches, recorder.on_batch)
+    feed = Feed(batches, lambda index, handed: recorder.on_batch(index))
     with guarded(subject.model) as restored:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -67,5 +55,5 @@ def run_loop(subject: Subject, model: torch.nn.Module, batches: list,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with torch.enable_grad():
-                subject.train(model, Feed(batches, lambda i: advance(1)))
+                subject.train(model, Feed(batches, lambda index, handed: advance(1)))
     return restored

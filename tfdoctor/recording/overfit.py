@@ -3,9 +3,9 @@ correct loss, to tell a loop that cannot learn from one whose schedule does not 
 Measures only: `overfit_loop` returns an OverfitRun and `replay` a loss curve; overfit-batch
 (tfdoctor/checks/learning.py) judges them.
 
-- `Feed`: the batches as a list (len() works, epochs re-iterate) that stops handing them out once
-  told to (the loss has already fallen far enough, or the check's time budget is spent) by raising
-  `FeedStopped`, a BaseException the user's `except Exception` lets through, out of the loop. Ending
+- `Feed` (recording/feed.py, the one `check --train` records with too): the batches as a list that
+  stops handing them out once told to (the loss has already fallen far enough, or the check's time
+  budget is spent) by raising `FeedStopped` out of the loop. Ending
   the iteration early instead would make it disagree with len(): a loop that draws
   `len(batches) // k` times from one iterator would get StopIteration from its own next().
 - `StepLog`: a global optimizer-step pre-hook. At every step of every optimizer the loop steps it
@@ -38,37 +38,8 @@ from tfdoctor.probes.loss import LMBatch, eval_loss, lm_batch_of, lm_loss
 from tfdoctor.probes.memorise import isolated_trainable_copy
 from tfdoctor.probes.modes import DropoutOff
 from tfdoctor.recording.batches import train_batches
+from tfdoctor.recording.feed import Feed
 from tfdoctor.subject import Subject
-
-
-class FeedStopped(BaseException):
-    """Raised out of the loop's iteration over a Feed once it is told to stop."""
-
-
-class Feed(list):
-    """The batches for a loop; `before(handed)` runs before each batch is handed out (with the count
-    handed out so far) and stops the feed for good by returning False (FeedStopped is raised)."""
-
-    def __init__(self, batches, before: Callable[[int], bool]):
-        super().__init__(batches)
-        self.before = before
-        self.handed = 0
-        self.stopped = False
-
-    def __iter__(self):
-        for batch in list.__iter__(self):
-            if self.stopped or not self.before(self.handed):
-                self.stopped = True
-                raise FeedStopped
-            self.handed += 1
-            yield batch
-
-    def drive(self, train: Callable, model: torch.nn.Module) -> None:
-        """train(model, self), until it returns or the feed stops it."""
-        try:
-            train(model, self)
-        except FeedStopped:
-            pass
 
 
 @contextlib.contextmanager
@@ -220,7 +191,7 @@ def overfit_loop(subject: Subject, batches: int, probe_every: int, learned: Call
         advance(1)
         return True
 
-    feed = Feed([raw] * batches, before)
+    feed = Feed([raw] * batches, lambda index, handed: before(handed))
     log = StepLog(model)
     with guarded(subject.model), seeded(seed), warnings.catch_warnings(), log.installed(), torch.enable_grad():
         warnings.simplefilter("ignore")
