@@ -13,17 +13,16 @@
 
 import os
 import re
-import shutil
+import shlex
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT, needs_command, tfdoctor
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-TFDOCTOR = shutil.which("tfdoctor")
 TIME = re.compile(r"\b\d+\.\d\ds(?=│|\s*$)")  # the per-check time column
 # Measured numbers (a loss, a bfloat16 difference) round differently on other CPUs: shown text is
 # compared with every number masked, and without the table's borders and the layout's whitespace.
@@ -126,17 +125,21 @@ def test_the_readme_has_examples_to_run():
     assert sum(1 for info, _ in code_blocks(README) if info == "python") >= 2
 
 
-@pytest.mark.skipif(TFDOCTOR is None, reason="tfdoctor is not installed (pip install -e .)")
+@pytest.mark.e2e
+@needs_command
 @pytest.mark.parametrize("command, expected, shown", COMMANDS, ids=[c[0].split("#")[0].strip() for c in COMMANDS])
-def test_readme_command(command, expected, shown):
+def test_readme_command(command, expected, shown, shared_tfdoctor):
     line = command.split("#", 1)[0].strip()
-    env = {**os.environ, "COLUMNS": "100"}
+    words = shlex.split(line)
+    assert words[0] == "tfdoctor" and not set("|&;<>$`") & set(line), line  # one plain command, as typed
     # The README writes reports into the reader's own folder (never a shared /tmp path): the test
-    # removes what the command wrote there.
+    # removes what the command wrote there. A command that writes nothing is the same process as the
+    # tests' own run of it, if they give it (test_cli, test_run): one run, shared.
     written = [ROOT / path for path in re.findall(r"--output[= ](\S+)", line) if not (ROOT / path).exists()]
     assert not [path for path in re.findall(r"--output[= ](\S+)", line) if path.startswith("/tmp")], line
     try:
-        done = subprocess.run(line, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+        run = tfdoctor if "--output" in words else shared_tfdoctor
+        done = run(*words[1:], env={"COLUMNS": "100"}, timeout=600)
     finally:
         for path in written:
             path.unlink(missing_ok=True)
@@ -151,6 +154,7 @@ def test_readme_command(command, expected, shown):
 PYTHON_BLOCKS = [body for info, body in code_blocks(README) if info == "python"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("body", PYTHON_BLOCKS, ids=[f"python-{i}" for i in range(len(PYTHON_BLOCKS))])
 def test_readme_python_block(body):
     expected = [m.group(1) for m in re.finditer(r"print\(.*\)\s*#\s*(.+)$", body, re.M)]
