@@ -22,7 +22,8 @@ def spec(ids: torch.Tensor) -> dict:
 def trace_of(*forwards, losses=()) -> Trace:
     """A Trace of training forwards (each a list of (input name, int tensor)) and losses on them
     (each (forward index, targets, ignore_index))."""
-    events = [Event("forward", 0, {"index": i, "inputs": list(inputs), "grad": True}) for i, inputs in enumerate(forwards)]
+    events = [Event("forward", 0, {"index": i, "inputs": list(inputs), "grad": True})
+              for i, inputs in enumerate(forwards)]
     events += [Event("loss", 0, {"forward": i, "targets": targets, "ignore_index": ignore})
                for i, targets, ignore in losses]
     return Trace(events, len(forwards), [], [], [], 0)

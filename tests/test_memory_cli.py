@@ -1,9 +1,9 @@
-"""`tfdoctor memory` through the installed command: exit codes 0, 1, 2, one-line usage errors, JSON."""
+"""`tfdoctor memory` through the installed command: exit codes 0, 1, 2, JSON (its one-line usage errors,
+refused before anything runs, are in test_usage.py)."""
 
 import json
 import subprocess
 import sys
-
 
 from helpers import E2E, tfdoctor as run
 

@@ -7,16 +7,14 @@
   number masked (a CPU that rounds a loss or a bfloat16 difference otherwise prints 0.0035 where the
   README shows 0.0034) and the table borders and line breaks ignored (a number one character wider
   moves where Rich wraps a cell, so a shown line is looked for in the output's text as one stream).
-- Every ```python block runs with `fixtures/` on the path, and the `test_*` functions it defines run
-  too; `print(...)  # "value"` must print that value.
+- Every ```python block runs with `fixtures/` on the path (in this process, in a namespace of its own),
+  and the `test_*` functions it defines run too; `print(...)  # "value"` must print that value.
 """
 
-import os
+import contextlib
+import io
 import re
 import shlex
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
@@ -154,26 +152,22 @@ def test_readme_command(command, expected, shown, shared_tfdoctor):
 PYTHON_BLOCKS = [body for info, body in code_blocks(README) if info == "python"]
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize("body", PYTHON_BLOCKS, ids=[f"python-{i}" for i in range(len(PYTHON_BLOCKS))])
 def test_readme_python_block(body):
+    """Run in this process, in a namespace of its own, as a fresh `python -c` would run it (fixtures/ is
+    on the path here too); an exception fails the test as a non-zero exit would."""
     expected = [m.group(1) for m in re.finditer(r"print\(.*\)\s*#\s*(.+)$", body, re.M)]
-    runner = textwrap.dedent("""
-        import sys
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
         namespace = {"__name__": "readme_example"}
-        exec(compile(sys.stdin.read(), "README.md", "exec"), namespace)
+        exec(compile(body, "README.md", "exec"), namespace)
         for name, value in list(namespace.items()):
             if name.startswith("test_") and callable(value):
                 value()
         if callable(namespace.get("build")):
             namespace["build"]()
-    """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "fixtures"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", runner], input=body, cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    printed = done.stdout.splitlines()
-    assert [p.strip() for p in printed] == [e.strip().strip('"') for e in expected], done.stdout
+    printed = out.getvalue().splitlines()
+    assert [p.strip() for p in printed] == [e.strip().strip('"') for e in expected], out.getvalue()
 
 
 def test_every_check_is_in_the_readme_catalogue_with_its_fix():
