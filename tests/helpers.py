@@ -275,7 +275,7 @@ class Spawned(AssertionError):
     """The command tried to start a process: the case is not one refused before anything runs."""
 
 
-def refused(*args, columns: int = 200) -> Done:
+def refused(*args, columns: int = 200, env=None) -> Done:
     """`tfdoctor ARGS` run by the CLI's own entry point in this process, for a usage error the command
     refuses before it starts its worker (no interpreter start-up, no torch import: milliseconds). Both
     streams and the exit code as from the installed command; raises Spawned if the command would start
@@ -291,7 +291,7 @@ def refused(*args, columns: int = 200) -> Done:
 
     out, err = io.StringIO(), io.StringIO()
     started = time.monotonic()
-    with mock.patch.object(sys, "argv", ["tfdoctor", *args]), mock.patch.dict(os.environ, {"COLUMNS": str(columns)}), \
+    with mock.patch.object(sys, "argv", ["tfdoctor", *args]), mock.patch.dict(os.environ, {"COLUMNS": str(columns), **(env or {})}), \
             mock.patch.object(subprocess, "Popen", no_process), \
             contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:

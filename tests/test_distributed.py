@@ -117,14 +117,6 @@ def test_at_a_terminal_rank_0_clears_its_bar_before_the_report_and_erases_no_lin
     assert report.lstrip().startswith("tfdoctor ") and not BAR_LINE.search(report), report[:500]
 
 
-def test_nproc_flag_out_of_range_or_under_torchrun_is_a_usage_error():
-    done = run("--nproc", "0", f"{SCRIPTS}/ddp_correct.py")
-    assert done.returncode == 2 and "--nproc must be at least 1" in done.stderr
-    done = tfdoctor("run", "--nproc", "2", f"{SCRIPTS}/ddp_correct.py", env={"WORLD_SIZE": "2", "RANK": "0"},
-                    timeout=LIMIT)
-    assert done.returncode == 2 and "already one rank of a job" in done.stderr
-
-
 def test_an_fsdp2_job_is_judged_on_its_trace_and_on_a_whole_copy_of_its_model():
     done = run("--nproc", "2", f"{SCRIPTS}/fsdp_correct.py", "--steps", "4", "--format", "json")
     assert done.returncode == 0, done.stderr

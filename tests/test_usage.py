@@ -94,11 +94,33 @@ def test_model_shape_flags_rejected_with_a_target():
 
 # --- run (test_run.py) ---------------------------------------------------------------------------
 
+def test_a_missing_script_is_one_line_and_exit_2():
+    """The first row of test_run.py's bad scripts, with its assertions."""
+    script, args, expected = "missing.py", [], "script not found: fixtures/scripts/missing.py"
+    done = refused("run", f"{SCRIPTS}/{script}", "--format", "json", *args)
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.startswith("tfdoctor:")]
+    assert len(lines) == 1 and expected in lines[0], done.stderr
+    assert done.stderr.splitlines()[-1] == lines[0]  # tfdoctor's line is the last one on stderr
+    assert done.stdout == ""
+
+
+def test_nproc_flag_out_of_range_or_under_torchrun_is_a_usage_error():
+    done = refused("run", "--nproc", "0", f"{SCRIPTS}/ddp_correct.py")
+    assert done.returncode == 2 and "--nproc must be at least 1" in done.stderr
+    done = refused("run", "--nproc", "2", f"{SCRIPTS}/ddp_correct.py", env={"WORLD_SIZE": "2", "RANK": "0"})
+    assert done.returncode == 2 and "already one rank of a job" in done.stderr
+
+
 def test_usage_errors():
     done = refused("run")
     assert done.returncode == 2 and "give the script to run" in done.stderr
     done = refused("run", f"{SCRIPTS}/plain_loop.py", "--steps", "1")
     assert done.returncode == 2 and "--steps must be at least 2" in done.stderr
+
+def test_an_unknown_packing_is_refused():
+    assert refused("check", "fixtures/gpt_correct.py:build", "--packing", "bogus").returncode == 2  # test_cli.py's
+
 
 # --- checks and --version (test_cli.py) -----------------------------------------------------------
 
