@@ -1,10 +1,12 @@
-"""What the tests share that is not a pytest fixture: the repository's paths, a fixture model by name,
-and the one way to run the `tfdoctor` command in a child process and read what it said."""
+"""What the tests share that is not a pytest fixture (those are in conftest.py): the repository's paths, a
+fixture model by name, the one way to run the `tfdoctor` command and read what it said (a child process:
+tfdoctor() -> Done, start, run_in_terminal; this process, for what it refuses before it starts anything:
+refused), and the runs conftest's session fixtures share (a model's checks, a loop of the matrix, a 2-rank
+run of a DDP script)."""
 
 import importlib
 import json
 import os
-import pty
 import re
 import select
 import shutil
@@ -29,11 +31,6 @@ E2E = [pytest.mark.e2e, needs_command]  # a spawning module's pytestmark
 def build_fixture(name: str):
     """The model a fixture's build() returns, as `tfdoctor check fixtures/NAME.py:build` would load it."""
     return importlib.import_module(name).build()
-
-
-def line_of(path, text: str) -> int:
-    """The 1-based line of `path` (relative to ROOT) that is exactly `text`."""
-    return (ROOT / path).read_text().splitlines().index(text) + 1
 
 
 @dataclass
@@ -126,6 +123,8 @@ def run_in_terminal(*args, stdout_is_terminal=True, timeout=300):
     """Run `tfdoctor ARGS` with stderr (and stdout unless told otherwise) on a pseudo-terminal.
 
     Returns (exit code, what the terminal received, what a stdout pipe received or None)."""
+    import pty
+
     leader, follower = pty.openpty()
     env = command_env({"LINES": "50", "TERM": "xterm-256color", "NO_COLOR": None})
     out = follower if stdout_is_terminal else subprocess.PIPE
