@@ -123,6 +123,11 @@ def test_help_does_not_import_torch():
     assert run("--help").returncode == 0
 
 
+def test_checks_with_an_unknown_id_exits_2():
+    # (the documentation `checks ID` prints: test_usage.py)
+    assert run("checks", "no-such-check").returncode == 2
+
+
 def test_no_numpy_warning_on_a_machine_without_numpy(tmp_path):
     # Hide numpy the way a fresh `pip install -e .` leaves it: importing it fails.
     (tmp_path / "numpy").mkdir()
