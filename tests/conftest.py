@@ -1,17 +1,9 @@
-import importlib
-import sys
-from pathlib import Path
+"""The suite's pytest fixtures (helpers live in tests/helpers.py, importable through pyproject's
+`pythonpath`; no test imports this file)."""
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT / "fixtures"
-sys.path.insert(0, str(FIXTURES))
-
-
-def build_fixture(name: str):
-    """The model a fixture's build() returns, as `tfdoctor check fixtures/NAME.py:build` would load it."""
-    return importlib.import_module(name).build()
+from helpers import audit_loop, checks_on, run_ranks, tfdoctor
 
 
 @pytest.fixture(autouse=True)
@@ -19,3 +11,63 @@ def _seed():
     import torch
 
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def shared_tfdoctor():
+    """helpers.tfdoctor, run once per distinct command (arguments, folder and environment) in the whole
+    session: the README's examples, the CLI tests and the `run` tests that give the same command share
+    its one process and assert on the same Done. For commands that write nowhere the test reads back."""
+    done = {}
+
+    def run(*args, **options):
+        key = (args, repr(sorted(options.items())))
+        if key not in done:
+            done[key] = tfdoctor(*args, **options)
+        return done[key]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def loop_audit():
+    """audit(loop): the train checks' Report on a loop of fixtures/loops/, run once per loop in the session
+    and shared by test_trainloop's matrix, its tests of evidence and the catalogue."""
+    reports = {}
+
+    def audit(loop: str):
+        if loop not in reports:
+            reports[loop] = audit_loop(loop)
+        return reports[loop]
+
+    return audit
+
+
+@pytest.fixture(scope="session")
+def rank_digests(tmp_path_factory):
+    """digests(name): both ranks' digests of fixtures/scripts/ddp_NAME.py, run once on 2 ranks in the
+    session (tests/test_ranks.py, the catalogue)."""
+    cache = {}
+
+    def get(name: str) -> list:
+        if name not in cache:
+            cache[name] = run_ranks(f"fixtures/scripts/ddp_{name}.py", tmp_path_factory.mktemp(name))
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def report_of():
+    """report(fixture, only, train=None, **fields): run_checks on build_fixture(fixture) with these check
+    ids (`train` names a loop of fixtures/loops/), run once per distinct call in the session and shared
+    by the family's table (tests/test_masking.py, ...) and the catalogue (tests/test_catalogue.py)."""
+    reports = {}
+
+    def report(fixture: str, only, train=None, **fields):
+        key = (fixture, tuple(only), train, repr(sorted(fields.items())))
+        if key not in reports:
+            reports[key] = checks_on(fixture, only, train, **fields)
+        return reports[key]
+
+    return report

@@ -8,17 +8,14 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 
 import pytest
 
-from conftest import ROOT
+from helpers import BAR_LINE, E2E, SCRIPTS, final_screen, run_in_terminal, tfdoctor
 
-TFDOCTOR = shutil.which("tfdoctor")
-pytestmark = pytest.mark.skipif(TFDOCTOR is None, reason="tfdoctor is not installed (pip install -e .)")
-SCRIPTS = "fixtures/scripts"
+pytestmark = E2E
 # The model checks are `check`'s own, tested there: here the run's plumbing and the loop and rank
 # checks are what is judged.
 ONLY_LOOP = ["--only", "rank-data,rank-sync,ddp-accumulation,rank-uniform,zero-grad,accumulation-scaling"]
@@ -26,10 +23,8 @@ LIMIT = 120  # a hang would fail the test here rather than stall the suite
 
 
 def run(*args, launcher=None, temp=None):
-    env = {**os.environ, "COLUMNS": "200", **({"TMPDIR": str(temp)} if temp else {})}
-    env.pop("WORLD_SIZE", None)
-    command = [TFDOCTOR, "run", *args] if launcher is None else [*launcher, "-m", "tfdoctor", "run", *args]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=LIMIT, env=env)
+    env = {"WORLD_SIZE": None, **({"TMPDIR": temp} if temp else {})}
+    return tfdoctor("run", *args, launcher=launcher, env=env, timeout=LIMIT)
 
 
 def error_lines(done) -> list[str]:
@@ -110,8 +105,6 @@ def test_a_rank_that_raises_after_a_step_names_the_error_and_ends_the_job_at_onc
 
 
 def test_at_a_terminal_rank_0_clears_its_bar_before_the_report_and_erases_no_line_of_the_script():
-    from test_terminal import BAR_LINE, final_screen, run_in_terminal
-
     code, raw, _ = run_in_terminal("run", "--nproc", "2", f"{SCRIPTS}/ddp_correct.py", "--steps", "4",
                                    "--only", "overfit-batch,zero-grad", timeout=LIMIT)
     assert code == 0, raw[-3000:]
@@ -122,15 +115,6 @@ def test_at_a_terminal_rank_0_clears_its_bar_before_the_report_and_erases_no_lin
         assert re.search(rf"(^|\n)epoch \d step {step} loss \d", raw.replace("\x1b[2K", "").replace("\r", "")), raw
     report = final_screen(raw)  # after the bar's last erase: the report alone, on a clean line
     assert report.lstrip().startswith("tfdoctor ") and not BAR_LINE.search(report), report[:500]
-
-
-def test_nproc_flag_out_of_range_or_under_torchrun_is_a_usage_error():
-    done = run("--nproc", "0", f"{SCRIPTS}/ddp_correct.py")
-    assert done.returncode == 2 and "--nproc must be at least 1" in done.stderr
-    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0"}
-    done = subprocess.run([TFDOCTOR, "run", "--nproc", "2", f"{SCRIPTS}/ddp_correct.py"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=LIMIT)
-    assert done.returncode == 2 and "already one rank of a job" in done.stderr
 
 
 def test_an_fsdp2_job_is_judged_on_its_trace_and_on_a_whole_copy_of_its_model():

@@ -35,7 +35,7 @@ def test_the_battery_on_a_hugging_face_model_triggers_no_deprecation():
 
 
 def test_a_blocked_triu_mask_given_to_sdpa_gets_the_sdpa_fix():
-    from conftest import build_fixture
+    from helpers import build_fixture
 
     report = run_checks(build_fixture("gpt_sdpa_blocked_triu"), only=["future-leak", "mask-direction"])
     leak, direction = report["future-leak"], report["mask-direction"]
@@ -51,7 +51,7 @@ def test_a_blocked_triu_mask_given_to_sdpa_gets_the_sdpa_fix():
 
 
 def test_a_training_length_beyond_what_the_model_takes_is_a_usage_error():
-    from conftest import build_fixture
+    from helpers import build_fixture
     from tfdoctor.errors import UsageError
     from tfdoctor.runner import as_subject
     from tfdoctor.seq_limit import refuse_unfit_seq
@@ -66,17 +66,15 @@ def test_a_training_length_beyond_what_the_model_takes_is_a_usage_error():
         refuse_unfit_seq(as_subject(build_fixture("gpt_correct")), 65, "--seq")  # found from its position table
 
 
+@pytest.mark.e2e
 def test_check_refuses_a_train_seq_beyond_the_models_positions_in_one_line():
     import os
-    import subprocess
-    import sys
 
-    from conftest import ROOT
+    from helpers import ROOT, tfdoctor
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "tfdoctor", "check", "fixtures/gpt_correct.py:build",
-                           "--train-batch", "8", "--train-seq", "5000"], cwd=ROOT, capture_output=True, text=True,
-                          env=env, timeout=300)
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = tfdoctor("check", "fixtures/gpt_correct.py:build", "--train-batch", "8", "--train-seq", "5000",
+                    module=True, env=env)
     assert done.returncode == 2 and not done.stdout
     assert done.stderr.strip().splitlines() == [
         "tfdoctor: error: --train-seq 5000 is longer than the model's 64 positions; pass --train-seq 64 or less, "

@@ -4,7 +4,7 @@ fixtures and on tiny real Hugging Face models built locally."""
 import pytest
 import torch
 
-from conftest import build_fixture
+from helpers import build_fixture
 from real_models import MORE_MODELS, hf_gpt2, hf_llama, with_pad
 from tfdoctor import Subject, run_checks
 from tfdoctor.errors import UsageError
@@ -19,8 +19,8 @@ def one(subject, check_id, **fields):
 # ------------------------------------------------------------------------------------- padding
 
 
-def test_left_padding_with_arange_positions_fails_and_names_the_shift():
-    result = one(build_fixture("gpt_left_pad_positions"), "padding-equivalence")
+def test_left_padding_with_arange_positions_fails_and_names_the_shift(report_of):
+    result = report_of("gpt_left_pad_positions", ["padding-equivalence"])["padding-equivalence"]
     assert result.status.value == "fail"
     assert (result.details["pad_side"], result.details["cause"]) == ("left", "positions")
     # the full row agrees (no pads before it), every shorter row differs at every real position
@@ -32,8 +32,8 @@ def test_left_padding_with_arange_positions_fails_and_names_the_shift():
     assert "cumsum" in result.hint
 
 
-def test_positions_from_the_mask_pass_left_padded():
-    result = one(build_fixture("gpt_left_pad_mask_positions"), "padding-equivalence")
+def test_positions_from_the_mask_pass_left_padded(report_of):
+    result = report_of("gpt_left_pad_mask_positions", ["padding-equivalence"])["padding-equivalence"]
     assert result.status.value == "pass", result.message
     assert list(result.details["sides"]) == ["left"]
     assert result.details["sides"]["left"]["largest_difference"] <= result.details["sides"]["left"]["tolerance"]
@@ -103,8 +103,8 @@ def test_hugging_face_gpt2_left_padded_without_position_ids_fails():
 # ------------------------------------------------------------------------------------- packing
 
 
-def test_packed_documents_without_a_document_mask_fail_with_the_map():
-    result = one(build_fixture("gpt_packed_no_doc_mask"), "packing-isolation")
+def test_packed_documents_without_a_document_mask_fail_with_the_map(report_of):
+    result = report_of("gpt_packed_no_doc_mask", ["packing-isolation"])["packing-isolation"]
     assert result.status.value == "fail" and result.details["cause"] == "attention"
     for row, lengths in zip(result.details["document_map"].values(), result.details["document_lengths"]):
         # causal, no document mask: every document reads every earlier one, none a later one
@@ -115,8 +115,8 @@ def test_packed_documents_without_a_document_mask_fail_with_the_map():
     assert "doc_ids[:, :, None] == doc_ids[:, None, :]" in result.hint
 
 
-def test_packed_documents_with_a_document_mask_pass():
-    result = one(build_fixture("gpt_packed"), "packing-isolation")
+def test_packed_documents_with_a_document_mask_pass(report_of):
+    result = report_of("gpt_packed", ["packing-isolation"])["packing-isolation"]
     assert result.status.value == "pass", result.message
     assert result.details["largest_difference"] <= result.details["tolerance"]
 
@@ -155,8 +155,8 @@ def test_hugging_face_position_id_packing_isolates_documents(factory):
 # ------------------------------------------------------------------------------------- cache
 
 
-def test_cache_path_without_the_causal_mask_diverges_in_the_prefill():
-    result = one(build_fixture("gpt_kv_cache_no_mask"), "cache-consistency")
+def test_cache_path_without_the_causal_mask_diverges_in_the_prefill(report_of):
+    result = report_of("gpt_kv_cache_no_mask", ["cache-consistency"])["cache-consistency"]
     assert result.status.value == "fail"
     assert result.details["first_divergence"] == 0 and result.details["first_divergence"] < result.details["prefill"]
     assert "drops the causal mask" in result.message
@@ -171,8 +171,8 @@ def test_cache_positions_restarting_diverge_at_the_first_decoded_token():
     assert "arange(past, past + t)" in result.hint
 
 
-def test_correct_cache_passes():
-    result = one(build_fixture("gpt_kv_cache"), "cache-consistency")
+def test_correct_cache_passes(report_of):
+    result = report_of("gpt_kv_cache", ["cache-consistency"])["cache-consistency"]
     assert result.status.value == "pass", result.message
     assert result.details["path"] == "incremental"
 
@@ -241,25 +241,22 @@ def test_real_models_in_the_battery_use_with_pad():
 
 def train_fn(name):
     import importlib
-    import sys
 
-    from conftest import FIXTURES
-
-    loops = str(FIXTURES / "loops")
-    if loops not in sys.path:
-        sys.path.insert(0, loops)
-    return importlib.import_module(name).train
+    return importlib.import_module(name).train  # fixtures/loops is on the path (pyproject's pythonpath)
 
 
 TOKEN_WEIGHTED = ["token_sum_total", "num_items_in_batch", "rescale_grads_total", "masked_token_sum_scaler"]
 
 
-def audit(loop, only=("token-weighting", "accumulation-scaling"), **fields):
+TOKEN_CHECKS = ("token-weighting", "accumulation-scaling")
+
+
+def audit(loop, only=TOKEN_CHECKS, **fields):
     return run_checks(build_fixture("gpt_pad_masked"), only=list(only), train=train_fn(loop), **fields)
 
 
-def test_per_micro_batch_means_warn_with_the_weight_ratio():
-    report = audit("per_micro_batch_mean")
+def test_per_micro_batch_means_warn_with_the_weight_ratio(report_of):
+    report = report_of("gpt_pad_masked", TOKEN_CHECKS, train="per_micro_batch_mean")  # as audit() runs it
     result = report["token-weighting"]
     assert result.status.value == "warn"
     tokens, means = result.details["tokens_per_micro_batch"], result.details["mean_weight_per_micro_batch"]
@@ -276,8 +273,8 @@ def test_per_micro_batch_means_warn_with_the_weight_ratio():
 
 
 @pytest.mark.parametrize("loop", TOKEN_WEIGHTED)
-def test_token_weighted_loops_pass_token_weighting_and_accumulation_scaling(loop):
-    report = audit(loop)
+def test_token_weighted_loops_pass_token_weighting_and_accumulation_scaling(loop, report_of):
+    report = report_of("gpt_pad_masked", TOKEN_CHECKS, train=loop)  # as audit() runs it
     assert report["token-weighting"].status.value == "pass", report["token-weighting"].message
     assert report["token-weighting"].details["weight_ratio"] == pytest.approx(1.0, abs=1e-3)
     scaling = report["accumulation-scaling"]

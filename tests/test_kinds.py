@@ -4,7 +4,7 @@ on every correct real model and fixture (no fail, no error)."""
 import pytest
 import torch
 
-from conftest import ROOT, build_fixture
+from helpers import build_fixture, tfdoctor
 from real_models import (ALL_MODELS, CAUSAL_MODELS, MORE_MODELS, hf_bart, hf_bert, hf_gpt2, hf_t5,
                          x_transformers_encoder)
 from tfdoctor import Subject, run_checks
@@ -45,15 +45,13 @@ def test_an_encoder_trained_as_a_causal_lm_fails_future_leak_when_declared_causa
     assert run_checks(build_model(), only="future-leak")["future-leak"].status.value == "skip"
 
 
+@pytest.mark.e2e
 def test_kind_flag_on_the_command_line_wins():
     """`--kind causal` on a bare module whose layers say encoder (the detected path skips: see above)."""
     import json
-    import subprocess
-    import sys
 
-    done = subprocess.run([sys.executable, "-m", "tfdoctor", "check", "fixtures/xt_encoder_as_lm.py:build_model",
-                           "--only", "future-leak", "--format", "json", "--kind", "causal"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = tfdoctor("check", "fixtures/xt_encoder_as_lm.py:build_model", "--only", "future-leak", "--format", "json",
+                    "--kind", "causal", module=True)
     assert done.returncode == 1, done.stderr
     assert json.loads(done.stdout)["checks"][0]["status"] == "fail"
 
@@ -105,8 +103,8 @@ def test_a_model_random_in_eval_is_not_taken_for_sequence_first():
 @pytest.mark.parametrize("name, expected", [
     ("encoder_correct", "pass"), ("encoder_causal", "fail"),
 ])
-def test_bidirectional_encoder(name, expected):
-    result = run_checks(build_fixture(name), only="bidirectional-encoder")["bidirectional-encoder"]
+def test_bidirectional_encoder(name, expected, report_of):
+    result = report_of(name, ["bidirectional-encoder"])["bidirectional-encoder"]
     assert result.status.value == expected
     assert result.details["pattern"] == ("none" if expected == "pass" else "causal")
 
@@ -114,8 +112,8 @@ def test_bidirectional_encoder(name, expected):
 @pytest.mark.parametrize("name, expected", [
     ("seq2seq_correct", "pass"), ("seq2seq_causal_cross", "fail"),
 ])
-def test_cross_attention_mask(name, expected):
-    result = run_checks(build_fixture(name), only="cross-attention-mask")["cross-attention-mask"]
+def test_cross_attention_mask(name, expected, report_of):
+    result = report_of(name, ["cross-attention-mask"])["cross-attention-mask"]
     assert result.status.value == expected
     if expected == "fail":
         assert result.details["unread_pairs"] == 32 * 31 // 2

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from conftest import build_fixture
+from helpers import build_fixture
 from real_models import CAUSAL_MODELS
 from tfdoctor import Subject, run_checks
 from tfdoctor.checks.masking import classify
@@ -30,9 +30,9 @@ FIXTURE_EXPECTATIONS = {
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURE_EXPECTATIONS))
-def test_mask_checks_on_fixtures(name):
+def test_mask_checks_on_fixtures(name, report_of):
     leak_status, pattern = FIXTURE_EXPECTATIONS[name]
-    report = run_checks(build_fixture(name), only=MASK_CHECKS)
+    report = report_of(name, MASK_CHECKS)
     assert report["future-leak"].status.value == leak_status
     assert report["mask-direction"].details["pattern"] == pattern
     assert report["mask-direction"].status.value == ("pass" if pattern == "causal" else "fail")

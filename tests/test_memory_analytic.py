@@ -151,6 +151,7 @@ def test_rich_report_fits():
     assert "FITS" in out.getvalue()
 
 
+@pytest.mark.e2e
 def test_analytic_mode_does_not_import_torch():
     code = ("import sys\n"
             "sys.argv = ['tfdoctor', 'memory', '--batch', '8', '--seq', '5000', '--budget', '24GiB']\n"

@@ -1,19 +1,18 @@
-"""`tfdoctor memory` through the installed command: exit codes 0, 1, 2, one-line usage errors, JSON."""
+"""`tfdoctor memory` through the installed command: exit codes 0, 1, 2, JSON (its one-line usage errors,
+refused before anything runs, are in test_usage.py)."""
 
 import json
-import shutil
 import subprocess
 import sys
 
-import pytest
+from helpers import E2E, tfdoctor as run
 
-TFDOCTOR = shutil.which("tfdoctor")
-pytestmark = pytest.mark.skipif(TFDOCTOR is None, reason="the tfdoctor command is not installed (pip install -e .)")
+pytestmark = E2E
 SEED = ["--batch", "8", "--seq", "5000", "--d-model", "512", "--heads", "8", "--vocab", "10000"]
 
 
-def tfdoctor(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([TFDOCTOR, *args], capture_output=True, text=True, timeout=120)
+def tfdoctor(*args: str):
+    return run(*args, timeout=120)
 
 
 def test_seed_is_out_of_memory_exit_1():
@@ -41,32 +40,6 @@ def test_default_budget_is_this_machine():
     done = tfdoctor("memory", "--batch", "1", "--seq", "64", "--d-model", "128", "--format", "json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["budget_source"] == "available memory of this machine"
-
-
-@pytest.mark.parametrize("args", [
-    ["--heads", "7"],
-    ["--budget", "lots"],
-    ["--budget", "0GB"],
-    ["--gpus", "0"],
-    ["--dtype", "fp8"],
-])
-def test_usage_errors_exit_2_with_one_line(args):
-    done = tfdoctor("memory", *SEED, *args)
-    assert done.returncode == 2
-    assert done.stdout == ""
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("tfdoctor: error:"), done.stderr
-    assert "Traceback" not in done.stderr
-
-
-def test_non_positive_batch_exit_2():
-    done = tfdoctor("memory", "--batch", "0", "--seq", "10")
-    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
-
-
-def test_model_shape_flags_rejected_with_a_target():
-    done = tfdoctor("memory", "fixtures/gpt_correct.py:build", "--batch", "2", "--seq", "16", "--d-model", "64")
-    assert done.returncode == 2 and "analytic" in done.stderr
 
 
 def test_help_does_not_import_torch():
@@ -121,3 +94,11 @@ def test_device_cuda_traces_a_meta_model_with_cudas_kernels():
     attention = json.loads(done.stdout)["attention"]
     assert attention["device"] == "cuda" and attention["why"] == "set by --device cuda"
     assert [k["op"] for k in attention["kernels"]] == ["_scaled_dot_product_flash_attention"]
+
+
+def test_traced_cli_exit_codes():
+    out_of_memory = run("memory", FIXTURE, "--batch", "8", "--seq", "64", "--budget", "2MiB")
+    assert out_of_memory.returncode == 1, out_of_memory.stderr
+    assert "OUT OF MEMORY" in out_of_memory.stdout and "traced" in out_of_memory.stdout
+    too_long = run("memory", FIXTURE, "--batch", "1", "--seq", "100000", "--budget", "80GB")
+    assert too_long.returncode == 2 and "positions" in too_long.stderr

@@ -31,6 +31,7 @@ for shard in ("zero3", "zero2"):
 print(json.dumps(out))
 dist.destroy_process_group()
 """
+pytestmark = pytest.mark.e2e  # every test reads the 2-process FSDP2 run
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,6 @@
 """Traced memory mode: fake tensors agree with real ones, the analytic model agrees with the trace, and
 HF GPT-2, the fixtures and a billion-parameter model trace without allocating."""
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,7 +10,6 @@ from tfdoctor.memory.analytic import Config, estimate
 from tfdoctor.memory.gpt import GPT
 from tfdoctor.memory.traced import fake_step
 from tfdoctor.memory.traced_verdict import judge_traced
-from tfdoctor.runner import run_checks
 from tfdoctor.subject import Subject
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,28 +93,15 @@ def test_judge_traced_remedies_on_fixture():
     assert accumulation.peak_bytes < verdict.peak_bytes
 
 
-def test_memory_check_skips_fails_and_passes():
-    from tfdoctor.loader import load_subject
-
-    model = load_subject(FIXTURE)
-    assert run_checks(model, only="memory")["memory"].status.value == "skip"
-    tight = run_checks(model, only="memory", options={"train_batch": 8, "train_seq": 64, "budget": "1MiB"})
+def test_memory_check_skips_fails_and_passes(report_of):
+    # FIXTURE's model, each run on a fresh build (shared with the catalogue's rows)
+    assert report_of("gpt_correct", ["memory"])["memory"].status.value == "skip"
+    tight = report_of("gpt_correct", ["memory"], options={"train_batch": 8, "train_seq": 64, "budget": "1MiB"})
     result = tight["memory"]
     assert result.status.value == "fail", result.message
     assert "137" in result.message and result.details["peak_bytes"] > 2**20
-    roomy = run_checks(model, only="memory", options={"train_batch": 2, "train_seq": 16, "budget": "80GB"})
+    roomy = report_of("gpt_correct", ["memory"], options={"train_batch": 2, "train_seq": 16, "budget": "80GB"})
     assert roomy["memory"].status.value == "pass", roomy["memory"].message
-
-
-@pytest.mark.skipif(shutil.which("tfdoctor") is None, reason="the tfdoctor command is not installed")
-def test_traced_cli_exit_codes():
-    run = lambda *a: subprocess.run(["tfdoctor", "memory", FIXTURE, *a], capture_output=True, text=True,
-                                    timeout=300)
-    out_of_memory = run("--batch", "8", "--seq", "64", "--budget", "2MiB")
-    assert out_of_memory.returncode == 1, out_of_memory.stderr
-    assert "OUT OF MEMORY" in out_of_memory.stdout and "traced" in out_of_memory.stdout
-    too_long = run("--batch", "1", "--seq", "100000", "--budget", "80GB")
-    assert too_long.returncode == 2 and "positions" in too_long.stderr
 
 
 # --- remedies derived from the one trace (issue 8, items 2 and 4) ----------------------------------

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from conftest import build_fixture
+from helpers import build_fixture
 from real_models import CAUSAL_MODELS
 from tfdoctor import Subject, run_checks
 
@@ -28,8 +28,8 @@ def statuses(report):
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURE_EXPECTATIONS))
-def test_numerics_checks_on_fixtures(name):
-    report = run_checks(build_fixture(name), only=NUMERICS_CHECKS)
+def test_numerics_checks_on_fixtures(name, report_of):
+    report = report_of(name, NUMERICS_CHECKS)
     assert statuses(report) == FIXTURE_EXPECTATIONS[name], [r.message for r in report.results]
 
 
@@ -329,9 +329,9 @@ def test_nan_from_a_fully_masked_softmax_row_is_blamed_on_it():
 # finite-logits: NaN on valid random tokens is a failed check, not a usage error (issue 17 item 17)
 
 
-@pytest.fixture(scope="module")
-def diagonal_blocked_report():
-    return run_checks(build_fixture("gpt_diagonal_blocked"), only=["future-leak", "init-loss"])
+@pytest.fixture
+def diagonal_blocked_report(report_of):
+    return report_of("gpt_diagonal_blocked", ["future-leak", "init-loss"])
 
 
 def test_nan_logits_fail_finite_logits_naming_rows_positions_and_the_mask_row(diagonal_blocked_report):
@@ -351,21 +351,19 @@ def test_model_checks_skip_on_nan_logits_saying_why(diagonal_blocked_report):
         assert "see finite-logits" in diagonal_blocked_report[check_id].message
 
 
-def test_finite_logits_passes_a_correct_model():
-    result = run_checks(build_fixture("gpt_correct"), only="finite-logits")["finite-logits"]
+def test_finite_logits_passes_a_correct_model(report_of):
+    result = report_of("gpt_correct", ["finite-logits"])["finite-logits"]
     assert result.status.value == "pass" and result.details["nonfinite_positions"] == 0
 
 
+@pytest.mark.e2e
 def test_nan_logits_exit_1_from_the_command():
     import json
-    import subprocess
-    import sys
 
-    from conftest import ROOT
+    from helpers import tfdoctor
 
-    done = subprocess.run([sys.executable, "-m", "tfdoctor", "check", "tests/targets/hostile.py:nan_logits",
-                           "--only", "init-loss", "--format", "json"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    done = tfdoctor("check", "tests/targets/hostile.py:nan_logits", "--only", "init-loss", "--format", "json",
+                    module=True, timeout=120)
     assert done.returncode == 1, done.stderr
     checks = {c["id"]: c["status"] for c in json.loads(done.stdout)["checks"]}
     assert checks == {"finite-logits": "fail", "init-loss": "skip"}

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from conftest import build_fixture
+from helpers import build_fixture
 from tfdoctor import Subject, run_checks
 from tfdoctor.errors import UsageError
 from tfdoctor.recording.batches import train_batches
@@ -27,8 +27,8 @@ REAL_POSITIONS = 4 * 32 - sum(pad_counts(4, 32))
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_padding_checks_on_fixtures(name):
-    report = run_checks(build_fixture(name), only=PAD_CHECKS)
+def test_padding_checks_on_fixtures(name, report_of):
+    report = report_of(name, PAD_CHECKS)
     assert tuple(r.status.value for r in report.results) == EXPECTED[name], [r.message for r in report.results]
 
 

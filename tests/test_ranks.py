@@ -6,84 +6,23 @@ the digests are gathered here and judged as rank 0 will judge them, on a Trace w
 them. The end-to-end runs through `tfdoctor run --nproc` live with the distributed driver's tests.
 """
 
-import os
 import pickle
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from conftest import ROOT
-from tfdoctor.checks.ranks import ddp_accumulation, rank_data, rank_sync, rank_uniform
-from tfdoctor.recording.trace import Event, Trace
+from helpers import RANK_STEPS as STEPS
+from helpers import ROOT, WORLD, judge_ranks, rank_checks, rank_subject, trace_of
+from tfdoctor.checks.ranks import rank_data, rank_sync
+from tfdoctor.recording.trace import Event
 from tfdoctor.recording.ranks import RankRecorder
 from tfdoctor.result import Result
-from tfdoctor.subject import Subject
 
 SCRIPTS = "fixtures/scripts"
-STEPS = 4  # two epochs of the fixtures' 2 steps each
-WORLD = 2
-CHECKS = {"rank-data": rank_data, "rank-sync": rank_sync, "ddp-accumulation": ddp_accumulation,
-          "rank-uniform": rank_uniform}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_ranks(script: str, out: Path) -> list[dict]:
-    """Both ranks' digests of `script`, rank 0 first."""
-    port = _free_port()
-    procs = []
-    for rank in range(WORLD):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD),
-               "LOCAL_WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, str(ROOT / "tests" / "rank_worker.py"), script, str(out),
-                                       str(STEPS)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    try:
-        outputs = [p.communicate(timeout=180)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outputs)
-    gathered = [pickle.loads((out / f"rank{rank}.pkl").read_bytes()) for rank in range(WORLD)]
-    assert [g["ended"] for g in gathered] == ["stopped"] * WORLD
-    return [g["digest"] for g in gathered]
-
-
-@pytest.fixture(scope="module")
-def digests(tmp_path_factory):
-    """digests(name): the fixture ddp_NAME.py run once on 2 ranks."""
-    cache: dict[str, list[dict]] = {}
-
-    def get(name: str) -> list[dict]:
-        if name not in cache:
-            cache[name] = run_ranks(f"{SCRIPTS}/ddp_{name}.py", tmp_path_factory.mktemp(name))
-        return cache[name]
-
-    return get
-
-
-# A judge is a function of (subject, trace): called on a hand-built Trace, no loop and no recorder.
-SUBJECT = Subject(torch.nn.Linear(2, 2), vocab_size=50)
-
-
-def trace_of(ranks: list[dict]) -> Trace:
-    return Trace([], 0, [], [], [], 0, ranks=ranks)
-
-
-def judge(ranks: list[dict]) -> dict:
-    trace = trace_of(ranks)
-    return {check_id: func(SUBJECT, trace) for check_id, func in CHECKS.items()}
+CHECKS = rank_checks()
+judge = judge_ranks
+SUBJECT = rank_subject()
 
 
 def statuses(results: dict) -> dict:
@@ -100,8 +39,9 @@ def line_of(name: str, text: str) -> str:
 # the fixtures, judged
 
 
-def test_correct_ddp_passes_all_four(digests):
-    ranks = digests("correct")
+@pytest.mark.e2e
+def test_correct_ddp_passes_all_four(rank_digests):
+    ranks = rank_digests("correct")
     results = judge(ranks)
     assert statuses(results) == dict.fromkeys(CHECKS, "pass"), {k: r.message for k, r in results.items()}
     assert results["rank-data"].details["epochs_seen"] == {0: 2, 1: 2}  # both epochs were seen, in new orders
@@ -110,8 +50,9 @@ def test_correct_ddp_passes_all_four(digests):
     assert results["ddp-accumulation"].details["accumulating_steps"] == STEPS
 
 
-def test_digest_is_small_plain_data(digests):
-    ranks = digests("correct")
+@pytest.mark.e2e
+def test_digest_is_small_plain_data(rank_digests):
+    ranks = rank_digests("correct")
     assert [d["rank"] for d in ranks] == [0, 1] and all(d["world_size"] == WORLD for d in ranks)
 
     def plain(value):
@@ -127,8 +68,9 @@ def test_digest_is_small_plain_data(digests):
     assert len(ranks[0]["params"][0]["states"]) == STEPS + 1
 
 
-def test_no_sampler_fails_rank_data_at_the_loader(digests):
-    results = judge(digests("no_sampler"))
+@pytest.mark.e2e
+def test_no_sampler_fails_rank_data_at_the_loader(rank_digests):
+    results = judge(rank_digests("no_sampler"))
     assert statuses(results) == {"rank-data": "fail", "rank-sync": "pass", "ddp-accumulation": "pass",
                                  "rank-uniform": "pass"}
     found = results["rank-data"]
@@ -139,8 +81,9 @@ def test_no_sampler_fails_rank_data_at_the_loader(digests):
     assert "both ranks trained on the same 8 batches" in found.message and "DistributedSampler" in found.hint
 
 
-def test_no_set_epoch_warns_that_the_epoch_order_repeats(digests):
-    results = judge(digests("no_set_epoch"))
+@pytest.mark.e2e
+def test_no_set_epoch_warns_that_the_epoch_order_repeats(rank_digests):
+    results = judge(rank_digests("no_set_epoch"))
     assert statuses(results) == {"rank-data": "warn", "rank-sync": "pass", "ddp-accumulation": "pass",
                                  "rank-uniform": "pass"}
     found = results["rank-data"]
@@ -152,8 +95,9 @@ def test_no_set_epoch_warns_that_the_epoch_order_repeats(digests):
     assert "set_epoch() is never called" in found.message and "set_epoch(epoch)" in found.hint
 
 
-def test_accumulation_outside_no_sync_warns_with_the_wasted_all_reduces(digests):
-    results = judge(digests("accum_no_no_sync"))
+@pytest.mark.e2e
+def test_accumulation_outside_no_sync_warns_with_the_wasted_all_reduces(rank_digests):
+    results = judge(rank_digests("accum_no_no_sync"))
     assert statuses(results) == {"rank-data": "pass", "rank-sync": "pass", "ddp-accumulation": "warn",
                                  "rank-uniform": "pass"}
     found = results["ddp-accumulation"]
@@ -163,8 +107,9 @@ def test_accumulation_outside_no_sync_warns_with_the_wasted_all_reduces(digests)
     assert "1 all-reduce per step wasted" in found.message and "no_sync()" in found.hint
 
 
-def test_rank0_clip_fails_rank_uniform_and_rank_sync(digests):
-    results = judge(digests("rank0_clip"))
+@pytest.mark.e2e
+def test_rank0_clip_fails_rank_uniform_and_rank_sync(rank_digests):
+    results = judge(rank_digests("rank0_clip"))
     assert statuses(results) == {"rank-data": "pass", "rank-sync": "fail", "ddp-accumulation": "pass",
                                  "rank-uniform": "fail"}
     uniform = results["rank-uniform"]
@@ -179,9 +124,10 @@ def test_rank0_clip_fails_rank_uniform_and_rank_sync(digests):
     assert "after optimizer step 1" in sync.message
 
 
-def test_rank_sync_names_a_start_that_differs(digests):
+@pytest.mark.e2e
+def test_rank_sync_names_a_start_that_differs(rank_digests):
     """The same checksums with one tensor's start changed on rank 1: the ranks start apart."""
-    ranks = pickle.loads(pickle.dumps(digests("correct")))
+    ranks = pickle.loads(pickle.dumps(rank_digests("correct")))
     names = ranks[1]["params"][0]["names"]
     i = names.index("head.weight")
     total, squares = ranks[1]["params"][0]["states"][0][i]
@@ -192,8 +138,9 @@ def test_rank_sync_names_a_start_that_differs(digests):
     assert "at the start" in found.message and "DistributedDataParallel" in found.hint
 
 
-def test_one_process_skips_every_rank_check(digests):
-    for ranks in ([], digests("correct")[:1]):
+@pytest.mark.e2e
+def test_one_process_skips_every_rank_check(rank_digests):
+    for ranks in ([], rank_digests("correct")[:1]):
         results = judge(ranks)
         assert statuses(results) == dict.fromkeys(CHECKS, "skip")
         assert all(r.message.startswith("one process:") for r in results.values())

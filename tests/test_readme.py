@@ -7,23 +7,20 @@
   number masked (a CPU that rounds a loss or a bfloat16 difference otherwise prints 0.0035 where the
   README shows 0.0034) and the table borders and line breaks ignored (a number one character wider
   moves where Rich wraps a cell, so a shown line is looked for in the output's text as one stream).
-- Every ```python block runs with `fixtures/` on the path, and the `test_*` functions it defines run
-  too; `print(...)  # "value"` must print that value.
+- Every ```python block runs with `fixtures/` on the path (in this process, in a namespace of its own),
+  and the `test_*` functions it defines run too; `print(...)  # "value"` must print that value.
 """
 
-import os
+import contextlib
+import io
 import re
-import shutil
-import subprocess
-import sys
-import textwrap
+import shlex
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT, needs_command, tfdoctor
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-TFDOCTOR = shutil.which("tfdoctor")
 TIME = re.compile(r"\b\d+\.\d\ds(?=│|\s*$)")  # the per-check time column
 # Measured numbers (a loss, a bfloat16 difference) round differently on other CPUs: shown text is
 # compared with every number masked, and without the table's borders and the layout's whitespace.
@@ -126,17 +123,21 @@ def test_the_readme_has_examples_to_run():
     assert sum(1 for info, _ in code_blocks(README) if info == "python") >= 2
 
 
-@pytest.mark.skipif(TFDOCTOR is None, reason="tfdoctor is not installed (pip install -e .)")
+@pytest.mark.e2e
+@needs_command
 @pytest.mark.parametrize("command, expected, shown", COMMANDS, ids=[c[0].split("#")[0].strip() for c in COMMANDS])
-def test_readme_command(command, expected, shown):
+def test_readme_command(command, expected, shown, shared_tfdoctor):
     line = command.split("#", 1)[0].strip()
-    env = {**os.environ, "COLUMNS": "100"}
+    words = shlex.split(line)
+    assert words[0] == "tfdoctor" and not set("|&;<>$`") & set(line), line  # one plain command, as typed
     # The README writes reports into the reader's own folder (never a shared /tmp path): the test
-    # removes what the command wrote there.
+    # removes what the command wrote there. A command that writes nothing is the same process as the
+    # tests' own run of it, if they give it (test_cli, test_run): one run, shared.
     written = [ROOT / path for path in re.findall(r"--output[= ](\S+)", line) if not (ROOT / path).exists()]
     assert not [path for path in re.findall(r"--output[= ](\S+)", line) if path.startswith("/tmp")], line
     try:
-        done = subprocess.run(line, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+        run = tfdoctor if "--output" in words else shared_tfdoctor
+        done = run(*words[1:], env={"COLUMNS": "100"}, timeout=600)
     finally:
         for path in written:
             path.unlink(missing_ok=True)
@@ -153,23 +154,20 @@ PYTHON_BLOCKS = [body for info, body in code_blocks(README) if info == "python"]
 
 @pytest.mark.parametrize("body", PYTHON_BLOCKS, ids=[f"python-{i}" for i in range(len(PYTHON_BLOCKS))])
 def test_readme_python_block(body):
+    """Run in this process, in a namespace of its own, as a fresh `python -c` would run it (fixtures/ is
+    on the path here too); an exception fails the test as a non-zero exit would."""
     expected = [m.group(1) for m in re.finditer(r"print\(.*\)\s*#\s*(.+)$", body, re.M)]
-    runner = textwrap.dedent("""
-        import sys
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
         namespace = {"__name__": "readme_example"}
-        exec(compile(sys.stdin.read(), "README.md", "exec"), namespace)
+        exec(compile(body, "README.md", "exec"), namespace)
         for name, value in list(namespace.items()):
             if name.startswith("test_") and callable(value):
                 value()
         if callable(namespace.get("build")):
             namespace["build"]()
-    """)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "fixtures"), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", runner], input=body, cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    printed = done.stdout.splitlines()
-    assert [p.strip() for p in printed] == [e.strip().strip('"') for e in expected], done.stdout
+    printed = out.getvalue().splitlines()
+    assert [p.strip() for p in printed] == [e.strip().strip('"') for e in expected], out.getvalue()
 
 
 def test_every_check_is_in_the_readme_catalogue_with_its_fix():

@@ -5,14 +5,12 @@ import io
 import json
 import os
 import shutil
-import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, ROOT, build_fixture
+from helpers import FIXTURES, ROOT, build_fixture, tfdoctor
 from hostile_strings import HOSTILE
 from tfdoctor.report import render
 from tfdoctor.result import ExitCode, Report, Result, Status
@@ -216,12 +214,13 @@ def test_console_shows_user_strings_without_obeying_them(hostile):
     assert "<&]]>\\x1bhostile.py" in text.splitlines()[0]
 
 
+@pytest.mark.e2e
 def test_junit_through_the_command_on_a_latin1_locale(hostile):
     folder, target, _ = hostile
-    env = {**os.environ, "PYTHONIOENCODING": "latin-1", "PYTHONPATH": os.pathsep.join(
+    env = {"COLUMNS": None, "PYTHONIOENCODING": "latin-1", "PYTHONPATH": os.pathsep.join(
         [str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "tfdoctor", "check", target, "--only", "half-precision-mask",
-                           "--format", "junit"], capture_output=True, env=env, timeout=300)
+    done = tfdoctor("check", target, "--only", "half-precision-mask", "--format", "junit", module=True, env=env,
+                    text=False)
     assert done.returncode == 0, done.stderr.decode("utf-8", "replace")
     root = ET.fromstring(done.stdout.decode("utf-8", errors="strict").split("\n", 1)[1])
     (case,) = root.find("testsuite").findall("testcase")
@@ -263,7 +262,6 @@ def rendered_of(report: Report, fmt: str) -> str:
 
 def test_token_weighting_finding_points_at_the_users_loss_line():
     """The one loop finding that had no location (it landed on line 1 of the model's file)."""
-    sys.path.insert(0, str(FIXTURES / "loops"))
     from per_micro_batch_mean import train
 
     from tfdoctor import run_checks
@@ -296,6 +294,7 @@ for step in range(4):
 '''
 
 
+@pytest.mark.e2e
 def test_sarif_puts_a_model_defined_outside_the_project_on_the_scripts_call(tmp_path):
     """`run` on a model whose class is not the user's file (site-packages for a Hugging Face model;
     here a folder outside the current one): the finding lands on the script's line that calls the
@@ -303,9 +302,9 @@ def test_sarif_puts_a_model_defined_outside_the_project_on_the_scripts_call(tmp_
     name holds `<&]]>`: a real file, not a "<string>" pseudo-file, and percent-encoded in the URI."""
     script = tmp_path / "<&]]>train.py"
     script.write_text(SCRIPT_WITH_LIBRARY_MODEL.format(fixtures=str(FIXTURES)))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "tfdoctor", "run", script.name, "--only", "future-leak",
-                           "--format", "sarif"], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    env = {"COLUMNS": None, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = tfdoctor("run", script.name, "--only", "future-leak", "--format", "sarif", cwd=tmp_path, module=True,
+                    env=env)
     assert done.returncode == 1, done.stderr
     (entry,) = json.loads(done.stdout)["runs"][0]["results"]
     where = entry["locations"][0]["physicalLocation"]
@@ -322,12 +321,12 @@ def _cell_text(output: str, column: int) -> str:
     return "".join("".join(cells).split())
 
 
+@pytest.mark.e2e
 def test_checks_catalogue_wraps_every_fix_at_80_columns_through_a_pipe():
     from tfdoctor.registry import all_checks
 
-    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "tfdoctor", "checks"], capture_output=True, text=True, env=env,
-                          timeout=120)
+    env = {"COLUMNS": "80", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = tfdoctor("checks", module=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "…" not in done.stdout and max(len(line) for line in done.stdout.splitlines()) <= 80
     assert _cell_text(done.stdout, 3) == "".join("".join(spec.fix.split()) for spec in all_checks())
@@ -346,12 +345,35 @@ def test_memory_remedies_wrap_long_code_at_80_columns():
     assert "".join(code.split()) in _cell_text(out.getvalue(), 1)
 
 
+@pytest.mark.e2e
 def test_the_one_line_on_stderr_shows_a_factorys_hostile_message_without_obeying_it(tmp_path):
     (tmp_path / "factory.py").write_text("from hostile_strings import HOSTILE\n\n\ndef build():\n"
                                          "    raise ValueError(HOSTILE)\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(FIXTURES), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-m", "tfdoctor", "check", f"{tmp_path / 'factory.py'}:build"],
-                          capture_output=True, env=env, timeout=300)
+    env = {"COLUMNS": None,
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(FIXTURES), os.environ.get("PYTHONPATH", "")])}
+    done = tfdoctor("check", f"{tmp_path / 'factory.py'}:build", module=True, env=env, text=False)
     err = done.stderr.decode("utf-8", errors="strict")
     assert done.returncode == 2 and "raised ValueError: red nul\\x00" in err
     assert "\x1b" not in err and "\x00" not in err
+
+
+def test_progress_bar_survives_early_stops_overshoot_and_later_tasks():
+    import io
+
+    from rich.console import Console
+
+    from tfdoctor.report.progress import terminal_progress
+
+    with terminal_progress(Console(file=io.StringIO(), force_terminal=True)) as start:
+        first = start("overfit-batch", 10)
+        first(4)
+        first(6)  # completes: the task is removed
+        first(0)
+        first(3)  # after completion: ignored, not a KeyError
+        second = start("training loop", 3)  # a task started after one was removed (issue 8 item 1)
+        second(1)
+        second(5)
+        third = start("overfit-batch (your loop)", 2)
+        third(1)
+    with terminal_progress(Console(file=io.StringIO(), force_terminal=False)) as start:
+        assert start is None

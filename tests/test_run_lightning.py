@@ -4,34 +4,24 @@ inside the step), wraps the optimizer, clears the gradients, accumulates, clips 
 and catches what `fit` raises; the audit must see through all of it (fixtures/scripts/lightning_*.py).
 """
 
-import json
-import os
-import shutil
 import subprocess
 
 import pytest
 
-from conftest import ROOT
+from helpers import E2E, ROOT, SCRIPTS, tfdoctor
 
 pytest.importorskip("lightning")
-TFDOCTOR = shutil.which("tfdoctor")
-pytestmark = pytest.mark.skipif(TFDOCTOR is None, reason="tfdoctor is not installed (pip install -e .)")
-SCRIPTS = "fixtures/scripts"
+pytestmark = E2E
 # The model checks that cost seconds; skipped where a test is about the loop.
 SLOW_MODEL_CHECKS = ["--skip", "future-leak,mask-direction,softmax-mask-order,half-precision-mask,padding-mask,"
                                "masked-row-nan,padding-equivalence,overfit-batch,memory"]
-
-
-def tfdoctor(*args, timeout=300):
-    env = {**os.environ, "COLUMNS": "200"}
-    return subprocess.run([TFDOCTOR, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def audit(script: str, *args):
     """Run the script under `tfdoctor run --format json`: (exit code, report, the script's stderr)."""
     done = tfdoctor("run", f"{SCRIPTS}/{script}", "--format", "json", *args)
     assert done.stdout.startswith("{"), done.stderr  # stdout is the JSON report alone
-    return done.returncode, json.loads(done.stdout), done.stderr
+    return done.returncode, done.json, done.stderr
 
 
 def _line(script: str, start: str) -> int:

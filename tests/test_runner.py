@@ -3,7 +3,7 @@ import random
 import pytest
 import torch
 
-from conftest import build_fixture
+from helpers import build_fixture
 from tfdoctor import Subject, assert_healthy, run_checks
 from tfdoctor.errors import SubjectError, UsageError
 from tfdoctor.registry import all_checks, select
@@ -147,11 +147,6 @@ def test_a_probe_length_beyond_the_models_positions_is_a_usage_error():
 
 
 def test_ids_handed_to_the_forward_are_contiguous():
-    import sys
-
-    from conftest import ROOT
-
-    sys.path.insert(0, str(ROOT / "tests" / "targets"))
     from bad_targets import views_its_ids
 
     report = run_checks(views_its_ids(), only=["init-loss", "overfit-batch", "future-leak"])

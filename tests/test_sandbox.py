@@ -14,7 +14,7 @@ import tempfile
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT, tfdoctor as run
 
 SCRIPT = ROOT / "fixtures" / "scripts" / "writes_everywhere.py"
 USER_FILES = {"ckpt.pt": b"the user's trained weights", "results.csv": b"step,loss\n0,9.9\n",
@@ -56,12 +56,12 @@ def overlay_refused() -> str:
 
 
 def tfdoctor(args, cwd, tmp, **env):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp), **env}
-    return subprocess.run([sys.executable, "-m", "tfdoctor", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env=env)
+    # from the user's folder, which is not the repository: this tree's tfdoctor on the path
+    return run(*args, cwd=cwd, module=True, env={"PYTHONPATH": ROOT, "TMPDIR": tmp, **env})
 
 
-@pytest.fixture(scope="module", params=["overlay", "interpose"])
+@pytest.fixture(scope="module", params=[pytest.param("overlay", marks=pytest.mark.e2e),
+                                        pytest.param("interpose", marks=pytest.mark.e2e)])
 def hostile_run(request, tmp_path_factory):
     """writes_everywhere.py run under one mechanism from a folder of the user's files."""
     if request.param == "overlay" and (why := overlay_refused()):
@@ -101,6 +101,7 @@ def test_keep_writes_keeps_a_copy_at_the_users_paths(hostile_run):
     assert str(user / "old.txt") in open(os.path.join(copy, "DELETED.txt")).read()
 
 
+@pytest.mark.e2e
 def test_a_check_factory_that_writes_leaves_the_users_files_as_they_were(tmp_path):
     user, tmp = tmp_path / "user", tmp_path / "tmp"
     user.mkdir()

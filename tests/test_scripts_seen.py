@@ -2,16 +2,13 @@
 of its own shape. Hugging Face's run_clm.py and TRL's sft.py (gradient checkpointing, TRL's fused LM
 head, forwards patched by TRL and accelerate), x-transformers' enwik8 model (a rate too high for it)."""
 
-import sys
 
 import pytest
 import torch
 
-from conftest import FIXTURES, ROOT, build_fixture
+from helpers import FIXTURES, ROOT, build_fixture
 from tfdoctor import run_checks
 from tfdoctor.loader import load_function
-
-sys.path.insert(0, str(FIXTURES / "loops"))
 
 
 def test_a_forward_patched_on_the_instance_trains_the_copy_not_the_model():

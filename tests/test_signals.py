@@ -18,10 +18,9 @@ import time
 import psutil
 import pytest
 
-from conftest import ROOT
+from helpers import needs_command, start as start_command
 
-TFDOCTOR = shutil.which("tfdoctor")
-pytestmark = pytest.mark.skipif(TFDOCTOR is None, reason="tfdoctor is not installed (pip install -e .)")
+pytestmark = needs_command
 HANGS = "fixtures/scripts/hangs_in_loop.py"
 CLOSES = "fixtures/scripts/closes_fds.py"
 LIMIT = 180  # a hang fails the test here rather than stalling the suite
@@ -43,10 +42,8 @@ def start(tmp_path, *args, marker=None):
     script writes `marker` (named in the environment: a folder its arguments named would be protected
     by tfdoctor's sandbox, and what the script writes there thrown away)."""
     temp = os.path.realpath(tmp_path / "tmp")
-    env = {**os.environ, "COLUMNS": "200", "TMPDIR": str(temp), **({"MARKER": str(marker)} if marker else {})}
-    env.pop("WORLD_SIZE", None)
-    return subprocess.Popen([TFDOCTOR, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    env = {"TMPDIR": temp, "WORLD_SIZE": None, **({"MARKER": marker} if marker else {})}
+    return start_command(*args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for(proc, *paths):
@@ -91,6 +88,7 @@ def tfdoctor_lines(err: str) -> list[str]:
     return lines
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("signum, code, said", [
     (signal.SIGTERM, 143, "tfdoctor: terminated (SIGTERM) during running the script up to its last recorded step"),
     (signal.SIGHUP, 129, "tfdoctor: hung up (SIGHUP) during running the script up to its last recorded step"),
@@ -107,6 +105,7 @@ def test_sigterm_and_sighup_end_every_process_of_the_run_with_one_line(tmp_path,
     assert not left_behind(tmp_path)  # the stack dump file went too
 
 
+@pytest.mark.e2e
 def test_a_detached_child_does_not_outlive_a_finished_run(tmp_path):
     marker = tmp_path / "started"
     proc = start(tmp_path, "run", HANGS, "--only", "zero-grad", "--format", "json", "--",
@@ -119,6 +118,7 @@ def test_a_detached_child_does_not_outlive_a_finished_run(tmp_path):
     assert not left_behind(tmp_path)
 
 
+@pytest.mark.e2e
 def test_ctrl_c_under_nproc_ends_every_rank_with_one_line_and_listens_on_loopback_only(tmp_path):
     marker = tmp_path / "started"
     proc = start(tmp_path, "run", "--nproc", "2", HANGS, "--", marker=marker)
@@ -141,6 +141,7 @@ def test_ctrl_c_under_nproc_ends_every_rank_with_one_line_and_listens_on_loopbac
     assert not left_behind(tmp_path)  # torchelastic's folders and the ranks' files
 
 
+@pytest.mark.e2e
 def test_closing_descriptors_with_os_closerange_leaves_tfdoctors_pipe_alone(tmp_path):
     proc = start(tmp_path, "run", CLOSES, "--only", "zero-grad", "--format", "json", "--", "--how", "os",
                  "--then", "train")
@@ -149,6 +150,7 @@ def test_closing_descriptors_with_os_closerange_leaves_tfdoctors_pipe_alone(tmp_
     assert [c["status"] for c in json.loads(out)["checks"]] == ["pass"]
 
 
+@pytest.mark.e2e
 def test_closing_descriptors_below_python_then_training_is_one_line(tmp_path):
     proc = start(tmp_path, "run", CLOSES, "--only", "zero-grad", "--", "--how", "libc", "--then", "train")
     out, err = proc.communicate(timeout=LIMIT)
@@ -157,6 +159,7 @@ def test_closing_descriptors_below_python_then_training_is_one_line(tmp_path):
     assert "your code closed tfdoctor's report pipe" in line and out == ""
 
 
+@pytest.mark.e2e
 def test_closing_descriptors_below_python_then_hanging_is_stopped_by_the_budget(tmp_path):
     marker = tmp_path / "closed"
     proc = start(tmp_path, "run", CLOSES, "--timeout-per-check", "10", "--", "--how", "libc", "--then", "hang",

@@ -2,63 +2,14 @@
 only there, and CI (pipes) never sees them."""
 
 import json
-import os
 import pty
 import re
-import select
-import shutil
-import subprocess
-import time
 
 import pytest
 
-from conftest import ROOT
+from helpers import BAR_LINE, E2E, final_screen, run_in_terminal
 
-TFDOCTOR = shutil.which("tfdoctor")
-pytestmark = [pytest.mark.skipif(TFDOCTOR is None, reason="tfdoctor is not installed (pip install -e .)"),
-              pytest.mark.skipif(not hasattr(pty, "openpty"), reason="no pseudo-terminals on this platform")]
-
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
-# A bar line: "overfit-batch ━━━━━━╸━━━ 12/300 0:00:01" (description, bar, MofN, elapsed).
-BAR_LINE = re.compile(r"\d+/\d+ \d+:\d\d:\d\d")
-
-
-def run_in_terminal(*args, stdout_is_terminal=True, timeout=300):
-    """Run `tfdoctor ARGS` with stderr (and stdout unless told otherwise) on a pseudo-terminal.
-
-    Returns (exit code, what the terminal received, what a stdout pipe received or None)."""
-    leader, follower = pty.openpty()
-    env = {**os.environ, "COLUMNS": "200", "LINES": "50", "TERM": "xterm-256color"}
-    env.pop("NO_COLOR", None)
-    out = follower if stdout_is_terminal else subprocess.PIPE
-    proc = subprocess.Popen([TFDOCTOR, *args], cwd=ROOT, stdin=follower, stdout=out, stderr=follower, env=env)
-    os.close(follower)
-    screen = bytearray()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([leader], [], [], 0.1)
-        if ready:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the follower side closed: the process is gone
-                break
-            if not chunk:
-                break
-            screen += chunk
-        elif proc.poll() is not None:
-            break
-    piped = proc.stdout.read().decode() if proc.stdout else None
-    code = proc.wait(timeout=30)
-    os.close(leader)
-    return code, screen.decode("utf-8", "replace"), piped
-
-
-def final_screen(raw: str) -> str:
-    """What is left to read once the transient bar has erased itself: the text after the last
-    erase-line sequence the bar sent, without colour codes."""
-    cut = raw.rfind("\x1b[2K")
-    tail = raw[cut:] if cut >= 0 else raw
-    return ANSI.sub("", tail)
+pytestmark = [*E2E, pytest.mark.skipif(not hasattr(pty, "openpty"), reason="no pseudo-terminals on this platform")]
 
 
 def assert_clean_report(text: str):

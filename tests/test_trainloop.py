@@ -6,25 +6,18 @@ GPT-2), fed tfdoctor's random padded batches.
 """
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import FIXTURES, ROOT, build_fixture
+from helpers import FIXTURES, PAD_ID, ROOT, TRAIN_IDS, build_fixture, needs_command, tfdoctor, train_fn
 from tfdoctor import run_checks
 from tfdoctor.checks.schedule import LR_FAIL_LOW
 from tfdoctor.loader import load_function
 from tfdoctor.result import Status
 
-sys.path.insert(0, str(FIXTURES / "loops"))
-
-TRAIN_IDS = ["objective", "ignore-index", "unscale-before-clip", "accumulation-scaling", "scheduler-placement",
-             "zero-grad", "clip-global-norm", "lr-schedule", "amp-loss-scaling", "grad-health", "optimizer-coverage"]
-PAD_ID = 0  # the pad id every loop fixture was written for
 
 # The status of every train check on every loop fixture, with pad_id=0. "skip" marks what a loop
 # does not do (no GradScaler, no accumulation, no autocast).
@@ -87,36 +80,9 @@ EXPECTED = {
     "empty_dataloader": dict(dict.fromkeys(TRAIN_IDS, S), **{"optimizer-coverage": F}),
 }
 
-# The model each family of loops trains (by file-name prefix; the fixture GPT otherwise), and the
-# pad id a loop was written for when it is not PAD_ID.
-MODEL_OF = {"fused_head": "fused_head_gpt", "hf_": "hf_gpt2", "annotated_": "annotated_model", "xt_": "xt_decoder", "time_major": "time_major_lm",
-            "loss_only": "gpt_returns_loss"}
-PAD_OF = {"hf_eos_as_pad": 1, "hf_eos_as_pad_twice": 1}  # hf_gpt2's eos id
-
-
-def model_for(loop: str):
-    return build_fixture(next((m for prefix, m in MODEL_OF.items() if loop.startswith(prefix)), "gpt_correct"))
-
-
-def train_fn(loop: str):
-    return load_function(str(FIXTURES / "loops" / f"{loop}.py") + ":train")
-
-
-_reports: dict = {}
-
-
-def audit(loop: str):
-    """One run of the train checks per loop fixture, shared by the tests below."""
-    if loop not in _reports:
-        torch.manual_seed(0)
-        _reports[loop] = run_checks(model_for(loop), only=TRAIN_IDS, pad_id=PAD_OF.get(loop, PAD_ID),
-                                    train=train_fn(loop))
-    return _reports[loop]
-
-
 @pytest.mark.parametrize("loop", sorted(EXPECTED))
-def test_every_train_check_has_its_expected_status(loop):
-    report = audit(loop)
+def test_every_train_check_has_its_expected_status(loop, loop_audit):
+    report = loop_audit(loop)
     got = {r.id: r.status.value for r in report.results}
     assert got == EXPECTED[loop], {r.id: r.message for r in report.results if got[r.id] != EXPECTED[loop][r.id]}
     for result in report.results:
@@ -127,70 +93,70 @@ def test_every_train_check_has_its_expected_status(loop):
 
 @pytest.mark.parametrize("loop, seen", [("no_epoch", "returned without iterating"),
                                         ("empty_dataloader", "iterated over the 16 batches")])
-def test_loop_that_takes_no_step_fails_saying_so(loop, seen):
-    result = audit(loop)["optimizer-coverage"]
+def test_loop_that_takes_no_step_fails_saying_so(loop, seen, loop_audit):
+    result = loop_audit(loop)["optimizer-coverage"]
     assert seen in result.message and "no optimizer step was taken" in result.message
     assert result.details["optimizer_steps"] == 0 and "iterate over the batches" in result.hint
 
 
-def test_identity_objective_reports_offset_zero():
-    result = audit("identity_objective")["objective"]
+def test_identity_objective_reports_offset_zero(loop_audit):
+    result = loop_audit("identity_objective")["objective"]
     assert result.details["offset"] == 0
     assert result.details["share_by_offset"]["+0"] == 1.0
     assert "ids[:, 1:]" in result.hint
 
 
-def test_double_shift_inside_a_hugging_face_forward_reports_offset_two():
-    result = audit("hf_double_shift")["objective"]
+def test_double_shift_inside_a_hugging_face_forward_reports_offset_two(loop_audit):
+    result = loop_audit("hf_double_shift")["objective"]
     assert result.details["offset"] == 2 and "shifted twice" in result.message
-    assert audit("hf_labels")["objective"].details["offset"] == 1
+    assert loop_audit("hf_labels")["objective"].details["offset"] == 1
 
 
-def test_padding_share_is_measured_from_the_gradient():
-    result = audit("no_ignore_index")["ignore-index"]
+def test_padding_share_is_measured_from_the_gradient(loop_audit):
+    result = loop_audit("no_ignore_index")["ignore-index"]
     assert result.details["ignore_index"] == [-100]
     assert 0.05 < result.details["pad_weight_share"] < 0.5
     assert "ignore_index=0" in result.hint
-    assert audit("correct")["ignore-index"].details["pad_weight_share"] == 0.0
+    assert loop_audit("correct")["ignore-index"].details["pad_weight_share"] == 0.0
 
 
-def test_clip_before_unscale_is_judged_on_order_even_with_a_disabled_cuda_scaler():
-    result = audit("clip_before_unscale_cuda")["unscale-before-clip"]
+def test_clip_before_unscale_is_judged_on_order_even_with_a_disabled_cuda_scaler(loop_audit):
+    result = loop_audit("clip_before_unscale_cuda")["unscale-before-clip"]
     assert result.details["scaler_device"] == "cuda" and result.details["scaler_enabled_here"] is False
     assert result.details["order"].index("clip") < result.details["order"].index("unscale_")
     assert "65536" in result.message
-    order = audit("correct")["unscale-before-clip"].details["order"]
+    order = loop_audit("correct")["unscale-before-clip"].details["order"]
     assert order.index("unscale_") < order.index("clip")
 
 
-def test_missing_division_reports_the_factor():
-    result = audit("no_loss_division")["accumulation-scaling"]
+def test_missing_division_reports_the_factor(loop_audit):
+    result = loop_audit("no_loss_division")["accumulation-scaling"]
     assert result.details["micro_batches_per_step"] == 4
     assert result.details["gradient_factor"] == pytest.approx(4.0, rel=1e-3)
     assert "4.00x" in result.message
-    assert audit("correct")["accumulation-scaling"].details["gradient_factor"] == pytest.approx(1.0, rel=1e-3)
+    assert loop_audit("correct")["accumulation-scaling"].details["gradient_factor"] == pytest.approx(1.0, rel=1e-3)
 
 
-def test_scheduler_per_micro_batch_reports_the_speed_up():
-    result = audit("scheduler_every_batch")["scheduler-placement"]
+def test_scheduler_per_micro_batch_reports_the_speed_up(loop_audit):
+    result = loop_audit("scheduler_every_batch")["scheduler-placement"]
     assert (result.details["scheduler_steps"], result.details["optimizer_steps"]) == (16, 4)
     assert "4.0x" in result.message
 
 
-def test_stale_gradients_are_found_without_a_zero_grad_call():
-    result = audit("no_zero_grad")["zero-grad"]
+def test_stale_gradients_are_found_without_a_zero_grad_call(loop_audit):
+    result = loop_audit("no_zero_grad")["zero-grad"]
     assert result.details["zero_grad_calls"] == 0
     assert result.details["steps_not_cleared"] == result.details["steps_checked"] == 15
 
 
-def test_per_parameter_clip_warns():
-    result = audit("per_parameter_clip")["clip-global-norm"]
+def test_per_parameter_clip_warns(loop_audit):
+    result = loop_audit("per_parameter_clip")["clip-global-norm"]
     assert result.details["by_kind"] == {"per-parameter": 16}
     assert result.details["calls_per_step"] == 29
 
 
-def test_noam_on_default_lr_peaks_near_7e_7():
-    result = audit("noam_default_lr")["lr-schedule"]
+def test_noam_on_default_lr_peaks_near_7e_7(loop_audit):
+    result = loop_audit("noam_default_lr")["lr-schedule"]
     assert result.details["peak_lr"] == pytest.approx(512 ** -0.5 * 4000 ** -0.5 * 1e-3, rel=1e-3)
     assert result.details["peak_lr"] < LR_FAIL_LOW
     assert result.details["peak_step"] == 4000
@@ -198,17 +164,17 @@ def test_noam_on_default_lr_peaks_near_7e_7():
     assert "lr=1.0" in result.hint
 
 
-def test_fp16_autocast_written_for_cuda_is_seen_on_cpu():
-    result = audit("fp16_no_scaler_cuda")["amp-loss-scaling"]
+def test_fp16_autocast_written_for_cuda_is_seen_on_cpu(loop_audit):
+    result = loop_audit("fp16_no_scaler_cuda")["amp-loss-scaling"]
     assert result.details["autocast"] == ["cuda:float16"]
     assert result.details["grad_scaler"] is False
     assert "GradScaler" in result.hint
 
 
-def test_nan_gradients_fail_grad_health():
-    result = audit("nan_penalty")["grad-health"]
+def test_nan_gradients_fail_grad_health(loop_audit):
+    result = loop_audit("nan_penalty")["grad-health"]
     assert result.details["non_finite_steps"][0] == 1
-    norms = audit("correct")["grad-health"].details["pre_clip_norms"]
+    norms = loop_audit("correct")["grad-health"].details["pre_clip_norms"]
     assert len(norms) == 4 and all(0 < n < 100 for n in norms)
 
 
@@ -268,26 +234,26 @@ def test_scores_are_read_the_same_a_few_rows_at_a_time(monkeypatch):
     assert all(torch.equal(whole[k], chunked[k]) for k in whole if k != "log_probs")
 
 
-def test_eos_as_pad_passes_with_a_note_and_two_graded_pads_fail():
-    good = audit("hf_eos_as_pad")["ignore-index"]
+def test_eos_as_pad_passes_with_a_note_and_two_graded_pads_fail(loop_audit):
+    good = loop_audit("hf_eos_as_pad")["ignore-index"]
     assert good.details["end_of_text"] == {"graded_pads": 48, "first_pad_of_row": 48, "rows_with_more_than_one": 0}
     assert good.details["pad_weight_share"] > 0 and "GPT-2 convention" in good.message and good.hint
-    bad = audit("hf_eos_as_pad_twice")["ignore-index"]
+    bad = loop_audit("hf_eos_as_pad_twice")["ignore-index"]
     assert bad.details["end_of_text"]["rows_with_more_than_one"] == 48  # every padded row (3 per batch, 16 batches)
     assert bad.details["graded_pad_targets"] > bad.details["end_of_text"]["first_pad_of_row"]
 
 
-def test_muon_with_large_adam_rates_by_design_passes_per_group():
-    result = audit("muon_aux_adam")["lr-schedule"]
+def test_muon_with_large_adam_rates_by_design_passes_per_group(loop_audit):
+    result = loop_audit("muon_aux_adam")["lr-schedule"]
     families = {(g["optimizer"], g["group"]): (g["family"], g["peak_lr"]) for g in result.details["groups"]}
     assert families == {("AdamW", 0): ("adam", 0.6), ("AdamW", 1): ("adam", 0.008), ("AdamW", 2): ("adam", 0.04),
                         ("Muon", 0): ("muon", 0.05)}
     assert "0.6 (by design: embeddings/norms)" in result.message
-    assert audit("muon_aux_adam")["grad-health"].details["steps"] == 16  # two optimizers, one step per batch
+    assert loop_audit("muon_aux_adam")["grad-health"].details["steps"] == 16  # two optimizers, one step per batch
 
 
-def test_lr_far_above_fails_only_when_the_loss_blows_up():
-    bad = audit("adam_sgd_rate")["lr-schedule"]
+def test_lr_far_above_fails_only_when_the_loss_blows_up(loop_audit):
+    bad = loop_audit("adam_sgd_rate")["lr-schedule"]
     assert bad.details["too_high"] == [["AdamW", 0]]
     assert "the loss rose from" in bad.details["blow_up"]
 
@@ -307,37 +273,37 @@ def test_lr_far_above_fails_only_when_the_loss_blows_up():
     assert "blow_up" not in warned.details
 
 
-def test_manual_schedules_are_read_from_the_recorded_rates():
-    warming = audit("manual_warmup")["lr-schedule"]
+def test_manual_schedules_are_read_from_the_recorded_rates(loop_audit):
+    warming = loop_audit("manual_warmup")["lr-schedule"]
     assert warming.details["source"] == "recorded at the loop's optimizer steps"
     assert warming.details["peak_lr"] == pytest.approx(6e-4 * 16 / 2001)
     assert "still warming up" in warming.message and all(g["rising"] for g in warming.details["groups"])
-    noam = audit("noam_manual_factor")["lr-schedule"]
+    noam = loop_audit("noam_manual_factor")["lr-schedule"]
     assert noam.details["steps_to_usual_low"] > 20_000
     assert noam.details["peak_lr"] == pytest.approx(1e-3 * 512 ** -0.5 * 16 * 4000 ** -1.5)
 
 
-def test_kl_label_smoothing_accumulation_is_read_from_the_gradient():
-    good = audit("annotated_label_smoothing")["accumulation-scaling"]
-    bad = audit("annotated_no_accum_division")["accumulation-scaling"]
+def test_kl_label_smoothing_accumulation_is_read_from_the_gradient(loop_audit):
+    good = loop_audit("annotated_label_smoothing")["accumulation-scaling"]
+    bad = loop_audit("annotated_no_accum_division")["accumulation-scaling"]
     assert good.details["gradient_factor"] == pytest.approx(1.0, rel=1e-3)
     assert bad.details["gradient_factor"] == pytest.approx(4.0, rel=1e-3) and "4.00x" in bad.message
     assert bad.details["loss_values"] == []  # no F.cross_entropy anywhere: KLDivLoss on log-probabilities
-    assert audit("annotated_label_smoothing")["objective"].details["offset"] == 1  # model.forward called directly
+    assert loop_audit("annotated_label_smoothing")["objective"].details["offset"] == 1  # model.forward called directly
 
 
-def test_loss_agnostic_objective_and_padding():
-    assert audit("smoothed_ce")["objective"].details["offset"] == 1
-    assert audit("smoothed_ce_pads")["ignore-index"].details["pad_weight_share"] > 0.05
-    assert audit("loss_only")["objective"].details["offset"] == 1  # the model returns only the loss
-    assert audit("loss_only")["ignore-index"].details["ignore_index"] == [-1]
-    assert audit("loss_only_identity")["objective"].details["offset"] == 0
-    assert audit("xt_autoregressive")["objective"].details["offset"] == 1  # x-transformers' own cross-entropy
-    assert audit("xt_autoregressive_pads")["ignore-index"].details["graded_pad_targets"] > 0
+def test_loss_agnostic_objective_and_padding(loop_audit):
+    assert loop_audit("smoothed_ce")["objective"].details["offset"] == 1
+    assert loop_audit("smoothed_ce_pads")["ignore-index"].details["pad_weight_share"] > 0.05
+    assert loop_audit("loss_only")["objective"].details["offset"] == 1  # the model returns only the loss
+    assert loop_audit("loss_only")["ignore-index"].details["ignore_index"] == [-1]
+    assert loop_audit("loss_only_identity")["objective"].details["offset"] == 0
+    assert loop_audit("xt_autoregressive")["objective"].details["offset"] == 1  # x-transformers' own cross-entropy
+    assert loop_audit("xt_autoregressive_pads")["ignore-index"].details["graded_pad_targets"] > 0
 
 
-def test_first_window_of_one_micro_batch_is_named():
-    result = audit("accum_first_step")["accumulation-scaling"]
+def test_first_window_of_one_micro_batch_is_named(loop_audit):
+    result = loop_audit("accum_first_step")["accumulation-scaling"]
     assert result.details["window_sizes"] == [1, 4, 4, 4]
     first = result.details["uneven_windows"][0]
     assert (first["window"], first["micro_batches"]) == (0, 1)
@@ -346,11 +312,11 @@ def test_first_window_of_one_micro_batch_is_named():
     assert "(step + 1) % 4" in result.hint
 
 
-def test_a_loop_without_an_optimizer_object_is_recognised():
-    result = audit("manual_sgd")["lr-schedule"]
+def test_a_loop_without_an_optimizer_object_is_recognised(loop_audit):
+    result = loop_audit("manual_sgd")["lr-schedule"]
     assert result.details["optimizer"] == "manual update" and result.details["peak_lr"] == pytest.approx(0.1)
-    assert audit("manual_sgd")["zero-grad"].details["steps_checked"] == 15
-    assert audit("manual_sgd_no_zero")["zero-grad"].details["steps_not_cleared"] == 15
+    assert loop_audit("manual_sgd")["zero-grad"].details["steps_checked"] == 15
+    assert loop_audit("manual_sgd_no_zero")["zero-grad"].details["steps_not_cleared"] == 15
 
     def never_updates(model, batches):
         for ids in batches:
@@ -360,14 +326,14 @@ def test_a_loop_without_an_optimizer_object_is_recognised():
     assert skipped.status.value == "skip" and "never changed the weights" in skipped.message
 
 
-def test_sequence_first_loops_are_aligned_time_major():
-    good = audit("time_major")["objective"]
+def test_sequence_first_loops_are_aligned_time_major(loop_audit):
+    good = loop_audit("time_major")["objective"]
     assert good.details["layout"] == "sequence-first [T, B]" and good.details["offset"] == 1
-    assert audit("time_major_flatten_mismatch")["objective"].details["offset"] is None
+    assert loop_audit("time_major_flatten_mismatch")["objective"].details["offset"] is None
 
 
-def test_parameters_in_no_optimizer_are_named():
-    result = audit("norms_not_optimized")["optimizer-coverage"]
+def test_parameters_in_no_optimizer_are_named(loop_audit):
+    result = loop_audit("norms_not_optimized")["optimizer-coverage"]
     assert result.details["not_optimized"] == ["blocks.0.ln1.weight", "blocks.0.ln2.weight", "blocks.1.ln1.weight",
                                                "blocks.1.ln2.weight", "ln_f.weight"]
 
@@ -530,6 +496,7 @@ def test_overfit_batch_runs_the_users_loop():
     assert noam.details["final_loss"] == pytest.approx(noam.details["start_loss"], abs=0.05)
 
 
+@pytest.mark.e2e
 def test_check_modules_stay_torch_free():
     code = ("import sys, tfdoctor.checks.targets, tfdoctor.checks.accumulation, tfdoctor.checks.step, "
             "tfdoctor.checks.schedule, tfdoctor.checks.ranks, tfdoctor.checks.learning; assert 'torch' not in sys.modules")
@@ -541,11 +508,11 @@ def test_check_modules_stay_torch_free():
 
 
 def _tfdoctor(*args):
-    env = dict(os.environ, COLUMNS="100")
-    return subprocess.run(["tfdoctor", "check", "fixtures/gpt_correct.py:build", *args, "--format", "json"],
-                          cwd=ROOT, capture_output=True, text=True, env=env)
+    return tfdoctor("check", "fixtures/gpt_correct.py:build", *args, "--format", "json", env={"COLUMNS": "100"})
 
 
+@pytest.mark.e2e
+@needs_command
 def test_cli_exit_0_on_the_correct_loop():
     done = _tfdoctor("--train", "fixtures/loops/correct.py:train", "--only", ",".join(TRAIN_IDS + ["overfit-batch"]))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -554,6 +521,8 @@ def test_cli_exit_0_on_the_correct_loop():
     assert set(statuses.values()) == {"pass"}
 
 
+@pytest.mark.e2e
+@needs_command
 def test_cli_exit_1_names_the_planted_bug():
     done = _tfdoctor("--train", "fixtures/loops/no_loss_division.py:train", "--only", ",".join(TRAIN_IDS))
     assert done.returncode == 1, done.stdout + done.stderr
@@ -562,8 +531,8 @@ def test_cli_exit_1_names_the_planted_bug():
     assert "4.00x" in failed[0]["message"] and "loss / 4" in failed[0]["hint"]
 
 
-def test_a_step_on_gradients_wiped_after_the_backward_names_the_zero_grad_line():
-    result = audit("zero_grad_after_backward")["zero-grad"]
+def test_a_step_on_gradients_wiped_after_the_backward_names_the_zero_grad_line(loop_audit):
+    result = loop_audit("zero_grad_after_backward")["zero-grad"]
     assert result.details["steps_on_wiped_gradients"] and result.details["call"] == "zero_grad()"
     line = (FIXTURES / "loops" / "zero_grad_after_backward.py").read_text().splitlines().index(
         "        optimizer.zero_grad()") + 1
@@ -571,6 +540,6 @@ def test_a_step_on_gradients_wiped_after_the_backward_names_the_zero_grad_line()
     assert "between backward() and the step" in result.message
 
 
-def test_a_fused_lm_head_is_named_where_the_scores_are_missing():
-    assert "fused LM head" in audit("fused_head")["objective"].message
-    assert audit("fused_head")["accumulation-scaling"].details["gradient_factor"] == pytest.approx(1.0, abs=0.01)
+def test_a_fused_lm_head_is_named_where_the_scores_are_missing(loop_audit):
+    assert "fused LM head" in loop_audit("fused_head")["objective"].message
+    assert loop_audit("fused_head")["accumulation-scaling"].details["gradient_factor"] == pytest.approx(1.0, abs=0.01)
