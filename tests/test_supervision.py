@@ -2,6 +2,7 @@
 exit 2 (or a clean report), never a hang and never a silent exit 0."""
 
 import json
+import os
 import signal
 import subprocess
 import time

@@ -15,7 +15,6 @@ import torch
 from helpers import FIXTURES, PAD_ID, ROOT, TRAIN_IDS, build_fixture, needs_command, tfdoctor, train_fn
 from tfdoctor import run_checks
 from tfdoctor.checks.schedule import LR_FAIL_LOW
-from tfdoctor.loader import load_function
 from tfdoctor.result import Status
 
 
@@ -543,3 +542,15 @@ def test_a_step_on_gradients_wiped_after_the_backward_names_the_zero_grad_line(l
 def test_a_fused_lm_head_is_named_where_the_scores_are_missing(loop_audit):
     assert "fused LM head" in loop_audit("fused_head")["objective"].message
     assert loop_audit("fused_head")["accumulation-scaling"].details["gradient_factor"] == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.parametrize("loop", ["detached_logits", "zero_grad_in_accumulation"])
+def test_gradients_that_never_reach_the_step_warn_and_do_not_crash_grad_health(loop):
+    """The pre-clip norm is 0 at every step (the loss is detached; zero_grad wipes each window before its
+    step): grad-health says what it measured, where it used to divide by that 0 and report its own error."""
+    from helpers import model_for
+
+    torch.manual_seed(0)
+    result = run_checks(model_for(loop), only=["grad-health"], pad_id=PAD_ID, train=train_fn(loop))["grad-health"]
+    assert result.status is Status.WARN, result.message
+    assert "was 0 at all" in result.message and set(result.details["pre_clip_norms"]) == {0.0}
