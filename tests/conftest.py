@@ -1,7 +1,15 @@
 """The suite's pytest fixtures (helpers live in tests/helpers.py, importable through pyproject's
 `pythonpath`; no test imports this file)."""
 
-import pytest
+import os
+
+# Under pytest-xdist the workers share the cores: one intra-op thread per process (each worker and
+# every tfdoctor process it starts inherits this) keeps OpenMP threads from spinning against each
+# other; set before torch is first imported.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
 
 from helpers import audit_loop, checks_on, run_ranks, tfdoctor
 
