@@ -66,12 +66,16 @@ def commands() -> dict[str, list[str]]:
 
 
 def _loop_pairs() -> tuple[dict[str, str], dict[str, int]]:
-    """The model each loop family trains and the pad ids, as tests/test_trainloop.py pairs them."""
+    """The model each loop family trains and the pad ids, as the loop matrix pairs them (tests/helpers.py,
+    tests/test_trainloop.py before the suite's helpers had one module)."""
     sys.path[:0] = [str(ROOT / "tests"), str(FIXTURES)]
     try:
-        import test_trainloop  # noqa: PLC0415 - the suite's own table is the one source of the pairs
+        try:  # noqa: PLC0415 - the suite's own table is the one source of the pairs
+            import helpers as table
+        except ImportError:
+            import test_trainloop as table
 
-        return dict(test_trainloop.MODEL_OF), dict(test_trainloop.PAD_OF)
+        return dict(table.MODEL_OF), dict(table.PAD_OF)
     except Exception:  # noqa: BLE001 - a suite that no longer has the table: every loop on the GPT
         return {}, {}
 
