@@ -2,9 +2,9 @@
 the Subject its checks run on: the model and how the script called it, its batches (shape, pad id
 and where it was read from, padding side, packed rows), whether it loaded a checkpoint first.
 
-The recorder (binding.py, driven by script.py) only watches; this module reads its Trace and the recorded forward. The
-model checks then call the snapshot the way the script did (`replay_forward`), with every per-token
-argument rebuilt for the probe's own ids.
+The recorder (binding.py, driven by script.py) only watches; this module reads its Trace and the
+recorded forward. The model checks then call the snapshot the way the script did
+(`replay_forward`), with every per-token argument rebuilt for the probe's own ids.
 """
 
 from __future__ import annotations
