@@ -334,10 +334,10 @@ class ScriptRecorder(Recorder):
     def owns(self, params) -> bool:
         """False for another trained model's parameters, none of the audited one's: its clip,
         zero_grad, scaler and scheduler calls (and its optimizer steps) pass unrecorded."""
-        if not self.other_ids:
-            return True
-        ids = {id(p) for p in params}
-        return bool(ids & self.param_ids) or not ids & self.other_ids
+        return self._owns_ids({id(p) for p in params})
+
+    def _owns_ids(self, ids) -> bool:
+        return not self.other_ids or bool(ids & self.param_ids) or not ids & self.other_ids
 
     # ------------------------------------------------------------------ other models' calls pass unrecorded
 
@@ -392,7 +392,8 @@ class ScriptRecorder(Recorder):
         self.events, self.scores = kept, scores
 
     def _foreign_reach(self, reaches: Optional[frozenset]) -> bool:
-        return reaches is not None and not reaches & self.param_ids and bool(reaches & self.other_ids)
+        """A backward whose graph reached another trained model's parameters only (ids, see reached)."""
+        return reaches is not None and not self._owns_ids(reaches)
 
     # ------------------------------------------------------------------ stopping
 
