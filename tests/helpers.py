@@ -98,13 +98,114 @@ def command_line(*args, module=False, launcher=None) -> list:
     return [sys.executable, "-m", "tfdoctor", *args] if module else [TFDOCTOR, *args]
 
 
-def tfdoctor(*args, cwd=ROOT, timeout=300, env=None, module=False, launcher=None, input=None, text=True) -> Done:
+def tfdoctor(*args, cwd=ROOT, timeout=300, env=None, module=False, launcher=None, input=None, text=True,
+             fresh=False) -> Done:
     """Run tfdoctor ARGS to its end (see command_env and command_line); text=False keeps both streams
-    as bytes, for a test of how they are encoded."""
+    as bytes, for a test of how they are encoded.
+
+    The installed command in a fresh interpreter where `fresh` (the tests of the command itself: its
+    start, its modules, its processes and signals), under a launcher, as `python -m tfdoctor`, or with an
+    environment that an interpreter reads as it starts. Otherwise the same command forked from the
+    preloaded process (tests/zygote.py), whose worker is forked in turn: the same code from main() on,
+    without 2-3 s of imports twice per run."""
     started = time.monotonic()
-    done = subprocess.run(command_line(*args, module=module, launcher=launcher), cwd=cwd, capture_output=True,
-                          text=text, timeout=timeout, env=command_env(env), input=input)
-    return Done(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+    if fresh or module or launcher is not None or not _preloadable(args, env):
+        done = subprocess.run(command_line(*args, module=module, launcher=launcher), cwd=cwd,
+                              capture_output=True, text=text, timeout=timeout, env=command_env(env), input=input)
+        return Done(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+    code, stdout, stderr = preloaded().run(command_line(*args), cwd, command_env({**(env or {}), FORK_ENV: 1}),
+                                           input, timeout)
+    if text:
+        stdout, stderr = (stream.decode("utf-8", "replace") for stream in (stdout, stderr))
+    return Done(code, stdout, stderr, time.monotonic() - started)
+
+
+def fresh_tfdoctor(*args, **options) -> Done:
+    """tfdoctor(ARGS) in a fresh interpreter, as a user starts it."""
+    return tfdoctor(*args, fresh=True, **options)
+
+
+# What an interpreter (or torch, as it is imported) reads from the environment when it starts: a command
+# given one of these is run fresh.
+STARTUP_ENV = ("PYTHON", "TORCH", "OMP_", "MKL_", "LD_", "CUDA", "KMP_")
+FORK_ENV = "TFDOCTOR_FORK_WORKER"  # tfdoctor/forked_worker.py
+
+
+def _preloadable(args, env) -> bool:
+    """Not `--nproc`: its ranks are fresh interpreters started by torchrun, which misjudges a job
+    launched from a forked process (a rank exits 2 and says nothing)."""
+    return (hasattr(os, "fork") and TFDOCTOR is not None and not any(name.startswith(STARTUP_ENV) for name in env or {})
+            and not any(str(arg).startswith("--nproc") for arg in args))
+
+
+class Preloaded:
+    """The client of one tests/zygote.py process (one per pytest process, started on first use)."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        self.folder = tempfile.mkdtemp(prefix="tfdoctor-zygote-")
+        reply_read, reply_write = os.pipe()
+        self.log = open(os.path.join(self.folder, "zygote.log"), "wb")
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "zygote.py"), str(reply_write)],
+                                     stdin=subprocess.PIPE, stdout=self.log, stderr=self.log,
+                                     pass_fds=(reply_write,), cwd=ROOT, env=command_env())
+        os.close(reply_write)
+        self.replies = os.fdopen(reply_read, "r", buffering=1)
+        self.count = 0
+
+    def run(self, argv: list, cwd, env: dict, input, timeout: float):
+        self.count += 1
+        paths = {name: os.path.join(self.folder, f"{self.count}.{name}") for name in ("stdin", "stdout", "stderr")}
+        with open(paths["stdin"], "wb") as stdin:
+            stdin.write(input.encode() if isinstance(input, str) else input or b"")
+        for name in ("stdout", "stderr"):
+            open(paths[name], "wb").close()
+        request = {"argv": argv, "cwd": str(cwd), "env": env, **paths}
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+        pid = self._reply(60)["pid"]
+        try:
+            code = self._reply(timeout)["code"]
+        except subprocess.TimeoutExpired:
+            os.kill(pid, 9)  # as subprocess.run does on its timeout
+            self._reply(60)
+            raise subprocess.TimeoutExpired(argv, timeout) from None
+        streams = []
+        for name in ("stdout", "stderr"):
+            with open(paths[name], "rb") as stream:
+                streams.append(stream.read())
+        for path in paths.values():
+            os.unlink(path)
+        return code, *streams
+
+    def _reply(self, timeout: float) -> dict:
+        ready, _, _ = select.select([self.replies], [], [], timeout)
+        if not ready:
+            raise subprocess.TimeoutExpired("zygote", timeout)
+        line = self.replies.readline()
+        if not line:
+            self.log.flush()
+            with open(self.log.name) as said:
+                raise RuntimeError(f"tests/zygote.py ended: {said.read()[-2000:]}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_preloaded: list = []
+
+
+def preloaded() -> Preloaded:
+    if not _preloaded:
+        import atexit
+
+        _preloaded.append(Preloaded())
+        atexit.register(_preloaded[0].close)
+    return _preloaded[0]
 
 
 def start(*args, cwd=ROOT, env=None, **popen) -> subprocess.Popen:

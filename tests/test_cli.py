@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from helpers import E2E, ROOT, tfdoctor as run
+from helpers import E2E, ROOT, fresh_tfdoctor as run
 
 pytestmark = E2E
 FAST = ["--only", "future-leak,mask-direction,init-loss"]

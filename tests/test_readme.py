@@ -18,7 +18,7 @@ import shlex
 
 import pytest
 
-from helpers import ROOT, needs_command, tfdoctor
+from helpers import ROOT, needs_command, fresh_tfdoctor as tfdoctor
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 TIME = re.compile(r"\b\d+\.\d\ds(?=│|\s*$)")  # the per-check time column

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from tfdoctor import forked_worker
 from tfdoctor.descendants import Descendants
 from tfdoctor.protocol import (CHANNEL_LOST_EXIT, REQUEST_ENV, Ended, Event, Phase, decode_result, decode_verdict,
                                phase_name, read_event)
@@ -89,13 +90,7 @@ def _supervised(request: dict, timeout: float, timeout_per_check: float, progres
     proc = None
     try:
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "tfdoctor.worker", str(write_end)],
-                pass_fds=(write_end,) + ((release_read,) if release_read is not None else ()), env=env,
-                stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
-                start_new_session=True,  # its own process group: DataLoader workers and all go with it
-                preexec_fn=_die_with_parent,
-            )
+            proc = _start_worker(write_end, release_read, env)
         finally:
             os.close(write_end)
             if release_read is not None:
@@ -170,6 +165,20 @@ def _held(hold: Callable[[Outcome], Any], outcome: Outcome, proc, release_write:
             os.write(release_write, f"{int(code) if isinstance(code, int) else 2}\n".encode())
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=RELEASE_GRACE_SECONDS)
+
+
+def _start_worker(write_end: int, release_read: Optional[int], env: dict):
+    """The worker process, a fresh interpreter (forked from this one only where the test suite asks,
+    tfdoctor/forked_worker.py)."""
+    kept = (release_read,) if release_read is not None else ()
+    if forked_worker.wanted():
+        return forked_worker.ForkedWorker.start(write_end, kept, env, sys.stderr.fileno(), _die_with_parent)
+    return subprocess.Popen(
+        [sys.executable, "-m", "tfdoctor.worker", str(write_end)], pass_fds=(write_end,) + kept, env=env,
+        stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
+        start_new_session=True,  # its own process group: DataLoader workers and all go with it
+        preexec_fn=_die_with_parent,
+    )
 
 
 def _die_with_parent() -> None:
