@@ -1,4 +1,5 @@
-"""End to end through the installed `tfdoctor` command, as a user or CI runs it."""
+"""End to end through the `tfdoctor` command, as a user or CI runs it (forked from the preloaded process,
+helpers.tfdoctor: the command's own start is tested fresh in test_supervision, test_readme and test_terminal)."""
 
 import json
 import subprocess
@@ -7,7 +8,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from helpers import E2E, ROOT, fresh_tfdoctor as run
+from helpers import E2E, ROOT, tfdoctor as run
 
 pytestmark = E2E
 FAST = ["--only", "future-leak,mask-direction,init-loss"]
