@@ -101,4 +101,6 @@ PLANTED = {
     "rank-sync": ([(ranks("rank0_clip"), "fail")], [(ranks("correct"), "pass")]),
     "ddp-accumulation": ([(ranks("accum_no_no_sync"), "warn")], [(ranks("correct"), "pass")]),
     "rank-uniform": ([(ranks("rank0_clip"), "fail")], [(ranks("correct"), "pass")]),
+    "rank-equivalence": ([(ranks("clip_before_all_reduce"), "fail"), (ranks("mean_of_means"), "warn")],
+                         [(ranks("correct"), "pass"), (ranks("global_token_mean"), "pass")]),
 }

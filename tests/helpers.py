@@ -333,10 +333,10 @@ def run_ranks(script: str, out: Path) -> list:
 
 def rank_checks() -> dict:
     """check id -> the rank check's function."""
-    from tfdoctor.checks.ranks import ddp_accumulation, rank_data, rank_sync, rank_uniform
+    from tfdoctor.checks.ranks import ddp_accumulation, rank_data, rank_equivalence, rank_sync, rank_uniform
 
     return {"rank-data": rank_data, "rank-sync": rank_sync, "ddp-accumulation": ddp_accumulation,
-            "rank-uniform": rank_uniform}
+            "rank-uniform": rank_uniform, "rank-equivalence": rank_equivalence}
 
 
 def trace_of(ranks: list):

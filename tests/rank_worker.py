@@ -21,7 +21,7 @@ def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     with RankRecorder(rank, world) as recorder:
         run = record_script(script, steps=steps)
-    digest = recorder.digest(run.recorder.events, run.recorder.bound)
+    digest = recorder.digest(run.recorder.events, run.recorder.bound, run.recorder.scores)
     path = os.path.join(out, f"rank{rank}.pkl")
     with open(path + ".part", "wb") as f:
         pickle.dump({"digest": digest, "ended": run.ended}, f)

@@ -40,7 +40,7 @@ def line_of(name: str, text: str) -> str:
 
 
 @pytest.mark.e2e
-def test_correct_ddp_passes_all_four(rank_digests):
+def test_correct_ddp_passes_every_rank_check(rank_digests):
     ranks = rank_digests("correct")
     results = judge(ranks)
     assert statuses(results) == dict.fromkeys(CHECKS, "pass"), {k: r.message for k, r in results.items()}
@@ -48,6 +48,8 @@ def test_correct_ddp_passes_all_four(rank_digests):
     assert results["rank-sync"].details["steps_compared"] == STEPS
     assert results["rank-sync"].details["tensors_compared"] == len(ranks[0]["params"][0]["names"])
     assert results["ddp-accumulation"].details["accumulating_steps"] == STEPS
+    assert results["rank-equivalence"].details["steps_clip_compared"] == STEPS
+    assert "tokens_not_compared" in results["rank-equivalence"].details  # no padding: equal counts
 
 
 @pytest.mark.e2e
@@ -72,7 +74,7 @@ def test_digest_is_small_plain_data(rank_digests):
 def test_no_sampler_fails_rank_data_at_the_loader(rank_digests):
     results = judge(rank_digests("no_sampler"))
     assert statuses(results) == {"rank-data": "fail", "rank-sync": "pass", "ddp-accumulation": "pass",
-                                 "rank-uniform": "pass"}
+                                 "rank-uniform": "pass", "rank-equivalence": "pass"}
     found = results["rank-data"]
     assert found.details["same_ranks"] == [[0, 1]]
     assert found.details["shared_batches"] == {0: 8, 1: 8}
@@ -85,7 +87,7 @@ def test_no_sampler_fails_rank_data_at_the_loader(rank_digests):
 def test_no_set_epoch_warns_that_the_epoch_order_repeats(rank_digests):
     results = judge(rank_digests("no_set_epoch"))
     assert statuses(results) == {"rank-data": "warn", "rank-sync": "pass", "ddp-accumulation": "pass",
-                                 "rank-uniform": "pass"}
+                                 "rank-uniform": "pass", "rank-equivalence": "pass"}
     found = results["rank-data"]
     replays = found.details["replays"]
     assert [r["rank"] for r in replays] == [0, 1]
@@ -99,7 +101,7 @@ def test_no_set_epoch_warns_that_the_epoch_order_repeats(rank_digests):
 def test_accumulation_outside_no_sync_warns_with_the_wasted_all_reduces(rank_digests):
     results = judge(rank_digests("accum_no_no_sync"))
     assert statuses(results) == {"rank-data": "pass", "rank-sync": "pass", "ddp-accumulation": "warn",
-                                 "rank-uniform": "pass"}
+                                 "rank-uniform": "pass", "rank-equivalence": "pass"}
     found = results["ddp-accumulation"]
     assert found.details["wasted_all_reduces_per_step"] == 1
     assert found.details["micro_batches_per_step"] == 2 and found.details["first_step"] == 1
@@ -110,8 +112,9 @@ def test_accumulation_outside_no_sync_warns_with_the_wasted_all_reduces(rank_dig
 @pytest.mark.e2e
 def test_rank0_clip_fails_rank_uniform_and_rank_sync(rank_digests):
     results = judge(rank_digests("rank0_clip"))
+    # the clip made on rank 0 only is compared with nothing, and the ranks grade the same token counts
     assert statuses(results) == {"rank-data": "pass", "rank-sync": "fail", "ddp-accumulation": "pass",
-                                 "rank-uniform": "fail"}
+                                 "rank-uniform": "fail", "rank-equivalence": "skip"}
     uniform = results["rank-uniform"]
     assert (uniform.details["step"], uniform.details["counted"], uniform.details["counts"]) == \
         (1, "clip_grad_norm_", {0: 1, 1: 0})
@@ -122,6 +125,32 @@ def test_rank0_clip_fails_rank_uniform_and_rank_sync(rank_digests):
     assert sync.details["differing_tensors"] > 0 and sync.details["max_relative_norm_drift"] > 0
     assert sync.details["drift_at_last_step"] >= sync.details["max_relative_norm_drift"]
     assert "after optimizer step 1" in sync.message
+
+
+@pytest.mark.e2e
+def test_clip_before_the_all_reduce_fails_rank_equivalence_only(rank_digests):
+    results = judge(rank_digests("clip_before_all_reduce"))
+    assert statuses(results) == {"rank-data": "pass", "rank-sync": "pass", "ddp-accumulation": "skip",
+                                 "rank-uniform": "pass", "rank-equivalence": "fail"}
+    found = results["rank-equivalence"]
+    norms = found.details["clip_norms"]
+    assert found.details["step"] == 1 and len(norms) == 2 and len(set(norms.values())) == 2
+    assert found.details["location"] == line_of("ddp_clip_before_all_reduce.py", "torch.nn.utils.clip_grad_norm_")
+    assert "clipped each rank's own gradient" in found.message and "clip after the all-reduce" in found.hint
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name, status", [("mean_of_means", "warn"), ("global_token_mean", "pass")])
+def test_rank_equivalence_weighs_a_target_alike_on_every_rank(rank_digests, name, status):
+    """Rank 0 grades 8 real targets per row, rank 1 all 16: a mean of per-rank means weighs rank 0's
+    targets twice; the loss normalised by the all-reduced count weighs them alike."""
+    found = judge(rank_digests(name))["rank-equivalence"]
+    assert found.status.value == status, found.message
+    assert found.details["graded_per_rank"] == {0: 32, 1: 64}  # 4 rows per step
+    ratio = found.details["weight_ratio"]
+    assert abs(ratio - 2.0) < 0.01 if status == "warn" else abs(ratio - 1.0) < 0.01
+    if status == "warn":
+        assert "a target on rank 0 (32 graded) weighs 2.00x one on rank 1 (64 graded)" in found.message
 
 
 @pytest.mark.e2e

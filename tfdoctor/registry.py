@@ -42,6 +42,7 @@ CATALOGUE = (
     "objective", "ignore-index", "unscale-before-clip", "accumulation-scaling", "token-weighting",
     "scheduler-placement", "zero-grad", "clip-global-norm", "lr-schedule", "amp-loss-scaling", "grad-health",
     "optimizer-coverage", "rank-data", "rank-sync", "ddp-accumulation", "rank-uniform",
+    "rank-equivalence",
 )
 
 

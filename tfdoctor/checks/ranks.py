@@ -24,6 +24,13 @@ REPEAT_MIN_INDICES = 4
 # this relative tolerance only absorbs a reduction summed in another order (~1e-12 at a million
 # elements). A real drift, one float32 rounding (6e-8) in many elements, sits far above it.
 SYNC_RTOL = 1e-9
+# rank-equivalence. The ranks' graded targets are weighed alike when their mean weights agree this
+# closely (token-weighting's tolerance: float32 sums of a few hundred weights sit far below it), and
+# their counts differ enough to tell a mean over all tokens from a mean of per-rank means beyond it.
+RANK_WEIGHT_TOLERANCE = 0.02
+# After an all-reduce every rank holds the same gradient, so every rank's clip measures the same norm
+# (to the last bits of a float32 sum); norms this far apart were measured on different gradients.
+CLIP_NORM_RTOL = 1e-3
 # Parameter names listed in a finding (the rest are counted).
 NAMES_SHOWN = 5
 
@@ -398,3 +405,126 @@ def rank_uniform(subject, trace) -> Result:
     made = ", ".join(f"{n} {name}" for name, n in per_step.items())
     return Result.passed(f"{_all(len(digests))} ranks made the same calls in each of the {shared} steps ({made} in the "
                          "first)", details)
+
+
+# ------------------------------------------------------------------------------------------------
+# rank-equivalence
+
+
+@check("rank-equivalence", title="A step over N ranks is the single-process step over all their batches",
+       needs=("train",))
+def rank_equivalence(subject, trace) -> Result:
+    """Catches a distributed step that differs from one single-process step over the union of the
+    ranks' micro-batches, in the two ways public trainers got wrong (torchtitan #766 and #2206,
+    transformers #37474 and #34242):
+
+    - clipping each rank's own gradient: `clip_grad_norm_` called before the gradients are averaged
+      (a hand-written all-reduce after the clip) clips every rank by its local norm, not by the global
+      one, so the update is not the clipped mean gradient. A failure.
+    - a mean of per-rank means: each rank averages its loss over its own tokens and DDP then averages
+      the ranks, so when the ranks grade different numbers of tokens (padding, packing, variable
+      lengths) a token on a rank with few weighs more than one on a rank with many. It biases, it does
+      not break: a warning (a failure with --strict), as token-weighting within a rank.
+
+    Reads, per optimizer step and rank, the gradient norm the first clip measured, and the weight each
+    graded target received (from the gradient that reached the scores, whatever the loss). rank-sync
+    compares the weights the step leaves on the ranks.
+
+    Fix: clip after the all-reduce (under DDP, after the backward of the step's synced micro-batch; by
+    hand, all-reduce the gradients first). Normalise by the global token count: count the graded
+    targets, all_reduce the count, and divide the summed loss by it times the world size (DDP
+    divides the summed gradients by the world size again).
+    """
+    digests, why = _digests(trace)
+    if why:
+        return Result.skipped(why)
+    details: dict = {"ranks": len(digests)}
+    clipped = _local_clip(digests, details)
+    if clipped is not None:
+        return clipped
+    weighed = _rank_token_weights(digests, details)
+    if weighed is not None:
+        return weighed
+    judged = [details[key] for key in ("clip_said", "tokens_said") if key in details]
+    if judged:
+        return Result.passed("; ".join(judged + [details[key] for key in ("clip_not_compared", "tokens_not_compared")
+                                                 if key in details]), details)
+    unjudged = [details[key] for key in ("clip_not_compared", "tokens_not_compared") if key in details]
+    return Result.skipped("; ".join(unjudged) if unjudged else
+                          "nothing to compare: no clip made on every rank and no scored targets recorded", details)
+
+
+def _shared_windows(digests: list[dict], key: str, value) -> dict:
+    """window -> {rank: value(entry)} for the windows every rank recorded under `key` (first entry)."""
+    per_rank = []
+    for d in digests:
+        found: dict = {}
+        for entry in d.get(key) or []:
+            found.setdefault(entry["window"], value(entry))
+        per_rank.append(found)
+    shared = set(per_rank[0]).intersection(*per_rank[1:])
+    return {w: {d["rank"]: found[w] for d, found in zip(digests, per_rank)} for w in sorted(shared)}
+
+
+def _local_clip(digests: list[dict], details: dict) -> Result | None:
+    if any(any(opt["sharded"]) for d in digests for opt in d.get("params", [])):
+        details["clip_not_compared"] = "sharded parameters: each rank's clip measures its own shard"
+        return None
+    norms = _shared_windows(digests, "clips", lambda e: e["norm"])
+    if not norms:
+        details["clip_not_compared"] = "no clip_grad_norm_ made on every rank in the same step"
+        return None
+    for window, by_rank in norms.items():
+        low, high = min(by_rank.values()), max(by_rank.values())
+        if high - low > CLIP_NORM_RTOL * max(abs(high), 1e-12):
+            where = next((d.get("calls_at", {}).get("clip") for d in digests if d.get("calls_at", {}).get("clip")), None)
+            details.update(step=window + 1, clip_norms=by_rank)
+            if where:
+                details["location"], details["call"] = where, "clip_grad_norm_"
+            listed = ", ".join(f"rank {r} {n:.4g}" for r, n in by_rank.items())
+            return Result.failed(
+                f"clip_grad_norm_ measured a different gradient norm on each rank in optimizer step {window + 1} "
+                f"({listed}): it clipped each rank's own gradient before they were averaged, so the step is "
+                "not the single-process step clipped by the global norm",
+                "clip after the all-reduce: under DDP, after the backward of the step's synced micro-batch; "
+                "with a hand-written all-reduce, average the gradients first and clip the averaged ones", details)
+    details["steps_clip_compared"] = len(norms)
+    details["clip_said"] = f"every rank's clip measured the same gradient norm in {len(norms)} steps"
+    return None
+
+
+def _rank_token_weights(digests: list[dict], details: dict) -> Result | None:
+    found = _shared_windows(digests, "tokens", lambda e: (e["graded"], e["weight"]))
+    found = {w: by_rank for w, by_rank in found.items() if all(n > 0 for n, _ in by_rank.values())}
+    if not found:
+        return None
+
+    def spread(values) -> float:
+        return max(values) / min(values) if min(values) > 0 else math.inf
+
+    def means(by_rank: dict) -> dict:
+        return {r: total / n for r, (n, total) in by_rank.items()}
+
+    counts_differ = [w for w, by_rank in found.items() if spread([n for n, _ in by_rank.values()]) > 1 + RANK_WEIGHT_TOLERANCE]
+    if not counts_differ:
+        details["tokens_not_compared"] = ("the ranks graded the same number of targets in each step, so a mean "
+                                          "over all tokens cannot be told from a mean of per-rank means")
+        return None
+    worst = max(counts_differ, key=lambda w: spread(list(means(found[w]).values())))
+    weights = means(found[worst])
+    counts = {r: n for r, (n, _) in found[worst].items()}
+    ratio = spread(list(weights.values()))
+    details.update(steps_token_compared=len(counts_differ), token_step=worst + 1, graded_per_rank=counts,
+                   mean_weight_per_rank=weights, weight_ratio=ratio)
+    if ratio <= 1 + RANK_WEIGHT_TOLERANCE:
+        details["tokens_said"] = (f"a target weighs the same on every rank although the ranks graded "
+                                  f"{min(counts.values())}..{max(counts.values())} targets per step")
+        return None
+    heavy, light = max(weights, key=weights.get), min(weights, key=weights.get)
+    return Result.warned(
+        f"in optimizer step {worst + 1}, a target on rank {heavy} ({counts[heavy]} graded) weighs {ratio:.2f}x one "
+        f"on rank {light} ({counts[light]} graded): each rank averages its loss over its own tokens and the "
+        "ranks are then averaged, which is not the mean over all the step's tokens",
+        "normalise by the global token count: n = the graded targets of this step, torch.distributed."
+        "all_reduce(n); loss = F.cross_entropy(..., reduction='sum') / n * world_size (DDP averages the "
+        "ranks' gradients)", details)

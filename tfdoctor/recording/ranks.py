@@ -328,11 +328,13 @@ class RankRecorder:
 
     # ------------------------------------------------------------------ digest
 
-    def digest(self, events: list, model) -> dict:
+    def digest(self, events: list, model, scores: list = ()) -> dict:
         """Small, picklable (plain Python data, no tensors): called at the stop point on every rank with
-        the ScriptRecorder's events so far (tfdoctor.recording.trace.Event list) and the module the script
-        trains (maybe wrapped in DDP). Must take well under a second on a tiny model."""
+        the ScriptRecorder's events so far (tfdoctor.recording.trace.Event list), the module the script
+        trains (maybe wrapped in DDP) and the scored rows read so far (Recorder.scores). Must take well
+        under a second on a tiny model."""
         return {"rank": self.rank, "world_size": self.world_size,
+                "tokens": _token_weights(events, scores), "clips": _clip_norms(events),
                 "batches": _batches(events), "windows": _windows(events), "calls_at": _calls_at(events),
                 "steps": len({e.window for e in events if e.kind == "opt_step"}),
                 "params": self._params(model), "ddp": [dict(f) for f in self.ddp],
@@ -417,3 +419,27 @@ def _calls_at(events: list) -> dict:
         if _counted(e) and e.data.get("where") and e.kind not in found:
             found[e.kind] = e.data["where"]
     return found
+
+
+def _token_weights(events: list, scores: list) -> list[dict]:
+    """Per optimizer-step window, this rank's graded targets and the total weight its loss gave them,
+    read from the gradient that reached the scores (tfdoctor/recording/scores.py). A loss averaged over
+    the tokens of all ranks gives a target the same weight on every rank; a loss averaged over each
+    rank's own tokens gives it 1 / (that rank's count)."""
+    windows: dict[int, list] = {}
+    for entry in scores:
+        backward = entry.get("backward")
+        if backward is None or backward >= len(events) or "weights" not in entry:
+            continue
+        weights = entry["weights"]
+        graded = weights > 0
+        found = windows.setdefault(events[backward].window, [0, 0.0])
+        found[0] += int(graded.sum())
+        found[1] += float(weights[graded].sum())
+    return [{"window": w, "graded": n, "weight": total} for w, (n, total) in sorted(windows.items())]
+
+
+def _clip_norms(events: list) -> list[dict]:
+    """The whole model's pre-clip gradient norm each window's first clip measured (patched.py)."""
+    return [{"window": e.window, "norm": e.data["global_pre_norm"], "how": e.data.get("how")}
+            for e in events if e.kind == "clip" and e.data.get("global_pre_norm") is not None]

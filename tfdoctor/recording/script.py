@@ -144,7 +144,11 @@ def _rank_recording(recorder: ScriptRecorder, session):
     stack = contextlib.ExitStack()
     ranks = stack.enter_context(RankRecorder(session.world.rank, session.world.size))
     stack.enter_context(session.teardown_deferred())
-    recorder.on_stop = lambda: session.gather(ranks.digest(recorder.events, recorder.bound))
+    def stopped() -> None:
+        recorder.read_unread()  # the scored rows of the last backwards, which the rank checks weigh too
+        session.gather(ranks.digest(recorder.events, recorder.bound, recorder.scores))
+
+    recorder.on_stop = stopped
 
     def ended_before_the_stop(kind, error, tb) -> None:  # the script ran out of steps first: the ranks meet
         # at its end; not when it raised: the other ranks wait for this one in the job's own collectives
