@@ -97,6 +97,8 @@ PLANTED = {
     "grad-health": ([(loop("nan_penalty"), "fail")], [(loop("correct"), "pass")]),
     "optimizer-coverage": ([(loop("norms_not_optimized"), "fail"), (loop("no_epoch"), "fail")],
                            [(loop("correct"), "pass")]),
+    "stale-update": ([(model("gpt_correct", ["stale-update"], train="bf16_weights"), "fail")],
+                     [(model("gpt_correct", ["stale-update"], train="bf16_autocast"), "pass")]),
     "rank-data": ([(ranks("no_sampler"), "fail"), (ranks("no_set_epoch"), "warn")], [(ranks("correct"), "pass")]),
     "rank-sync": ([(ranks("rank0_clip"), "fail")], [(ranks("correct"), "pass")]),
     "ddp-accumulation": ([(ranks("accum_no_no_sync"), "warn")], [(ranks("correct"), "pass")]),

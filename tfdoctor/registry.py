@@ -41,7 +41,7 @@ CATALOGUE = (
     "packing-isolation", "cache-consistency", "init-loss", "overfit-batch", "memory",
     "objective", "ignore-index", "unscale-before-clip", "accumulation-scaling", "token-weighting",
     "scheduler-placement", "zero-grad", "clip-global-norm", "lr-schedule", "amp-loss-scaling", "grad-health",
-    "optimizer-coverage", "rank-data", "rank-sync", "ddp-accumulation", "rank-uniform",
+    "optimizer-coverage", "stale-update", "rank-data", "rank-sync", "ddp-accumulation", "rank-uniform",
 )
 
 
