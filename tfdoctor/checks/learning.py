@@ -502,11 +502,11 @@ def generation(subject) -> Result:
         return Result.skipped(f"a vocabulary of {subject.vocab_size} tokens: overfit-batch cannot judge "
                               "memorising it, so there is no memorised copy to decode")
     result, kept = _memorised(subject)
-    if not kept:
+    if "model" not in kept:
         return Result.skipped(f"the model did not memorise the batch (overfit-batch: {result.status.value}), so "
                               "what it decodes says nothing about a mismatch")
     try:
-        run = decode_memorised(subject, kept["model"], kept["batch"])
+        run = decode_memorised(subject, kept.pop("model"), kept["batch"])  # the copy is freed once decoded
     except MODEL_ERRORS as exc:  # the model refuses a prefix shorter than its training rows: not decodable here
         if not raised_by_model(exc):
             raise
