@@ -102,3 +102,30 @@ def test_run_judges_a_script_the_same_way(args, status):
     result = done.checks["stale-update"]
     assert result["status"] == status, result["message"]
     assert done.returncode == (1 if status == "fail" else 0), done.stderr
+
+
+def test_norm_gains_stuck_at_one_warn_at_a_fine_rate():
+    """At lr 1e-3 the weight matrices move in bfloat16, but a norm gain at 1.0 (ulp 2**-7) needs an update of
+    3.9e-3: the gains alone stall, a notable share of the tensors and a sliver of the weights."""
+    import torch
+    import torch.nn.functional as F
+
+    from helpers import build_fixture
+
+    def train(model, batches):
+        model.to(torch.bfloat16)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for ids in batches:
+            logits = model(ids[:, :-1])
+            F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), ids[:, 1:].reshape(-1)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    result = run_checks(build_fixture("gpt_correct"), only=ID, train=train, options={"train_batches": 4}).results[0]
+    assert result.status.value == "warn", result.message
+    assert result.details["stalled"] and all("ln" in name for name in result.details["stalled"])
+    assert result.details["stalled_weight_share"] < 0.01 and result.details["steps_watched"] == 3
+
+
+def test_optimizers_stepped_together_count_as_one_step(loop_audit_stale):
+    assert loop_audit_stale("muon_aux_adam").details["steps_watched"] == 3

@@ -368,7 +368,8 @@ def stale_update(subject, trace) -> Result:
         return Result.skipped("no optimizer step with a positive learning rate and gradients was recorded")
     tensors = _stalled_tensors(trace)
     wide = sorted({d for step in trace.updates for d in step["wide_dtypes"]})
-    details = {"steps_watched": len(trace.updates), "low_precision_tensors": len(tensors),
+    watched = len({step.get("window") for step in trace.updates})
+    details = {"steps_watched": watched, "low_precision_tensors": len(tensors),
                "wide_tensors": max(step["wide_tensors"] for step in trace.updates), "wide_dtypes": wide}
     if not tensors:
         return Result.passed(f"the trained weights are held in {', '.join(wide) or 'float32'}: every update "
@@ -386,10 +387,10 @@ def stale_update(subject, trace) -> Result:
                    graded_elements=sum(t["graded"] for t in tensors.values()))
     what = f"{', '.join(dtypes)} tensors"
     if max(tensor_share, weight_share) < STALE_WARN_SHARE:
-        return Result.passed(f"the first {len(trace.updates)} optimizer step(s) moved {len(tensors) - len(stalled)} "
+        return Result.passed(f"the first {watched} optimizer step(s) moved {len(tensors) - len(stalled)} "
                              f"of the {len(tensors)} trained {what} ({', '.join(wide) or 'no'} wider ones)",
                              details)
-    steps = f"{len(trace.updates)} optimizer step{'s' if len(trace.updates) > 1 else ''}"
+    steps = f"{watched} optimizer step{'s' if watched > 1 else ''}"
     below = [t for t in stalled.values() if t["ratio"] < HALF_ULP.get(t["dtype"], 0.0)]
     lr_text = ", ".join(f"{lr:.3g}" for lr in lrs)
     if below:  # the largest update-to-weight ratio that still rounds away

@@ -381,7 +381,7 @@ class Recorder(PatchedCalls, TorchFunctionMode):
             return
         self.optimizers[id(optimizer)] = optimizer
         with self.quiet():
-            self.updates.before(optimizer, self.params)
+            self.updates.before(optimizer, self.params, self.step_window())
         # args are step's own: (optimizer, closure) or (optimizer,) with closure= in kwargs
         positional = len(args) > 1
         closure = args[1] if positional else kwargs.get("closure")
@@ -418,6 +418,11 @@ class Recorder(PatchedCalls, TorchFunctionMode):
 
         return evaluated_then_stepped
 
+    def step_window(self) -> int:
+        """The loop step an optimizer step now belongs to: a step with no backward since the previous
+        one joins its window (Muon for the matrices, AdamW for the rest, make one step)."""
+        return self.window - 1 if self.stepped and not self.backward_since_step else self.window
+
     def _record_step(self, optimizer) -> None:
         """The gradients reach the optimizer step: their norm, which parameters hold one, the rates."""
         self._step_begins()
@@ -439,7 +444,7 @@ class Recorder(PatchedCalls, TorchFunctionMode):
         if not self.record:
             return
         with self.quiet():
-            self.updates.after(optimizer, self.names)
+            self.updates.after(optimizer, self.names, self.step_window())
         if self.closure_step_pending:  # an optimizer that never called the closure it was given
             self.closure_step_pending = False
             self._record_step(optimizer)

@@ -39,9 +39,13 @@ class UpdateWatch:
         self.pending: dict[int, list] = {}  # id(optimizer) -> [(param, lr, stride, weights before)]
         self.other: dict[int, list] = {}  # id(optimizer) -> [(param, lr)] kept in float32 or wider
 
-    def before(self, optimizer, trained: list[torch.Tensor]) -> None:
+    def watched(self) -> int:
+        """Loop steps watched so far (optimizers stepped together, Muon and AdamW, make one step)."""
+        return len({step["window"] for step in self.steps})
+
+    def before(self, optimizer, trained: list[torch.Tensor], window: int) -> None:
         """Copy the sample of every low-precision tensor of `trained` the optimizer holds, before its step."""
-        if len(self.steps) >= WATCHED_STEPS:
+        if self.watched() >= WATCHED_STEPS and all(step["window"] != window for step in self.steps):
             return
         trained_ids = {id(p) for p in trained}
         held, other = [], []
@@ -60,7 +64,7 @@ class UpdateWatch:
         self.pending[id(optimizer)] = held
         self.other[id(optimizer)] = other
 
-    def after(self, optimizer, names: dict[int, str]) -> None:
+    def after(self, optimizer, names: dict[int, str], window: int) -> None:
         """Compare after the step: one entry in `steps` per step that had a positive rate and gradients."""
         held, other = self.pending.pop(id(optimizer), None), self.other.pop(id(optimizer), [])
         if held is None:
@@ -83,6 +87,6 @@ class UpdateWatch:
         wide = sorted({str(p.dtype).replace("torch.", "") for p, lr in other
                        if lr > 0 and p.grad is not None and type(p.grad) is torch.Tensor})
         if tensors or wide:
-            self.steps.append({"optimizer": type(optimizer).__name__, "tensors": tensors,
+            self.steps.append({"window": window, "optimizer": type(optimizer).__name__, "tensors": tensors,
                                "wide_tensors": sum(1 for p, lr in other if lr > 0 and p.grad is not None),
                                "wide_dtypes": wide})
