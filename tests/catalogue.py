@@ -16,6 +16,7 @@ MASK = ("future-leak", "mask-direction")  # tests/test_masking.py's table
 NUMERICS = ("softmax-mask-order", "half-precision-mask")  # tests/test_numerics.py's table
 PADDING = ("padding-mask", "masked-row-nan")  # tests/test_padding.py's table
 TOKENS = ("token-weighting", "accumulation-scaling")  # tests/test_invariance.py's token-weighting runs
+GENERATION = ("overfit-batch", "generation")  # tests/test_generation.py's runs (one memorisation shared)
 MEMORY_TIGHT = {"train_batch": 8, "train_seq": 64, "budget": "1MiB"}  # tests/test_memory_traced.py
 MEMORY_ROOMY = {"train_batch": 2, "train_seq": 16, "budget": "80GB"}
 
@@ -75,6 +76,9 @@ PLANTED = {
     "overfit-batch": ([(model("gpt_ignores_tokens", ["overfit-batch"]), "fail")],
                       [(model("gpt_correct", ["overfit-batch"]), "pass"),
                        (model("gpt_big_init", ["overfit-batch"]), "pass")]),
+    "generation": ([(model("gpt_triu_mask", GENERATION), "fail"), (model("gpt_positions_from_end", GENERATION), "fail"),
+                    (model("gpt_kv_cache_positions", GENERATION), "fail")],
+                   [(model("gpt_correct", GENERATION), "pass"), (model("gpt_kv_cache", GENERATION), "pass")]),
     "memory": ([(model("gpt_correct", ["memory"], options=MEMORY_TIGHT), "fail")],
                [(model("gpt_correct", ["memory"], options=MEMORY_ROOMY), "pass")]),
     "objective": ([(loop("identity_objective"), "fail"), (loop("hf_double_shift"), "fail")],
@@ -97,6 +101,8 @@ PLANTED = {
     "grad-health": ([(loop("nan_penalty"), "fail")], [(loop("correct"), "pass")]),
     "optimizer-coverage": ([(loop("norms_not_optimized"), "fail"), (loop("no_epoch"), "fail")],
                            [(loop("correct"), "pass")]),
+    "stale-update": ([(model("gpt_correct", ["stale-update"], train="bf16_weights"), "fail")],
+                     [(model("gpt_correct", ["stale-update"], train="bf16_autocast"), "pass")]),
     "rank-data": ([(ranks("no_sampler"), "fail"), (ranks("no_set_epoch"), "warn")], [(ranks("correct"), "pass")]),
     "rank-sync": ([(ranks("rank0_clip"), "fail")], [(ranks("correct"), "pass")]),
     "ddp-accumulation": ([(ranks("accum_no_no_sync"), "warn")], [(ranks("correct"), "pass")]),

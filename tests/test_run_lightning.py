@@ -14,7 +14,7 @@ pytest.importorskip("lightning")
 pytestmark = E2E
 # The model checks that cost seconds; skipped where a test is about the loop.
 SLOW_MODEL_CHECKS = ["--skip", "future-leak,mask-direction,softmax-mask-order,half-precision-mask,padding-mask,"
-                               "masked-row-nan,padding-equivalence,overfit-batch,memory"]
+                               "masked-row-nan,padding-equivalence,overfit-batch,generation,memory"]
 
 
 def audit(script: str, *args):

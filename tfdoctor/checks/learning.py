@@ -161,11 +161,24 @@ def overfit_batch(subject) -> Result:
     budget = time_budget()
     if subject.train is not None and subject.kind != "encoder":
         return _overfit_with_loop(subject, budget)
-    return _overfit_alone(subject, budget)
+    return _memorised(subject, budget)[0]
 
 
-def _overfit_alone(subject, budget) -> Result:
-    """overfit-batch on a copy of the model with tfdoctor's optimizers (see the check's doc)."""
+def _memorised(subject, budget=None) -> tuple:
+    """(overfit-batch's Result on the model alone, {"model": the memorised copy, "batch": its batch} or
+    {} when it did not memorise), once per run: generation decodes the same copy, never training again."""
+    from tfdoctor.context import memo, time_budget
+
+    def run() -> tuple:
+        kept: dict = {}
+        return _overfit_alone(subject, budget or time_budget(), kept), kept
+
+    return memo(("overfit-alone", id(subject.model)), run)
+
+
+def _overfit_alone(subject, budget, kept: dict) -> Result:
+    """overfit-batch on a copy of the model with tfdoctor's optimizers (see the check's doc); the
+    memorised copy and its batch are left in `kept`."""
     import torch
 
     from tfdoctor.context import current, progress
@@ -213,6 +226,8 @@ def _overfit_alone(subject, budget) -> Result:
             goal = target + floor["nats"] if floor else target
             if floor and attempt.curve[-1] < goal:
                 break
+    if attempts[-1].curve[-1] < goal and not attempts[-1].detached:
+        kept.update(model=model, batch=batch)
     return _overfit_verdict(subject, batch, attempts, target, goal, floor, note, budget)
 
 
@@ -447,3 +462,116 @@ def _judged_reference(run, curve: list[float], out_of_time: bool, budget, detail
         f"({-ref_drop:+.1%}), and {summary}. lr-schedule "
         "judges the whole schedule (a long warm-up, a fine-tuning rate decaying to 0); this check without "
         "--train tests the model alone", details)
+
+
+# generation: tokens of the decoded and the memorised row shown around the first divergence.
+SHOWN_TOKENS = 8
+
+
+@check("generation", title="Greedy decoding reproduces a memorised batch", kinds=("causal",),
+       skip_reasons={"encoder": "an encoder does not decode left to right",
+                     "seq2seq": "written for causal LMs (a decoder given its source is not decoded here)"})
+def generation(subject) -> Result:
+    """Catches a train/inference mismatch: a model that trains well (the loss falls, even to nearly
+    zero) but generates something else, such as its first token over and over. The forward that
+    training grades sees what decoding left to right does not: a mask that lets a position read the
+    token it predicts, positions counted from the end of the sequence, anything that depends on the
+    length of the input. Also a cached decoding path that differs from the full forward.
+
+    Takes the copy that overfit-batch trained until it memorised its batch (no second training) and
+    decodes greedily from each row's first token, feeding the whole prefix at every step; where the
+    decoded token departs from the batch although the full forward of the batch predicts the batch's
+    token there (same prefix, so the same prediction is due), the model is judged inconsistent, at
+    that position. Then the same decoding runs through the cache (Subject.incremental, or a Hugging
+    Face model's own generate()); departing only there means the cache path differs. Skips when the
+    model did not memorise the batch, and under --train (overfit-batch trains through your loop,
+    which stops long before memorising).
+
+    Fix: give every position at training exactly the context it has when decoding: a causal mask
+    `torch.tril(ones(T, T))`, positions counted from the start (`arange(past, past + T)`), nothing
+    that depends on the sequence's length or its future.
+    """
+    from tfdoctor.errors import first_line
+    from tfdoctor.probes.decoding import MODEL_ERRORS, raised_by_model
+    from tfdoctor.probes.greedy import decode_memorised
+
+    if subject.train is not None:
+        return Result.skipped("under --train, overfit-batch trains through your loop, which stops once the loss "
+                              "falls by 10%: there is no memorised copy to decode (run without --train)")
+    if subject.vocab_size < OVERFIT_MIN_VOCAB:
+        return Result.skipped(f"a vocabulary of {subject.vocab_size} tokens: overfit-batch cannot judge "
+                              "memorising it, so there is no memorised copy to decode")
+    result, kept = _memorised(subject)
+    if "model" not in kept:
+        return Result.skipped(f"the model did not memorise the batch (overfit-batch: {result.status.value}), so "
+                              "what it decodes says nothing about a mismatch")
+    try:
+        run = decode_memorised(subject, kept.pop("model"), kept["batch"])  # the copy is freed once decoded
+    except MODEL_ERRORS as exc:  # the model refuses a prefix shorter than its training rows: not decodable here
+        if not raised_by_model(exc):
+            raise
+        return Result.skipped(f"the model refuses the short prefixes greedy decoding feeds it (from 1 token on): "
+                              f"{first_line(exc)}", {"error": first_line(exc)})
+    return _generation_verdict(run)
+
+
+def _first_departure(a, b, upto: int) -> list:
+    """Per row, the first position t >= 1 below `upto` where a and b differ, or None."""
+    out = []
+    for r in range(a.shape[0]):
+        diff = (a[r, 1:upto] != b[r, 1:upto]).nonzero()
+        out.append(int(diff[0]) + 1 if diff.numel() else None)
+    return out
+
+
+def _shown(row, t: int) -> list:
+    return [int(x) for x in row[max(0, t - SHOWN_TOKENS // 2):t + SHOWN_TOKENS // 2]]
+
+
+def _generation_verdict(run) -> Result:
+    B, L = run.rows.shape
+    departs = _first_departure(run.uncached, run.rows, L)
+    # a departure the full forward shares (it misses that token too) was never memorised: not judged there
+    mismatched = [(t, r) for r, t in enumerate(departs) if t is not None and run.teacher[r, t] == run.rows[r, t]]
+    unmemorised = [(t, r) for r, t in enumerate(departs) if t is not None and run.teacher[r, t] != run.rows[r, t]]
+    details = {"rows": B, "tokens_per_row": L, "reproduced_rows": departs.count(None),
+               "cache": run.cache_driver or run.no_cache, "first_departure_per_row": departs}
+    hint = ("give each position at training the context it has when decoding: a causal mask torch.tril(ones(T, T)) "
+            "(not triu), positions counted from the start of the sequence, nothing that depends on its length")
+    if mismatched:
+        t, r = min(mismatched)
+        decoded, wanted = run.uncached[r], run.rows[r]
+        head = decoded[t - 1:t + SHOWN_TOKENS // 2]  # the token before the departure and a few after
+        again = "its first token" if int(head[0]) == int(wanted[0]) else f"token {int(head[0])}"
+        repeats = f"; it decodes {again} over and over" if len(head) > 2 and bool((head == head[0]).all()) else ""
+        details.update(row=r, position=t, expected_token=int(wanted[t]), decoded_token=int(decoded[t]),
+                       decoded=_shown(decoded, t), memorised=_shown(wanted, t), mismatched_rows=len(mismatched))
+        return Result.failed(
+            f"train/inference mismatch: greedy decoding from row {r}'s first token departs from the memorised batch "
+            f"at position {t}: token {int(decoded[t])} where the batch has {int(wanted[t])}, although the full forward "
+            f"of the batch, from the same prefix, predicts {int(wanted[t])}{repeats} ({len(mismatched)} of {B} rows "
+            "depart where the full forward is right): what training sees is not what decoding sees", hint, details)
+    if run.cached is not None:
+        agreed = [t if t is not None else run.cached_upto for t in departs]
+        cache_departs = [_first_departure(run.cached[r:r + 1], run.uncached[r:r + 1], min(run.cached_upto, a + 1))[0]
+                         for r, a in enumerate(agreed)]
+        found = [(t, r) for r, t in enumerate(cache_departs) if t is not None]
+        if found:
+            t, r = min(found)
+            details.update(row=r, position=t, uncached_token=int(run.uncached[r, t]),
+                           cached_token=int(run.cached[r, t]), cached_rows=len(found))
+            return Result.failed(
+                f"decoding with the cache ({run.cache_driver}) departs from decoding without it at position {t} of "
+                f"row {r}: token {int(run.cached[r, t])} instead of {int(run.uncached[r, t])}, which the model "
+                "memorised: the cache path differs from the full forward (see cache-consistency)",
+                "keep the causal mask for multi-token calls with a cache and start new tokens' positions at the "
+                "cache length", details)
+    arms = f"with and without the cache ({run.cache_driver})" if run.cached is not None else \
+        f"without the cache ({run.no_cache})"
+    note = ""
+    if unmemorised:
+        t, r = min(unmemorised)
+        note = (f"; {len(unmemorised)} row(s) depart where the model had not memorised the token (row {r} at "
+                f"position {t}: its full forward misses it too), judged up to there")
+    return Result.passed(f"greedy decoding from each row's first token writes the memorised batch again ({B} rows of "
+                         f"{L} tokens) {arms}{note}", details)

@@ -295,3 +295,118 @@ def optimizer_coverage(subject, trace) -> Result:
                 "tfdoctor rebuilt them on its copy, but an EMA made with deepcopy would run your live weights")
     return Result.passed(f"all {coverage['with_grad']} parameter tensors that receive gradients are in the "
                          f"loop's optimizer{'s' if coverage.get('optimizers', 1) > 1 else ''}{note}", details)
+
+
+# stale-update. A tensor has stalled when at least this share of its elements that had a non-zero
+# gradient kept their value at the watched steps. In a float step every such element moves; with an
+# update below half an ulp only the elements near zero (|w| < 2 x update / eps) still move: about 10%
+# of N(0, 0.02) weights in bfloat16 at lr 1e-5, so a stalled tensor sits far above this line.
+STALLED_ELEMENT_SHARE = 0.5
+# Fail when the stalled tensors are most of the trained low-precision tensors or of their weights
+# (workofart/ml-by-hand #85: 0 of 768 moved); warn from a notable share (the norm gains alone, which
+# sit at 1.0 where a bfloat16 ulp is 7.8e-3, are a tenth to a third of a Transformer's tensors).
+STALE_FAIL_SHARE = 0.5
+STALE_WARN_SHARE = 0.1
+# Half an ulp relative to the weight, torch.finfo(dtype).eps / 2: the smallest relative update that
+# changes a weight of that dtype (bfloat16 eps 2**-7, float16 eps 2**-10).
+HALF_ULP = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}
+# Optimizers whose per-element update is about the learning rate whatever the gradient's size
+# (Adam's m / sqrt(v) is ~1 in size); for the others (SGD) it is the rate times the gradient.
+ADAPTIVE = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "SparseAdam", "Adagrad", "Adadelta", "RMSprop",
+            "Adafactor", "Lion", "Muon")
+
+
+def _update_ratio(optimizer: str, tensor: dict) -> float:
+    """The update the optimizer asks of this tensor, relative to its typical weight (an estimate)."""
+    size = tensor["lr"] if optimizer in ADAPTIVE else tensor["lr"] * tensor["grad"]
+    return size / tensor["weight"] if tensor["weight"] > 0 else float("inf")
+
+
+def _stalled_tensors(trace) -> dict[str, dict]:
+    """Per low-precision tensor that had gradients at the watched steps: its counts summed over the
+    steps, its dtype, numel, largest rate and the estimated update-to-weight ratio."""
+    tensors: dict[str, dict] = {}
+    for step in trace.updates:
+        for t in step["tensors"]:
+            held = tensors.setdefault(t["name"], {"dtype": t["dtype"], "numel": t["numel"], "graded": 0,
+                                                   "unchanged": 0, "lr": 0.0, "ratio": 0.0,
+                                                   "optimizer": step["optimizer"]})
+            held["graded"] += t["graded"]
+            held["unchanged"] += t["unchanged"]
+            held["lr"] = max(held["lr"], t["lr"])
+            held["ratio"] = max(held["ratio"], _update_ratio(step["optimizer"], t))
+    for held in tensors.values():
+        held["stalled"] = held["unchanged"] >= STALLED_ELEMENT_SHARE * held["graded"]
+    return tensors
+
+
+@check("stale-update", title="Optimizer steps move the weights they have gradients for", needs=("train",),
+       located=("opt_step",))
+def stale_update(subject, trace) -> Result:
+    """Catches optimizer steps that leave the weights unchanged although their gradients are non-zero:
+    weights held in bfloat16 or float16 (`model.to(torch.bfloat16)`, `torch_dtype=torch.bfloat16`)
+    trained with a small rate. A weight of those dtypes changes only by at least half an ulp (0.39% of
+    its size in bfloat16): a smaller update, lr 1e-5 on weights of 0.02, rounds back to the old
+    value, so the loss barely moves however long you train.
+
+    Compares (a sample of) every low-precision trained tensor before and after each of the loop's
+    first optimizer steps, counting the elements with a non-zero gradient that kept their value, and
+    estimates the update-to-weight ratio the optimizer asked for (the rate for Adam-like optimizers,
+    rate x gradient for SGD) against the dtype's half-ulp, torch.finfo(dtype).eps / 2. Weights kept in
+    float32 pass: autocast keeps them there.
+
+    Fix: keep float32 master weights and run the forward under `torch.autocast(dtype=torch.bfloat16)`
+    (or mixed precision in your trainer); else Kahan summation or stochastic rounding in the
+    optimizer, or a larger learning rate.
+    """
+    reason = stepped(trace)
+    if reason:
+        return Result.skipped(reason)
+    if trace.manual and not trace.optimizers:
+        return Result.skipped("the loop updates the parameters itself (no optimizer object)")
+    if not trace.updates:
+        return Result.skipped("no optimizer step with a positive learning rate and gradients was recorded")
+    tensors = _stalled_tensors(trace)
+    wide = sorted({d for step in trace.updates for d in step["wide_dtypes"]})
+    watched = len({step.get("window") for step in trace.updates})
+    details = {"steps_watched": watched, "low_precision_tensors": len(tensors),
+               "wide_tensors": max(step["wide_tensors"] for step in trace.updates), "wide_dtypes": wide}
+    if not tensors:
+        return Result.passed(f"the trained weights are held in {', '.join(wide) or 'float32'}: every update "
+                             "above ~6e-8 of a weight moves it", details)
+    stalled = {name: t for name, t in tensors.items() if t["stalled"]}
+    numel = sum(t["numel"] for t in tensors.values())
+    tensor_share = len(stalled) / len(tensors)
+    weight_share = sum(t["numel"] for t in stalled.values()) / numel
+    dtypes = sorted({t["dtype"] for t in tensors.values()})
+    lrs = sorted({t["lr"] for t in tensors.values()})
+    details.update(stalled_tensors=len(stalled), stalled_share=round(tensor_share, 4),
+                   stalled_weight_share=round(weight_share, 4), dtypes=dtypes, lrs=lrs,
+                   half_ulp={d: HALF_ULP.get(d) for d in dtypes}, stalled=sorted(stalled)[:20],
+                   unchanged_elements=sum(t["unchanged"] for t in tensors.values()),
+                   graded_elements=sum(t["graded"] for t in tensors.values()))
+    what = f"{', '.join(dtypes)} tensors"
+    if max(tensor_share, weight_share) < STALE_WARN_SHARE:
+        return Result.passed(f"the first {watched} optimizer step(s) moved {len(tensors) - len(stalled)} "
+                             f"of the {len(tensors)} trained {what} ({', '.join(wide) or 'no'} wider ones)",
+                             details)
+    steps = f"{watched} optimizer step{'s' if watched > 1 else ''}"
+    below = [t for t in stalled.values() if t["ratio"] < HALF_ULP.get(t["dtype"], 0.0)]
+    lr_text = ", ".join(f"{lr:.3g}" for lr in lrs)
+    if below:  # the largest update-to-weight ratio that still rounds away
+        worst = max(below, key=lambda t: t["ratio"])
+        details["largest_update_ratio"] = worst["ratio"]
+        why = (f"{worst['optimizer']} at lr {lr_text} asks for updates of at most {worst['ratio']:.2g} of a weight, "
+               f"below {worst['dtype']}'s resolution (half an ulp = {HALF_ULP[worst['dtype']]:.2g} of the weight), "
+               "so they round away")
+    else:
+        why = f"at lr {lr_text} their updates were lost to {', '.join(dtypes)} rounding"
+    names = f"{', '.join(sorted(stalled)[:3])}{', ...' if len(stalled) > 3 else ''}"
+    message = (f"{len(stalled)} of the {len(tensors)} trained {what} ({weight_share:.1%} of their weights) did not "
+               f"move at the first {steps} although their gradients were non-zero ({names}): {why}")
+    hint = ("keep the weights in float32 and run the forward under torch.autocast(device_type, dtype=torch.bfloat16) "
+            "(or your trainer's bf16 mixed precision); else use an optimizer with Kahan summation or stochastic "
+            "rounding, or a larger learning rate")
+    if max(tensor_share, weight_share) >= STALE_FAIL_SHARE:
+        return Result.failed(message, hint, details)
+    return Result.warned(message, hint, details)

@@ -38,6 +38,7 @@ from tfdoctor.probes.fused_head import watch_log_probs
 from tfdoctor.recording.grads import grad_norm, int_tensors, nodes_near, reaches, sample
 from tfdoctor.recording.patched import PatchedCalls
 from tfdoctor.recording.scores import READ_CHUNK_ELEMENTS, SCORE_FUNCTIONS, class_dim, read_scores
+from tfdoctor.recording.stale import UpdateWatch
 from tfdoctor.recording.trace import LOCATED_EVENTS, Event, Trace
 from tfdoctor.sites import call_site
 from tfdoctor.subject import extract_logits
@@ -98,6 +99,7 @@ class Recorder(PatchedCalls, TorchFunctionMode):
         self.after_backward: Optional[torch.Tensor] = None  # gradient sample after the latest backward
         self.grad_rescale: dict[int, float] = {}
         self.closure_step_pending = False  # inside `optimizer.step(closure)`, before the closure returned
+        self.updates = UpdateWatch()  # what the first steps did to low-precision weights (stale-update)
 
     # ------------------------------------------------------------------ events
 
@@ -378,6 +380,8 @@ class Recorder(PatchedCalls, TorchFunctionMode):
         if not self.record:
             return
         self.optimizers[id(optimizer)] = optimizer
+        with self.quiet():
+            self.updates.before(optimizer, self.params, self.step_window())
         # args are step's own: (optimizer, closure) or (optimizer,) with closure= in kwargs
         positional = len(args) > 1
         closure = args[1] if positional else kwargs.get("closure")
@@ -414,6 +418,11 @@ class Recorder(PatchedCalls, TorchFunctionMode):
 
         return evaluated_then_stepped
 
+    def step_window(self) -> int:
+        """The loop step an optimizer step now belongs to: a step with no backward since the previous
+        one joins its window (Muon for the matrices, AdamW for the rest, make one step)."""
+        return self.window - 1 if self.stepped and not self.backward_since_step else self.window
+
     def _record_step(self, optimizer) -> None:
         """The gradients reach the optimizer step: their norm, which parameters hold one, the rates."""
         self._step_begins()
@@ -434,6 +443,8 @@ class Recorder(PatchedCalls, TorchFunctionMode):
     def opt_post(self, optimizer, args, kwargs):
         if not self.record:
             return
+        with self.quiet():
+            self.updates.after(optimizer, self.names, self.step_window())
         if self.closure_step_pending:  # an optimizer that never called the closure it was given
             self.closure_step_pending = False
             self._record_step(optimizer)
@@ -481,7 +492,7 @@ def finish(recorder: Recorder, caught) -> Trace:
                 "optimizers": len(recorder.optimizers)}
     trace = Trace(recorder.events, recorder.batches_fed, optimizers, schedules, messages,
                   sum(p.numel() for p in recorder.params), recorder.scores, coverage,
-                  grad_rescale=dict(recorder.grad_rescale))
+                  grad_rescale=dict(recorder.grad_rescale), updates=recorder.updates.steps)
     return trace
 
 
