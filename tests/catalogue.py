@@ -15,7 +15,8 @@ session by tests/conftest.py, so the table adds no run of its own):
 MASK = ("future-leak", "mask-direction")  # tests/test_masking.py's table
 NUMERICS = ("softmax-mask-order", "half-precision-mask")  # tests/test_numerics.py's table
 PADDING = ("padding-mask", "masked-row-nan")  # tests/test_padding.py's table
-TOKENS = ("token-weighting", "accumulation-scaling")  # tests/test_invariance.py's token-weighting runs
+TOKENS = ("token-weighting", "accumulation-scaling")
+DETERMINISM = ("eval-determinism",)  # tests/test_determinism.py's table  # tests/test_invariance.py's token-weighting runs
 MEMORY_TIGHT = {"train_batch": 8, "train_seq": 64, "budget": "1MiB"}  # tests/test_memory_traced.py
 MEMORY_ROOMY = {"train_batch": 2, "train_seq": 16, "budget": "80GB"}
 
@@ -72,6 +73,10 @@ PLANTED = {
                           [(model("gpt_kv_cache", ["cache-consistency"]), "pass")]),
     "init-loss": ([(model("gpt_big_init", ["init-loss"]), "fail")],
                   [(model("gpt_correct", ["init-loss"]), "pass")]),
+    "eval-determinism": ([(model("gpt_functional_dropout", DETERMINISM), "fail"),
+                          (model("gpt_dropout_unused", DETERMINISM), "warn")],
+                         [(model("gpt_functional_dropout_mode", DETERMINISM), "pass"),
+                          (model("gpt_correct", DETERMINISM), "pass")]),
     "overfit-batch": ([(model("gpt_ignores_tokens", ["overfit-batch"]), "fail")],
                       [(model("gpt_correct", ["overfit-batch"]), "pass"),
                        (model("gpt_big_init", ["overfit-batch"]), "pass")]),

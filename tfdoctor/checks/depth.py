@@ -1,0 +1,1 @@
+"""Depth checks: how the signal travels through the stack of blocks at initialisation."""
