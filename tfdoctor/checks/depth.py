@@ -56,7 +56,8 @@ POSITION_HINT = (
 )
 
 
-@check("depth-signal", title="The residual stream and the gradients keep their scale through the stack at init")
+@check("depth-signal", title="The residual stream and the gradients keep their scale through the stack at init",
+       inputs=("model", "initial_weights"))
 def depth_signal(subject) -> Result:
     """Catches a stack of blocks whose signal does not survive its depth at initialisation: a residual
     stream that grows without bound (a residual added twice, branches that scale the stream they are
@@ -71,7 +72,8 @@ def depth_signal(subject) -> Result:
     what healthy stacks without depth scaling show), when the median gradient norm of the first eighth
     of the blocks is below 1e-2 of the last eighth's, or when the learned position table's RMS is over 4 x the token
     table's. Thresholds measured on nanoGPT, GPT-2, Llama, BERT and torch stacks at 2 to 96 blocks.
-    Skipped when no repeated block is found.
+    Assumes the factory returns an untrained model (skipped under `run` when the script loads trained
+    weights); skipped when no repeated block is found.
 
     Fix: add each residual once and normalise branch inputs (pre-norm); `norm_first=True` or a
     depth-scaled residual for deep stacks; initialise position tables like token tables (std 0.02).

@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
-from tfdoctor.probes.isolation import guarded
+from tfdoctor.probes.isolation import same_values
 from tfdoctor.probes.modes import _DROPOUT_MODULES, evaluation, preserved_process_state
 from tfdoctor.tolerances import RELATIVE_TOLERANCE
 
@@ -150,6 +150,20 @@ def _run(model: torch.nn.Module, forward: Callable[[], torch.Tensor], seed: int,
 
 
 @contextlib.contextmanager
+def _buffers_kept(model: torch.nn.Module) -> Iterator[None]:
+    """Put back every buffer's values afterwards (a train() forward moves BatchNorm's running
+    statistics). Parameters need no copy: nothing here runs a backward or an optimizer."""
+    saved = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                if not same_values(buffer, value):
+                    buffer.copy_(value)
+
+
+@contextlib.contextmanager
 def _training(model: torch.nn.Module) -> Iterator[None]:
     flags = [(module, module.training) for module in model.modules()]
     model.train()
@@ -163,8 +177,8 @@ def _training(model: torch.nn.Module) -> Iterator[None]:
 def measure_randomness(model: torch.nn.Module, forward: Callable[[], torch.Tensor], seed: int) -> Randomness:
     """Two eval() forwards under seeds `seed` and `seed + 1` (a third under `seed` when they differ);
     where the model declares dropout, two train() forwards the same way. No gradients; the RNG, the
-    modes and every parameter and buffer (a train() forward moves BatchNorm's statistics) are put back."""
-    with preserved_process_state(), torch.no_grad(), guarded(model):
+    modes and the buffers (a train() forward moves BatchNorm's statistics) are put back."""
+    with preserved_process_state(), torch.no_grad(), _buffers_kept(model):
         with evaluation(model):
             first = _run(model, forward, seed, hooks=True)
             measured = Randomness(_compared(first, _run(model, forward, seed + 1, hooks=True)))
