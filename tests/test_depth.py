@@ -73,8 +73,9 @@ def _gpt2(n_layer):
 def _llama(n_layer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    return LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=n_layer,
-                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128))
+    return LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128,
+                                        num_hidden_layers=n_layer, num_attention_heads=4, num_key_value_heads=2,
+                                        max_position_embeddings=128))
 
 
 @pytest.mark.parametrize("n_layer", [2, 12])
@@ -108,8 +109,8 @@ def test_no_gradient_mode_or_weight_is_left_changed():
 def test_blocks_that_do_not_run_once_each_are_skipped():
     from tfdoctor.checks.depth import judge_depth
 
-    signal = {"stack": "h", "block_class": "Block", "input_rms": 1.0, "output_rms": [1.0, 1.0], "grad_norms": [1.0, 1.0],
-              "calls": [2, 0], "token_rms": None, "position_rms": None, "embeddings": {}, "mode": "eval"}
+    signal = {"stack": "h", "block_class": "Block", "input_rms": 1.0, "output_rms": [1.0, 1.0],
+              "grad_norms": [1.0, 1.0], "calls": [2, 0], "token_rms": None, "position_rms": None, "embeddings": {}, "mode": "eval"}
     assert judge_depth(signal).status.value == "skip"
     signal["calls"] = [1, 1]
     assert judge_depth(signal).status.value == "pass"

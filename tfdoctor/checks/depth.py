@@ -70,8 +70,8 @@ def depth_signal(subject) -> Result:
     output and the norm of its parameters' gradient (torch.autograd.grad: no .grad is touched). Warns
     (never fails) when the last block's RMS over the first's exceeds 3 x sqrt(L) (a sqrt(L) growth is
     what healthy stacks without depth scaling show), when the median gradient norm of the first eighth
-    of the blocks is below 1e-2 of the last eighth's, or when the learned position table's RMS is over 4 x the token
-    table's. Thresholds measured on nanoGPT, GPT-2, Llama, BERT and torch stacks at 2 to 96 blocks.
+    of the blocks is below 1e-2 of the last eighth's, or when the learned position table's RMS is over
+    4 x the token table's. Thresholds measured on nanoGPT, GPT-2, Llama, BERT and torch stacks at 2 to 96 blocks.
     Assumes the factory returns an untrained model (skipped under `run` when the script loads trained
     weights); skipped when no repeated block is found.
 
@@ -110,11 +110,13 @@ def judge_depth(signal: dict) -> Result:
     L = len(outputs)
     ends = max(1, L // ENDS_SHARE)
     growth = _ratio(outputs[-1], outputs[0])
-    first_q, last_q = statistics.median(grads[:ends]), statistics.median(grads[-ends:])
-    vanishing = _ratio(first_q, last_q)
+    first_end, last_end = statistics.median(grads[:ends]), statistics.median(grads[-ends:])
+    vanishing = _ratio(first_end, last_end)
     position = _ratio(signal["position_rms"] or math.nan, signal["token_rms"] or math.nan)
-    details = {**signal, "blocks": L, "growth": growth, "growth_over_sqrt_depth": None if growth is None else
-               growth / math.sqrt(L), "blocks_compared_at_each_end": ends, "grad_ratio_first_to_last": vanishing, "position_to_token": position,
+    details = {**signal, "blocks": L, "growth": growth,
+               "growth_over_sqrt_depth": None if growth is None else growth / math.sqrt(L),
+               "blocks_compared_at_each_end": ends, "grad_ratio_first_to_last": vanishing,
+               "position_to_token": position,
                "thresholds": {"growth_over_sqrt_depth": GROWTH_WARN, "grad_ratio": VANISHING_WARN,
                               "position_to_token": POSITION_WARN}}
     where = f"{L} blocks of {signal['block_class']} in {signal['stack']}"
@@ -129,7 +131,7 @@ def judge_depth(signal: dict) -> Result:
         hints.append(GROWTH_HINT)
     if vanishing is not None and vanishing < VANISHING_WARN:
         findings.append(f"the first {ends} block(s) get a gradient {vanishing:.2g} of the last {ends}'s "
-                        f"(median norms {first_q:.3g} vs {last_q:.3g}): the gradient vanishes on its way down")
+                        f"(median norms {first_end:.3g} vs {last_end:.3g}): the gradient vanishes on its way down")
         hints.append(VANISHING_HINT)
     if position is not None and position > POSITION_WARN:
         names = signal["embeddings"]

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from tfdoctor.probes.modes import DropoutOff, preserved_process_state
+from tfdoctor.probes.stochastic import first_tensor
 
 # Containers: a child of these classes has no forward of its own to watch (x-transformers' layers
 # are ModuleLists of [norms, block, residual]).
@@ -71,17 +72,6 @@ def find_stack(model: nn.Module) -> Optional[Stack]:
     return best
 
 
-def _first_tensor(value) -> Optional[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return value if value.is_floating_point() and not value.is_nested else None
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
-    for item in items:
-        found = _first_tensor(item)
-        if found is not None:
-            return found
-    return None
-
-
 def _rms(tensor: torch.Tensor) -> float:
     return float(tensor.detach().float().pow(2).mean().sqrt())
 
@@ -92,14 +82,14 @@ def _watched(stack: Stack, signal: dict) -> Iterator[None]:
 
     def on_output(index):
         def hook(module, args, output):
-            tensor = _first_tensor(output)
+            tensor = first_tensor(output)
             signal["calls"][index] += 1
             if tensor is not None:
                 signal["output"][index] = _rms(tensor)
         return hook
 
     def on_input(module, args, kwargs):
-        tensor = _first_tensor(list(args) + list(kwargs.values()))
+        tensor = first_tensor(list(args) + list(kwargs.values()))
         if tensor is not None and signal["input"] is None:
             signal["input"] = _rms(tensor)
 

@@ -80,13 +80,13 @@ def declared_dropout(model: torch.nn.Module) -> list[str]:
     return found
 
 
-def _first_tensor(output) -> Optional[torch.Tensor]:
+def first_tensor(output) -> Optional[torch.Tensor]:
     """The first floating-point tensor in what a module returned (a tensor, tuple, list or dict)."""
     if isinstance(output, torch.Tensor):  # a nested tensor (nn.TransformerEncoder's fast path) has no shape
         return output if output.is_floating_point() and not output.is_nested else None
     items = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) else ()
     for item in items:
-        found = _first_tensor(item)
+        found = first_tensor(item)
         if found is not None:
             return found
     return None
@@ -99,9 +99,9 @@ def _module_outputs(model: torch.nn.Module, into: list) -> Iterator[None]:
 
     def hook(name):
         def record(module, args, kwargs, output):
-            out = _first_tensor(output)
+            out = first_tensor(output)
             if out is not None:
-                given = _first_tensor(list(args) + list(kwargs.values()))
+                given = first_tensor(list(args) + list(kwargs.values()))
                 into.append((name, None if given is None else given.detach().clone(), out.detach().clone()))
         return record
 
