@@ -127,3 +127,18 @@ def test_modes_rng_weights_and_buffers_are_put_back():
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
     assert not any(m._forward_hooks for m in model.modules())
+
+
+def test_layer_drop_alone_is_not_judged_never_applied():
+    """LayerDrop (whole layers skipped, p = 0.1 over 4 layers) keeps every layer in 66% of draws: under run
+    seed 5 four train() forwards keep them all, which is chance, not a dropout left out."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    model = BartForConditionalGeneration(BartConfig(
+        vocab_size=512, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, encoder_layerdrop=0.1, decoder_layerdrop=0.1))
+    for seed in (0, 5):
+        result = run_checks(model, only=DETERMINISM, seed=seed)["eval-determinism"]
+        assert result.status.value == "pass", result.message
+        assert all("layerdrop" in declared for declared in result.details["declared_dropout"])
