@@ -142,3 +142,11 @@ def test_layer_drop_alone_is_not_judged_never_applied():
         result = run_checks(model, only=DETERMINISM, seed=seed)["eval-determinism"]
         assert result.status.value == "pass", result.message
         assert all("layerdrop" in declared for declared in result.details["declared_dropout"])
+
+
+def test_a_dropout_outside_the_module_tree_never_sees_eval():
+    """gpt_mlp_namespace keeps an nn.Dropout in a SimpleNamespace (its planted bug is optimizer-coverage's):
+    model.eval() never reaches it, so it drops in eval(), inside each block's forward."""
+    result = judged(build_fixture("gpt_mlp_namespace"))
+    assert result.status.value == "fail", result.message
+    assert result.details["eval_pair"]["origin"] == "blocks.0"
