@@ -127,3 +127,11 @@ def test_the_stack_is_the_list_of_blocks_not_a_list_of_heads():
     assert find_stack(build_fixture("codebook_rows")) is None  # a ModuleList of bare Linear heads
     assert find_stack(build_fixture("gpt_correct")).name == "blocks"
     assert find_stack(build_fixture("postln_deep")).name == "blocks.layers"
+
+
+def test_frozen_blocks_are_said_to_be_frozen():
+    model = build_fixture("gpt_correct")
+    for param in model.blocks.parameters():
+        param.requires_grad_(False)
+    result = judged(model)
+    assert result.status.value == "pass" and "frozen" in result.message, result.message

@@ -142,8 +142,9 @@ def judge_depth(signal: dict) -> Result:
     if findings:
         return Result.warned(f"{where} at init: " + "; ".join(findings), "; ".join(hints), details)
     seen = [f"stream RMS {outputs[0]:.3g} -> {outputs[-1]:.3g}" if growth is not None else "stream RMS unreadable",
-            f"gradient first/last blocks {vanishing:.2g}" if vanishing is not None else "no gradient reached "
-            "the last blocks"]
+            f"gradient first/last blocks {vanishing:.2g}" if vanishing is not None else
+            "the blocks are frozen (no parameter requires grad)" if not signal.get("trainable") else
+            "no gradient reached the last blocks"]
     if position is not None:
         seen.append(f"position/token embedding RMS {position:.2f}")
     return Result.passed(f"{where} at init: " + ", ".join(seen), details)

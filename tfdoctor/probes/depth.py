@@ -46,6 +46,7 @@ class DepthSignal:
     position_rms: Optional[float] = None  # RMS of the learned position table, where there is one
     embeddings: dict = field(default_factory=dict)  # {"token": name, "position": name}
     mode: str = "eval"  # "train" (every dropout at 0) for a model whose backward refuses eval()
+    trainable: int = 0  # the blocks' parameters that require grad
 
 
 def find_stack(model: nn.Module) -> Optional[Stack]:
@@ -163,4 +164,4 @@ def measure_depth(model: nn.Module, stack: Stack, loss: Callable[[], torch.Tenso
         rms = {role: _rms(weight) for role, (_, weight) in tables.items()}
     return DepthSignal(stack.name, stack.block_class, signal["input"], signal["output"], norms, signal["calls"],
                        rms.get("token"), rms.get("position"), {role: name for role, (name, _) in tables.items()},
-                       off.mode)
+                       off.mode, len(flat))
