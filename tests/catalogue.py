@@ -15,9 +15,9 @@ session by tests/conftest.py, so the table adds no run of its own):
 MASK = ("future-leak", "mask-direction")  # tests/test_masking.py's table
 NUMERICS = ("softmax-mask-order", "half-precision-mask")  # tests/test_numerics.py's table
 PADDING = ("padding-mask", "masked-row-nan")  # tests/test_padding.py's table
-TOKENS = ("token-weighting", "accumulation-scaling")
+TOKENS = ("token-weighting", "accumulation-scaling")  # tests/test_invariance.py's token-weighting runs
 DETERMINISM = ("eval-determinism",)  # tests/test_determinism.py's table
-DEPTH = ("depth-signal",)  # tests/test_depth.py's table  # tests/test_invariance.py's token-weighting runs
+DEPTH = ("depth-signal",)  # tests/test_depth.py's table
 MEMORY_TIGHT = {"train_batch": 8, "train_seq": 64, "budget": "1MiB"}  # tests/test_memory_traced.py
 MEMORY_ROOMY = {"train_batch": 2, "train_seq": 16, "budget": "80GB"}
 
