@@ -17,6 +17,8 @@ NUMERICS = ("softmax-mask-order", "half-precision-mask")  # tests/test_numerics.
 PADDING = ("padding-mask", "masked-row-nan")  # tests/test_padding.py's table
 TOKENS = ("token-weighting", "accumulation-scaling")  # tests/test_invariance.py's token-weighting runs
 GENERATION = ("overfit-batch", "generation")  # tests/test_generation.py's runs (one memorisation shared)
+DETERMINISM = ("eval-determinism",)  # tests/test_determinism.py's table
+DEPTH = ("depth-signal",)  # tests/test_depth.py's table
 MEMORY_TIGHT = {"train_batch": 8, "train_seq": 64, "budget": "1MiB"}  # tests/test_memory_traced.py
 MEMORY_ROOMY = {"train_batch": 2, "train_seq": 16, "budget": "80GB"}
 
@@ -73,6 +75,13 @@ PLANTED = {
                           [(model("gpt_kv_cache", ["cache-consistency"]), "pass")]),
     "init-loss": ([(model("gpt_big_init", ["init-loss"]), "fail")],
                   [(model("gpt_correct", ["init-loss"]), "pass")]),
+    "eval-determinism": ([(model("gpt_functional_dropout", DETERMINISM), "fail"),
+                          (model("gpt_dropout_unused", DETERMINISM), "warn")],
+                         [(model("gpt_functional_dropout_mode", DETERMINISM), "pass"),
+                          (model("gpt_correct", DETERMINISM), "pass")]),
+    "depth-signal": ([(model("gpt_double_residual", DEPTH), "warn"), (model("gpt_position_randn", DEPTH), "warn"),
+                      (model("postln_very_deep", DEPTH), "warn")],
+                     [(model("gpt_correct", DEPTH), "pass"), (model("postln_deep", DEPTH), "pass")]),
     "overfit-batch": ([(model("gpt_ignores_tokens", ["overfit-batch"]), "fail")],
                       [(model("gpt_correct", ["overfit-batch"]), "pass"),
                        (model("gpt_big_init", ["overfit-batch"]), "pass")]),

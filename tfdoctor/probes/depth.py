@@ -1,0 +1,167 @@
+"""How the signal travels through the stack of blocks at initialisation: per block, the scale (RMS)
+of the residual stream it hands on and the norm of its parameters' gradient, from one forward and one
+backward on random tokens; and the scale of the token and the position embeddings.
+
+The stack is found by shape, as users and libraries write it: the nn.ModuleList / nn.Sequential whose
+children (two or more, all of one class) hold the most parameters: Hugging Face `model.layers`, `h`,
+`layer`, `block`; nanoGPT's `transformer.h`; nn.TransformerEncoder's `.layers`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Optional
+
+import torch
+import torch.nn as nn
+
+from tfdoctor.probes.modes import DropoutOff, preserved_process_state
+from tfdoctor.probes.stochastic import first_tensor
+
+# Containers: a child of these classes has no forward of its own to watch (x-transformers' layers
+# are ModuleLists of [norms, block, residual]).
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+
+
+@dataclass
+class Stack:
+    name: str  # "transformer.h"
+    blocks: list[tuple[str, nn.Module]]  # ("transformer.h.0", block), ...
+    block_class: str
+
+
+@dataclass
+class DepthSignal:
+    """What one forward and backward at initialisation showed."""
+
+    stack: str
+    block_class: str
+    input_rms: Optional[float]  # the residual stream entering the first block
+    output_rms: list[float]  # per block, in order
+    grad_norms: list[float]  # per block: the norm of all its parameters' gradients
+    calls: list[int]  # how often each block ran in the forward
+    token_rms: Optional[float] = None  # RMS of the token embedding table
+    position_rms: Optional[float] = None  # RMS of the learned position table, where there is one
+    embeddings: dict = field(default_factory=dict)  # {"token": name, "position": name}
+    mode: str = "eval"  # "train" (every dropout at 0) for a model whose backward refuses eval()
+    trainable: int = 0  # the blocks' parameters that require grad
+
+
+def find_stack(model: nn.Module) -> Optional[Stack]:
+    """The repeated blocks: among the ModuleLists and Sequentials whose children (two or more) are all
+    of one non-container class, hold parameters and have submodules, the one holding the most parameters (then the
+    longest, then the first)."""
+    best, best_key = None, None
+    for name, module in model.named_modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)):
+            continue
+        children = list(module.named_children())
+        classes = {type(child) for _, child in children}
+        if len(children) < 2 or len(classes) != 1 or issubclass(next(iter(classes)), _CONTAINERS):
+            continue
+        sizes = [sum(p.numel() for p in child.parameters()) for _, child in children]
+        if not all(sizes) or not any(True for _ in children[0][1].children()):
+            continue  # a block holds weights and modules of its own; a list of bare Linear heads is not a stack
+        key = (sum(sizes), len(children))
+        if best_key is None or key > best_key:
+            prefix = f"{name}." if name else ""
+            best = Stack(name or "(model)", [(prefix + child_name, child) for child_name, child in children],
+                         type(children[0][1]).__name__)
+            best_key = key
+    return best
+
+
+def _rms(tensor: torch.Tensor) -> float:
+    return float(tensor.detach().float().pow(2).mean().sqrt())
+
+
+@contextlib.contextmanager
+def _watched(stack: Stack, signal: dict) -> Iterator[None]:
+    """Record each block's output RMS and call count, and the first block's input RMS."""
+
+    def on_output(index):
+        def hook(module, args, output):
+            tensor = first_tensor(output)
+            signal["calls"][index] += 1
+            if tensor is not None:
+                signal["output"][index] = _rms(tensor)
+        return hook
+
+    def on_input(module, args, kwargs):
+        tensor = first_tensor(list(args) + list(kwargs.values()))
+        if tensor is not None and signal["input"] is None:
+            signal["input"] = _rms(tensor)
+
+    handles = [block.register_forward_hook(on_output(i)) for i, (_, block) in enumerate(stack.blocks)]
+    handles.append(stack.blocks[0][1].register_forward_pre_hook(on_input, with_kwargs=True))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def embedding_tables(model: nn.Module, vocab_size: Optional[int]) -> dict[str, tuple[str, torch.Tensor]]:
+    """{"token": (name, weight), "position": (name, weight)} for the tables found: the token table is the
+    model's input embedding (Hugging Face) or the first nn.Embedding with vocab_size rows; the position
+    table is an nn.Embedding or a parameter whose name says "pos" (nanoGPT's `wpe`) and whose width is
+    the token table's."""
+    found: dict[str, tuple[str, torch.Tensor]] = {}
+    names = {id(module): name for name, module in model.named_modules()}
+    getter = getattr(model, "get_input_embeddings", None)
+    try:
+        token = getter() if callable(getter) else None
+    except Exception:  # a model that does not say (NotImplementedError): found by shape below
+        token = None
+    if not isinstance(token, nn.Embedding):
+        token = next((m for m in model.modules() if isinstance(m, nn.Embedding) and m.num_embeddings == vocab_size),
+                     None)
+    if token is None:
+        return found
+    found["token"] = (names.get(id(token), "?"), token.weight)
+    width = token.weight.shape[-1]
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1].lower()
+        if module is not token and isinstance(module, nn.Embedding) and (leaf == "wpe" or "pos" in leaf) \
+                and module.weight.shape[-1] == width:
+            found["position"] = (name, module.weight)
+            return found
+    for name, param in model.named_parameters():
+        leaf = name.rsplit(".", 1)[-1].lower()
+        if param is not token.weight and "pos" in leaf and param.dim() >= 2 and param.shape[-1] == width:
+            found["position"] = (name, param)
+            return found
+    return found
+
+
+def measure_depth(model: nn.Module, stack: Stack, loss: Callable[[], torch.Tensor],
+                  vocab_size: Optional[int]) -> DepthSignal:
+    """One forward and one backward of `loss()` with dropout off (eval(), or train() with every dropout
+    at 0 where the backward refuses eval()). Gradients come from torch.autograd.grad, so no .grad is
+    touched; the RNG, grad mode and the modes are put back."""
+    count = len(stack.blocks)
+    signal = {"input": None, "output": [math.nan] * count, "calls": [0] * count}
+    params = [[p for p in block.parameters() if p.requires_grad] for _, block in stack.blocks]
+    flat = [p for group in params for p in group]
+
+    def step():
+        signal.update(input=None, output=[math.nan] * count, calls=[0] * count)
+        with _watched(stack, signal):
+            value = loss()
+        return torch.autograd.grad(value, flat, allow_unused=True) if flat else ()
+
+    with preserved_process_state(), torch.enable_grad(), DropoutOff(model) as off:
+        grads = off.step(step)
+    norms, at = [], 0
+    for group in params:
+        squares = [float(g.detach().float().pow(2).sum()) for g in grads[at:at + len(group)] if g is not None]
+        norms.append(math.sqrt(sum(squares)))
+        at += len(group)
+    tables = embedding_tables(model, vocab_size)
+    with torch.no_grad():
+        rms = {role: _rms(weight) for role, (_, weight) in tables.items()}
+    return DepthSignal(stack.name, stack.block_class, signal["input"], signal["output"], norms, signal["calls"],
+                       rms.get("token"), rms.get("position"), {role: name for role, (name, _) in tables.items()},
+                       off.mode, len(flat))
