@@ -40,11 +40,11 @@ CHECK_MODULES = (
 CATALOGUE = (
     "future-leak", "mask-direction", "bidirectional-encoder", "cross-attention-mask", "finite-logits",
     "softmax-mask-order", "half-precision-mask", "padding-mask", "masked-row-nan", "padding-equivalence",
-    "packing-isolation", "cache-consistency", "init-loss", "eval-determinism", "depth-signal", "overfit-batch",
-    "generation", "memory", "objective", "ignore-index", "unscale-before-clip", "accumulation-scaling",
-    "token-weighting", "scheduler-placement", "zero-grad", "clip-global-norm", "lr-schedule", "amp-loss-scaling", "grad-health",
-    "optimizer-coverage", "stale-update", "rank-data", "rank-sync", "ddp-accumulation", "rank-uniform",
-    "rank-equivalence",
+    "packing-isolation", "cache-consistency", "init-loss", "eval-determinism", "depth-signal",
+    "overfit-batch", "generation", "memory", "objective", "ignore-index", "unscale-before-clip",
+    "accumulation-scaling", "token-weighting", "scheduler-placement", "zero-grad", "clip-global-norm",
+    "lr-schedule", "amp-loss-scaling", "grad-health", "optimizer-coverage", "stale-update", "rank-data",
+    "rank-sync", "ddp-accumulation", "rank-uniform", "rank-equivalence",
 )
 
 
