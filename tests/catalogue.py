@@ -16,6 +16,7 @@ MASK = ("future-leak", "mask-direction")  # tests/test_masking.py's table
 NUMERICS = ("softmax-mask-order", "half-precision-mask")  # tests/test_numerics.py's table
 PADDING = ("padding-mask", "masked-row-nan")  # tests/test_padding.py's table
 TOKENS = ("token-weighting", "accumulation-scaling")  # tests/test_invariance.py's token-weighting runs
+BOUNDARIES = ("eos-trained", "packing-labels")  # tests/test_boundaries.py's loop runs on the tiny GPT-2
 MEMORY_TIGHT = {"train_batch": 8, "train_seq": 64, "budget": "1MiB"}  # tests/test_memory_traced.py
 MEMORY_ROOMY = {"train_batch": 2, "train_seq": 16, "budget": "80GB"}
 
@@ -81,6 +82,11 @@ PLANTED = {
                   [(loop("correct"), "pass"), (loop("hf_labels"), "pass")]),
     "ignore-index": ([(loop("no_ignore_index"), "fail"), (loop("hf_eos_as_pad_twice"), "fail")],
                      [(loop("correct"), "pass"), (loop("hf_eos_as_pad"), "pass")]),
+    "eos-trained": ([(model("hf_gpt2", BOUNDARIES, train="hf_eos_masked_as_pad", pad_id=1), "fail")],
+                    [(model("hf_gpt2", BOUNDARIES, train="hf_eos_as_pad", pad_id=1), "pass"),
+                     (model("hf_gpt2", BOUNDARIES, train="hf_labels", pad_id=0), "pass")]),
+    "packing-labels": ([(model("hf_gpt2", BOUNDARIES, train="hf_packed_labels_cross", pad_id=0), "fail")],
+                       [(model("hf_gpt2", BOUNDARIES, train="hf_packed_labels", pad_id=0), "pass")]),
     "unscale-before-clip": ([(loop("clip_before_unscale_cuda"), "fail")], [(loop("correct"), "pass")]),
     "accumulation-scaling": ([(loop("no_loss_division"), "fail"), (loop("accum_first_step"), "warn")],
                              [(loop("correct"), "pass"), (loop("annotated_label_smoothing"), "pass")]),

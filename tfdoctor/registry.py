@@ -26,6 +26,7 @@ CHECK_MODULES = (
     "tfdoctor.checks.learning",
     "tfdoctor.checks.memory",
     "tfdoctor.checks.targets",
+    "tfdoctor.checks.boundaries",
     "tfdoctor.checks.accumulation",
     "tfdoctor.checks.step",
     "tfdoctor.checks.schedule",
@@ -39,7 +40,8 @@ CATALOGUE = (
     "future-leak", "mask-direction", "bidirectional-encoder", "cross-attention-mask", "finite-logits",
     "softmax-mask-order", "half-precision-mask", "padding-mask", "masked-row-nan", "padding-equivalence",
     "packing-isolation", "cache-consistency", "init-loss", "overfit-batch", "memory",
-    "objective", "ignore-index", "unscale-before-clip", "accumulation-scaling", "token-weighting",
+    "objective", "ignore-index", "eos-trained", "packing-labels", "unscale-before-clip", "accumulation-scaling",
+    "token-weighting",
     "scheduler-placement", "zero-grad", "clip-global-norm", "lr-schedule", "amp-loss-scaling", "grad-health",
     "optimizer-coverage", "rank-data", "rank-sync", "ddp-accumulation", "rank-uniform",
 )
