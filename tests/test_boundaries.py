@@ -11,7 +11,7 @@ import torch
 
 from catalogue import BOUNDARIES
 from helpers import SCRIPTS, build_fixture, tfdoctor, train_fn
-from real_models import hf_llama
+from real_models import hf_llama, hf_t5
 from tfdoctor import Subject, run_checks
 from tfdoctor.errors import UsageError
 from tfdoctor.recording.batches import train_batches
@@ -175,6 +175,32 @@ def test_real_llama(loop, eos, packing):
     if eos is not None:
         assert report["eos-trained"].status.value == eos, report["eos-trained"].message
     assert report["packing-labels"].status.value == packing, report["packing-labels"].message
+
+
+def _seq2seq_loop(mask_eos: bool):
+    def train(model, batches):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        pad, eos = model.config.pad_token_id, model.config.eos_token_id
+        for src, tgt in batches:
+            masked = (tgt == pad) | (tgt == eos) if mask_eos else tgt == pad
+            loss = model(input_ids=src, attention_mask=(src != pad).long(), labels=tgt.masked_fill(masked, -100)).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    return train
+
+
+def test_real_t5_grades_the_eos_its_target_rows_end_with():
+    torch.manual_seed(0)
+    report = run_checks(hf_t5(), only=list(BOUNDARIES), train=_seq2seq_loop(False))
+    assert report["eos-trained"].status.value == "pass", report["eos-trained"].message
+    assert report["packing-labels"].status.value == "skip"  # one target sequence per row
+    # given only labels=, the model's decoder input is read off them: an EOS set to -100 cannot be told
+    # from padding, so the check says so instead of guessing
+    torch.manual_seed(0)
+    masked = run_checks(hf_t5(), only=["eos-trained"], train=_seq2seq_loop(True))["eos-trained"]
+    assert masked.status.value == "skip" and "-100 in the labels" in masked.message
 
 
 # --- end to end: `tfdoctor run` on scripts --------------------------------------------------------------

@@ -52,9 +52,13 @@ def eos_trained(subject, trace) -> Result:
     details = {"eos_id": eos, "pad_id": pad, "pad_is_eos": pad == eos, "eos_targets": found["offered"],
                "graded_eos_targets": found["graded"], "graded_targets": found["graded_targets"],
                "rows_with_eos": found["rows"], "rows_with_eos_graded": found["rows_graded"],
-               "read_off_inputs": found["traced"]}
+               "read_off_inputs": found["traced"], "unreadable_targets": found["hidden"]}
     if not found["offered"]:
         where = "the targets traced back to the input ids" if found["traced"] else "the loss's targets"
+        if found["hidden"]:
+            return Result.skipped(f"no end-of-sequence token (eos_id={eos}) among {where}, but {found['hidden']} "
+                                  "targets are -100 in the labels the model builds its decoder input from, so what "
+                                  "they were (an EOS masked, or padding) cannot be read", details)
         return Result.skipped(f"no end-of-sequence token (eos_id={eos}) among {where}: the data never ends a "
                               f"document with EOS, so whether the loop grades it cannot be seen", details)
     rows = f" in {found['rows']} rows" if found["rows"] else ""

@@ -31,7 +31,8 @@ def eos_targets(trace, subject, min_share: float) -> dict:
     that are EOS (read from the gradient at the scores, weight > 0), `offered` EOS targets graded or
     not (read off the input ids once the targets' offset is known, else off the loss's own targets),
     and per row of the batches, `rows` whose targets hold an EOS and `rows_graded` where one is graded.
-    `traced` says whether the offered ones were read off the inputs."""
+    `traced` says whether the offered ones were read off the inputs; `hidden` counts the targets
+    that could not be read there (a seq2seq model given only labels=, -100 where they were masked)."""
     eos = subject.eos_id
     graded = graded_eos = 0
     for entry in trace.scores:
@@ -42,7 +43,7 @@ def eos_targets(trace, subject, min_share: float) -> dict:
         graded_eos += int((weighted & (entry["targets"] == eos)).sum())
     found = alignment(trace, subject)
     out = {"graded_targets": graded, "graded": graded_eos, "offered": 0, "rows": 0, "rows_graded": 0,
-           "traced": _aligned(found, min_share)}
+           "traced": _aligned(found, min_share), "hidden": 0}
     if out["traced"]:
         for grid in found["grids"]:
             ids, weights = _oriented(grid, found["axis"], grid["ids"], grid["weights"])
@@ -55,6 +56,7 @@ def eos_targets(trace, subject, min_share: float) -> dict:
             out["offered"] += int(is_eos.sum())
             out["rows"] += int(is_eos.any(-1).sum())
             out["rows_graded"] += int((is_eos & (weights[:, lo:hi] > 0)).any(-1).sum())
+            out["hidden"] += int((ids[:, lo + shift:hi + shift] < 0).sum())  # -100 in labels read as the ids
     else:  # the loss's own targets (a target replaced by -100 no longer says it was an EOS)
         out["offered"] = sum(int((e.data["targets"] == eos).sum()) for e in trace.training_losses()
                              if "targets" in e.data)
