@@ -32,11 +32,13 @@ def eos_trained(subject, trace) -> Result:
     have no pad token, so `tokenizer.pad_token = tokenizer.eos_token`) and labels masked wherever the
     input is a pad, which masks every real EOS too (trl #1623, DeepSeek-Coder #163, unsloth #416).
 
-    Runs the loop (under `check --train` every row's real tokens end with EOS) and reads, from the
-    gradient each scored position really received (whatever the loss), which positions were graded
-    on EOS. EOS offered among the targets but never graded fails; any graded EOS passes; data that
-    never holds an EOS is skipped, saying so. The EOS id is --eos-id, else the tokenizer the script
-    holds (eos_token_id), else model.config.eos_token_id.
+    Runs the loop (under `check --train` every row's real tokens end with EOS; with pad == eos a
+    padded row's first pad is its EOS) and reads, from the gradient each scored position really
+    received (whatever the loss), which positions were graded on EOS. EOS offered among the targets
+    but never graded fails; any graded EOS passes; data that never holds an EOS is skipped, saying
+    so, and so is an encoder-decoder given only `labels=` whose -100 targets hide what they were.
+    The EOS id is --eos-id, else the tokenizer the script holds (eos_token_id), else
+    model.config.eos_token_id.
 
     Fix: mask the padding by the attention mask, not by the id:
     `labels = input_ids.masked_fill(attention_mask == 0, -100)` (or keep each row's first pad as its
