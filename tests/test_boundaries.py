@@ -160,6 +160,27 @@ def test_unpacked_rows_are_skipped(report_of):
     assert result.status.value == "skip" and "not packed" in result.message
 
 
+@pytest.mark.parametrize("on_pads", ["clamped to 0", "set to 1"])
+def test_left_padded_rows_with_positions_from_the_mask_are_not_packed(on_pads):
+    # position_ids = cumsum(mask) - 1 restart nowhere among the real tokens: the pads are no documents
+    def train(model, batches):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for ids in batches:
+            mask = (ids != 0).long()
+            positions = mask.cumsum(-1) - 1
+            positions = positions.clamp(min=0) if on_pads == "clamped to 0" else positions.masked_fill(mask == 0, 1)
+            loss = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                         labels=ids.masked_fill(mask == 0, -100)).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    torch.manual_seed(0)
+    result = run_checks(build_fixture("hf_gpt2"), only=["packing-labels"], pad_id=0, padding_side="left",
+                        train=train)["packing-labels"]
+    assert result.status.value == "skip" and "not packed" in result.message
+
+
 # --- real libraries: a tiny Llama from tests/real_models.py ---------------------------------------------
 
 @pytest.mark.parametrize("loop, eos, packing", [

@@ -64,25 +64,29 @@ def eos_targets(trace, subject, min_share: float) -> dict:
     return out
 
 
-def documents(inputs: dict, shape) -> tuple:
-    """(document index of every token [d0, d1], where it was read) for one recorded forward, or
-    (None, None) when its rows are not packed: a document-id argument (doc_ids, seq_idx, ...) of the
-    ids' shape, else position ids that restart inside a row (a new document wherever the position
-    does not grow, the Hugging Face flattening collator's convention)."""
+def documents(inputs: dict, ids, pad_id) -> tuple:
+    """(document index of every token [d0, d1], where it was read) for one recorded forward of the
+    ids [d0, d1], or (None, None) when its rows are not packed: a document-id argument (doc_ids,
+    seq_idx, ...) of the ids' shape, else position ids that restart inside a row (a new document
+    wherever the position does not grow, the Hugging Face flattening collator's convention). Only a
+    change between two real tokens starts a document: pads belong to none, so left-padded rows with
+    positions counted from the attention mask (all 0, or 1, on the pads) are not packed."""
     import torch
 
-    shape = tuple(shape)
+    shape = tuple(ids.shape)
+    real = ids != pad_id if pad_id is not None else torch.ones(shape, dtype=torch.bool)
+    both_real = real[:, 1:] & real[:, :-1]
     for name in DOCUMENT_ARGUMENTS:
         value = inputs.get(name)
         if value is not None and tuple(value.shape) == shape:
             value = value.cpu()
             starts = torch.zeros(shape, dtype=torch.long)
-            starts[:, 1:] = (value[:, 1:] != value[:, :-1]).long()
+            starts[:, 1:] = ((value[:, 1:] != value[:, :-1]) & both_real).long()
             return starts.cumsum(-1), f"a document-id argument ({name}=...)"
     positions = inputs.get("position_ids")
     if positions is not None and tuple(positions.shape) == shape and shape[-1] > 1:
         positions = positions.cpu()
-        restart = positions[:, 1:] <= positions[:, :-1]
+        restart = (positions[:, 1:] <= positions[:, :-1]) & both_real
         if bool(restart.any()):
             starts = torch.zeros(shape, dtype=torch.long)
             starts[:, 1:] = restart.long()
@@ -94,14 +98,14 @@ def boundary_targets(trace, subject, min_share: float) -> dict:
     """On the packed rows the loop trained on: `boundaries`, the positions whose target (the input
     token `offset` positions on) lies in another document than the position itself (the last token
     of a document, graded on the first of the next one), and `graded`, those of them the loss gave a
-    weight (pad targets are padding, not a boundary). `packed_by` says how the documents were read (None: no packed row was seen); `offset`
+    weight (a pad position or pad target is padding, not a boundary). `packed_by` says how the documents were read (None: no packed row was seen); `offset`
     is None when the targets could not be lined up with the inputs. A boundary whose target lies past
     the input ids (the last position of nanoGPT's ids[:, :-1]) cannot be placed and is not counted."""
     found = alignment(trace, subject)
     out = {"packed_by": None, "offset": found["best"] if _aligned(found, min_share) else None,
            "rows": 0, "documents": 0, "boundaries": 0, "graded": 0, "graded_targets": 0, "examples": []}
     for grid in found["grids"]:
-        docs, source = documents(grid["inputs"], grid["ids"].shape)
+        docs, source = documents(grid["inputs"], grid["ids"], subject.pad_id)
         if docs is None:
             continue
         out["packed_by"] = out["packed_by"] or source
@@ -115,8 +119,8 @@ def boundary_targets(trace, subject, min_share: float) -> dict:
         if not 0 < shift < T:  # targets that do not look ahead cross no boundary
             continue
         crossing = docs[:, shift:] != docs[:, :T - shift]  # position t's target t + shift, another document
-        if subject.pad_id is not None:  # a pad target is padding, whichever document it is counted in
-            crossing &= ids[:, shift:] != subject.pad_id
+        if subject.pad_id is not None:  # a pad, as the position or as its target, is in no document
+            crossing &= (ids[:, shift:] != subject.pad_id) & (ids[:, :T - shift] != subject.pad_id)
         weighted = weights[:, :T - shift] > 0
         out["boundaries"] += int(crossing.sum())
         out["graded"] += int((crossing & weighted).sum())
