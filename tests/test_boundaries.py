@@ -120,6 +120,14 @@ def test_left_padded_rows_end_with_eos_at_the_last_position():
     assert bool((batch[:, -1] == 3).all()) and bool((batch[:, 0] == 0)[1:].any())
 
 
+def test_pad_equal_to_eos_writes_no_eos_on_the_right_but_does_on_the_left():
+    right = train_batches(_subject(pad_id=3, eos_id=3), 1, torch.Generator().manual_seed(1))[0]
+    plain = train_batches(_subject(pad_id=3), 1, torch.Generator().manual_seed(1))[0]
+    assert torch.equal(right, plain)  # each padded row's first pad is its end-of-text already
+    left = train_batches(_subject(pad_id=3, eos_id=3, padding_side="left"), 1, torch.Generator().manual_seed(1))[0]
+    assert bool((left[:, -1] == 3).all())  # no pad follows a left-padded row's tokens: its EOS is written
+
+
 def test_eos_id_defaults_to_the_config_and_is_dropped_outside_the_vocabulary():
     assert resolve(Subject(build_fixture("hf_gpt2"))).eos_id == 1
     from transformers import GPT2Config, GPT2LMHeadModel

@@ -38,10 +38,10 @@ def _pad(subject: Subject, ids: torch.Tensor, generator: torch.Generator, short:
 
 def _ended(subject: Subject, ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """The rows with their last real token (of `lengths` real tokens; the row's last position under
-    left padding) replaced by eos_id; unchanged when the subject has none, or when it pads with its
-    eos id (GPT-2's convention: a padded row's first pad is its end-of-text already). Draws no random
-    number, so the batches are otherwise the ones fed without an eos id."""
-    if subject.eos_id is None or subject.eos_id == subject.pad_id:
+    left padding) replaced by eos_id; unchanged when the subject has none, or when it pads on the
+    right with its eos id (GPT-2's convention: a padded row's first pad is its end-of-text already).
+    Draws no random number, so the batches are otherwise the ones fed without an eos id."""
+    if subject.eos_id is None or (subject.eos_id == subject.pad_id and subject.padding_side != "left"):
         return ids
     T = ids.shape[1]
     last = torch.full_like(lengths, T - 1) if subject.padding_side == "left" else lengths.clamp(1, T) - 1
