@@ -19,6 +19,7 @@ TOKENS = ("token-weighting", "accumulation-scaling")  # tests/test_invariance.py
 GENERATION = ("overfit-batch", "generation")  # tests/test_generation.py's runs (one memorisation shared)
 DETERMINISM = ("eval-determinism",)  # tests/test_determinism.py's table
 DEPTH = ("depth-signal",)  # tests/test_depth.py's table
+BOUNDARIES = ("eos-trained", "packing-labels")  # tests/test_boundaries.py's loop runs on the tiny GPT-2
 MEMORY_TIGHT = {"train_batch": 8, "train_seq": 64, "budget": "1MiB"}  # tests/test_memory_traced.py
 MEMORY_ROOMY = {"train_batch": 2, "train_seq": 16, "budget": "80GB"}
 
@@ -94,6 +95,11 @@ PLANTED = {
                   [(loop("correct"), "pass"), (loop("hf_labels"), "pass")]),
     "ignore-index": ([(loop("no_ignore_index"), "fail"), (loop("hf_eos_as_pad_twice"), "fail")],
                      [(loop("correct"), "pass"), (loop("hf_eos_as_pad"), "pass")]),
+    "eos-trained": ([(model("hf_gpt2", BOUNDARIES, train="hf_eos_masked_as_pad", pad_id=1), "fail")],
+                    [(model("hf_gpt2", BOUNDARIES, train="hf_eos_as_pad", pad_id=1), "pass"),
+                     (model("hf_gpt2", BOUNDARIES, train="hf_labels", pad_id=0), "pass")]),
+    "packing-labels": ([(model("hf_gpt2", BOUNDARIES, train="hf_packed_labels_cross", pad_id=0), "fail")],
+                       [(model("hf_gpt2", BOUNDARIES, train="hf_packed_labels", pad_id=0), "pass")]),
     "unscale-before-clip": ([(loop("clip_before_unscale_cuda"), "fail")], [(loop("correct"), "pass")]),
     "accumulation-scaling": ([(loop("no_loss_division"), "fail"), (loop("accum_first_step"), "warn")],
                              [(loop("correct"), "pass"), (loop("annotated_label_smoothing"), "pass")]),

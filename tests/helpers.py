@@ -268,7 +268,7 @@ PAD_ID = 0  # the pad id every loop fixture was written for
 # pad id a loop was written for when it is not PAD_ID.
 MODEL_OF = {"fused_head": "fused_head_gpt", "hf_": "hf_gpt2", "annotated_": "annotated_model", "xt_": "xt_decoder",
             "time_major": "time_major_lm", "loss_only": "gpt_returns_loss"}
-PAD_OF = {"hf_eos_as_pad": 1, "hf_eos_as_pad_twice": 1}  # hf_gpt2's eos id
+PAD_OF = {"hf_eos_as_pad": 1, "hf_eos_as_pad_twice": 1, "hf_eos_masked_as_pad": 1}  # hf_gpt2's eos id
 
 
 def model_for(loop: str):

@@ -105,6 +105,8 @@ def check(
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="probe sequence length (default 32, capped by the model)"),
     batch: Optional[int] = typer.Option(None, "--batch", help="probe batch size (default 4)"),
     pad_id: Optional[int] = typer.Option(None, "--pad-id", help="padding token id"),
+    eos_id: Optional[int] = typer.Option(None, "--eos-id", help="end-of-sequence token id (default: tokenizer or "
+                                                                "config eos_token_id)"),
     kind: Optional[Kind] = typer.Option(None, "--kind", help="causal, encoder or seq2seq (default: what the model announces, else causal)"),
     only: Optional[str] = typer.Option(None, "--only", help="run only these check ids (comma-separated)"),
     skip: Optional[str] = typer.Option(None, "--skip", help="skip these check ids (comma-separated)"),
@@ -127,6 +129,7 @@ def check(
     """Run the battery of checks on a model factory and report what is wrong."""
     try:
         _check_battery_flags(vocab, seq_len, batch, pad_id, seed, timeout, timeout_per_check, only, skip)
+        _positive("--eos-id", eos_id, 0)
         _positive("--train-batch", train_batch)
         _positive("--train-seq", train_seq)
         _positive("--train-batches", train_batches)
@@ -140,7 +143,7 @@ def check(
         _writable(output)
     except TfdoctorError as error:
         _fail_usage(error)
-    fields = _model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing)
+    fields = _model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id)
     request = dict(command="check", target=target, train=train, fields=fields, only=only, skip=skip, seed=seed,
                    device=device, options=options)
     outcome = _supervised(request, fmt is Format.rich, timeout, timeout_per_check)
@@ -164,9 +167,9 @@ def _check_battery_flags(vocab, seq_len, batch, pad_id, seed, timeout, timeout_p
                          "run `tfdoctor checks` for the ids")
 
 
-def _model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing) -> dict:
+def _model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id=None) -> dict:
     """The Subject fields the flags give (the ones left out are the Subject's or discovered)."""
-    fields = dict(vocab_size=vocab, seq_len=seq_len, batch_size=batch, pad_id=pad_id,
+    fields = dict(vocab_size=vocab, seq_len=seq_len, batch_size=batch, pad_id=pad_id, eos_id=eos_id,
                   kind=kind.value if kind else None, padding_side=padding_side.value if padding_side else None,
                   packing=packing.value if packing else None)
     return {k: v for k, v in fields.items() if v is not None}
@@ -205,6 +208,8 @@ def run(
                                                                   "at most 64)"),
     batch: Optional[int] = typer.Option(None, "--batch", help="probe batch size (default 4)"),
     pad_id: Optional[int] = typer.Option(None, "--pad-id", help="padding token id (default: discovered)"),
+    eos_id: Optional[int] = typer.Option(None, "--eos-id", help="end-of-sequence token id (default: the script's "
+                                                                "tokenizer, else config eos_token_id)"),
     kind: Optional[Kind] = typer.Option(None, "--kind", help="causal, encoder or seq2seq (default: detected)"),
     padding_side: Optional[PaddingSide] = typer.Option(None, "--padding-side", help="left or right (default: "
                                                                                    "discovered)"),
@@ -240,6 +245,7 @@ def run(
             raise UsageError("give the script to run", "tfdoctor run train.py -- ARGS, or tfdoctor run -m pkg.mod")
         _positive("--steps", steps, MIN_RUN_STEPS)
         _check_battery_flags(vocab, seq_len, batch, pad_id, seed, timeout, timeout_per_check, only, skip)
+        _positive("--eos-id", eos_id, 0)
         script = None if module is not None else argv.pop(0)
         if script is not None and not Path(script).is_file():
             raise UsageError(f"script not found: {script}", "give the path of a Python file, or -m package.module")
@@ -252,7 +258,7 @@ def run(
     from tfdoctor.recording.distributed import world
 
     me = world()
-    fields = _model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing)
+    fields = _model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id)
     target = script if script is not None else f"-m {module}"
     request = dict(command="run", script=script, module=module, args=argv, steps=steps, model=model, target=target,
                    fields=fields, only=only, skip=skip, seed=seed, strict=strict, timeout=timeout,

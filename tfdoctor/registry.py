@@ -26,6 +26,7 @@ CHECK_MODULES = (
     "tfdoctor.checks.learning",
     "tfdoctor.checks.memory",
     "tfdoctor.checks.targets",
+    "tfdoctor.checks.boundaries",
     "tfdoctor.checks.accumulation",
     "tfdoctor.checks.step",
     "tfdoctor.checks.schedule",
@@ -41,10 +42,10 @@ CATALOGUE = (
     "future-leak", "mask-direction", "bidirectional-encoder", "cross-attention-mask", "finite-logits",
     "softmax-mask-order", "half-precision-mask", "padding-mask", "masked-row-nan", "padding-equivalence",
     "packing-isolation", "cache-consistency", "init-loss", "eval-determinism", "depth-signal",
-    "overfit-batch", "generation", "memory", "objective", "ignore-index", "unscale-before-clip",
-    "accumulation-scaling", "token-weighting", "scheduler-placement", "zero-grad", "clip-global-norm",
-    "lr-schedule", "amp-loss-scaling", "grad-health", "optimizer-coverage", "stale-update", "rank-data",
-    "rank-sync", "ddp-accumulation", "rank-uniform", "rank-equivalence",
+    "overfit-batch", "generation", "memory", "objective", "ignore-index", "eos-trained", "packing-labels",
+    "unscale-before-clip", "accumulation-scaling", "token-weighting", "scheduler-placement", "zero-grad",
+    "clip-global-norm", "lr-schedule", "amp-loss-scaling", "grad-health", "optimizer-coverage", "stale-update",
+    "rank-data", "rank-sync", "ddp-accumulation", "rank-uniform", "rank-equivalence",
 )
 
 

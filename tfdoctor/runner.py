@@ -18,6 +18,7 @@ SINGLE_THREAD_MAX_PARAMS = 20_000_000
 
 _NEEDS_HINTS = {
     "pad_id": "pass --pad-id N or Subject(pad_id=N)",
+    "eos_id": "pass --eos-id N or Subject(eos_id=N)",
     "train": "pass --train MODULE:FN or Subject(train=fn)",
 }
 

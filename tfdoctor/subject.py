@@ -36,6 +36,8 @@ class Subject:
     batch_size: probe batch B; default 4.
     pad_id:     padding token id, when the model is trained on padded batches; default
                 model.config.pad_token_id, else the tokenizer's pad_token_id.
+    eos_id:     end-of-sequence token id, for eos-trained (and the rows --train feeds the loop end
+                with it); default the tokenizer's eos_token_id, else model.config.eos_token_id.
     kind:       "causal" (decoder LM), "encoder" (bidirectional) or "seq2seq" (encoder-decoder);
                 None: what the model announces (Hugging Face ancestry, x-transformers layers),
                 else causal. A declared kind always wins over detection.
@@ -72,6 +74,7 @@ class Subject:
     batch_first: Optional[bool] = None
     packing: Any = None
     incremental: Optional[Callable] = None
+    eos_id: Optional[int] = None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -172,6 +175,18 @@ def tokenizer_pad_id(tokenizer) -> Optional[int]:
     """A Hugging Face tokenizer's pad_token_id (GPT-2's is None until the user sets pad_token)."""
     value = getattr(tokenizer, "pad_token_id", None)
     return value if isinstance(value, int) and value >= 0 else None
+
+
+def default_eos_id(subject: Subject) -> Optional[int]:
+    """The tokenizer's eos_token_id, else the model config's (the first of a list, as Llama 3's
+    config lists several), else None. Not validated against the vocabulary."""
+    for holder in (subject.tokenizer, _config(subject.model)):
+        value = getattr(holder, "eos_token_id", None)
+        if isinstance(value, (list, tuple)) and value:
+            value = value[0]
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
 
 
 def tokenizer_padding_side(tokenizer) -> Optional[str]:
@@ -312,9 +327,14 @@ def resolve(subject: Subject) -> Subject:
         raise UsageError(f"seq_len must be at least 2 to tell past from future, got {seq_len}")
     if pad_id is not None and not 0 <= pad_id < vocab:
         raise UsageError(f"pad_id {pad_id} is outside the vocabulary [0, {vocab})")
+    if subject.eos_id is not None and not 0 <= subject.eos_id < vocab:
+        raise UsageError(f"eos_id {subject.eos_id} is outside the vocabulary [0, {vocab})")
+    eos_id = subject.eos_id if subject.eos_id is not None else default_eos_id(subject)
+    if eos_id is not None and not 0 <= eos_id < vocab:
+        eos_id = None  # a config's eos beyond a shrunk vocabulary (a tiny test config): no EOS to judge
 
     resolved = dataclasses.replace(subject, vocab_size=vocab, seq_len=seq_len, batch_size=batch, kind=kind,
-                                   pad_id=pad_id, padding_side=padding_side)
+                                   pad_id=pad_id, padding_side=padding_side, eos_id=eos_id)
     if subject.batch_first is not None:
         _preflight(resolved)
         return resolved

@@ -24,7 +24,7 @@ import torch
 
 from tfdoctor.recording.grads import params_of
 from tfdoctor.recording.models import lightning_module_on_stack, redirected, unwrap
-from tfdoctor.recording.objects import find_tokenizers, script_objects
+from tfdoctor.recording.objects import find_eos_ids, find_tokenizers, script_objects
 from tfdoctor.recording.pretrained import pretrained_loads
 from tfdoctor.recording.recorder import Recorder, compiling
 from tfdoctor.recording.snapshot import snapshot_model, why_uncopied
@@ -72,6 +72,7 @@ class ScriptRecorder(Recorder):
         self.others: list[dict] = []  # the other trained models: class, names, trained parameters
         self.unmatched: Optional[str] = None  # `wanted` matched no model: the line that says so
         self.tokenizers: list[tuple[str, Any]] = []  # (where it was found, object with pad_token_id)
+        self.eos_ids: list[tuple[str, int]] = []  # (where, eos_token_id) of the tokenizers it holds
         self.param_ids: set[int] = set()  # the bound model's parameters
         self.other_ids: set[int] = set()  # the other candidates' parameters (not the bound model's)
         self.calls: dict[int, dict] = {}  # id(module) -> its first forward under grad, described
@@ -298,6 +299,7 @@ class ScriptRecorder(Recorder):
         self.settled = True
         objects = script_objects()
         self.tokenizers = find_tokenizers(objects)
+        self.eos_ids = find_eos_ids(objects)
         held = {id(p) for opt in [optimizer, *self.built] for p in params_of(opt)}
         trained = {id(m): sum(p.numel() for p in m.parameters() if id(p) in held) for m in candidates}
         models = [m for m in candidates if trained[id(m)]]

@@ -429,6 +429,8 @@ def discover(run: ScriptRun) -> dict:
     if disagreement:
         notes.append(disagreement)
     facts.update(discover_packing(trace))
+    if getattr(recorder, "eos_ids", None):  # the tokenizer's end-of-sequence id (eos-trained)
+        facts.update(eos_id=recorder.eos_ids[0][1], eos_id_source=f"{recorder.eos_ids[0][0]}.eos_token_id")
     facts.setdefault("pad_id", None)
     facts.setdefault("padding_side", None)
     if notes:
@@ -536,11 +538,16 @@ def subject_of(run: ScriptRun, facts: dict, overrides: dict):
     facts["probe_call"] = why
     T = (facts.get("batch_shape") or [None, None])[1]
     seq_len = overrides.get("seq_len") or (min(T, MAX_PROBE_SEQ_LEN) if T and T >= 2 else None)
-    fields = dict(vocab_size=overrides.get("vocab_size") or facts.get("vocab_size"), seq_len=seq_len,
+    vocab = overrides.get("vocab_size") or facts.get("vocab_size")
+    eos_id = overrides.get("eos_id")
+    if eos_id is None and facts.get("eos_id") is not None and (not vocab or facts["eos_id"] < vocab):
+        eos_id = facts["eos_id"]  # a tokenizer's id past the model's vocabulary is not the model's eos
+    fields = dict(vocab_size=vocab, seq_len=seq_len, eos_id=eos_id,
                   batch_size=overrides.get("batch_size"), pad_id=pad_id, kind=overrides.get("kind") or facts.get("kind"),
                   padding_side=overrides.get("padding_side") or facts.get("padding_side"), forward=forward,
                   packing=overrides.get("packing") or _packing_for(facts, recorder, pad_id))
     given = {"vocab_size": "--vocab", "seq_len": "--seq-len", "batch_size": "--batch", "pad_id": "--pad-id",
+             "eos_id": "--eos-id",
              "kind": "--kind", "padding_side": "--padding-side", "packing": "--packing"}
     facts["overridden"] = {flag: overrides[name] for name, flag in given.items() if overrides.get(name) is not None}
     return Subject(judged.snapshot, **fields)

@@ -1,6 +1,6 @@
 """What the running script holds: the (name, value) pairs of its own frames and its __main__ globals
-(`script_objects`), and the tokenizers among them (`find_tokenizers`), which tell the pad id the
-script's batches were made with. Read once, at the first optimizer step.
+(`script_objects`), and the tokenizers among them (`find_tokenizers`, `find_eos_ids`), which tell
+the pad and end-of-sequence ids the script's batches were made with. Read once, at the first optimizer step.
 """
 
 from __future__ import annotations
@@ -32,21 +32,31 @@ def find_tokenizers(objects) -> list[tuple[str, int]]:
     """(where, pad_token_id) of each tokenizer the script holds: an object with an integer
     pad_token_id and an encode method (a model config carries pad_token_id too, but it is not what
     made the batches), directly or one or two attributes down (trainer.data_collator.tokenizer)."""
+    return _tokenizer_ids(objects, "pad_token_id")
+
+
+def find_eos_ids(objects) -> list[tuple[str, int]]:
+    """(where, eos_token_id) of each tokenizer the script holds, found as find_tokenizers finds them:
+    the end-of-sequence id its documents were tokenized with (eos-trained)."""
+    return _tokenizer_ids(objects, "eos_token_id")
+
+
+def _tokenizer_ids(objects, attribute: str) -> list[tuple[str, int]]:
     found, seen = [], set()
 
     def visit(name: str, value, depth: int) -> None:
         if id(value) in seen or isinstance(value, (torch.nn.Module, torch.Tensor, type)):
             return
         seen.add(id(value))
-        pad = _attribute(value, "pad_token_id") if _attribute(value, "encode") is not None else None
-        if isinstance(pad, int) and not isinstance(pad, bool):
-            found.append((name, pad))
+        held = _attribute(value, attribute) if _attribute(value, "encode") is not None else None
+        if isinstance(held, int) and not isinstance(held, bool):
+            found.append((name, held))
             return
         if depth:
             for attr in _TOKENIZER_HOLDERS:
-                held = _attribute(value, attr)
-                if held is not None:
-                    visit(f"{name}.{attr}", held, depth - 1)
+                inner = _attribute(value, attr)
+                if inner is not None:
+                    visit(f"{name}.{attr}", inner, depth - 1)
 
     for name, value in objects:
         if not name.startswith("__"):

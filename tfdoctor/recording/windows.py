@@ -179,7 +179,8 @@ def _input_ids(forward: dict, shape: list[int], kind: str):
 
 def _grids(trace, subject) -> list[dict]:
     """Each scored tensor that reached a backward, laid out on the [d0, d1] grid of the input ids it
-    came from: targets, weights, hard (one graded token), ids, and the offset correction."""
+    came from: targets, weights, hard (one graded token), ids, the offset correction, and the
+    forward's other integer inputs by name (position ids, document ids)."""
     forwards = {e.data["index"]: e.data for e in trace.of("forward")}
     backwards = backward_window(trace)
     grids = []
@@ -192,7 +193,7 @@ def _grids(trace, subject) -> list[dict]:
             continue
         ids, grid, correction = found
         grids.append({"ids": ids, "targets": grid(entry["targets"]), "weights": grid(entry["weights"]),
-                      "hard": grid(entry["hard"]), "correction": correction})
+                      "hard": grid(entry["hard"]), "correction": correction, "inputs": dict(forward["inputs"])})
     return grids
 
 
