@@ -114,9 +114,11 @@ def test_blocks_that_do_not_run_once_each_are_skipped():
     assert judge_depth(signal).status.value == "skip"
     signal["calls"] = [1, 1]
     assert judge_depth(signal).status.value == "pass"
-    signal["output_rms"] = [1.0, 10.0]  # 10x over 2 blocks: 7.1 x sqrt(2)
+    signal["output_rms"] = [1.0, 10.0]  # 10x over 2 blocks: too few to tell growth with depth (OLMo-2)
+    assert judge_depth(signal).status.value == "pass"
+    signal.update(output_rms=[1.0, 2.0, 5.0, 20.0], grad_norms=[1.0] * 4, calls=[1] * 4)  # 20x over 4: 10 x sqrt(4)
     assert judge_depth(signal).status.value == "warn"
-    signal["output_rms"], signal["grad_norms"] = [1.0, 1.0], [1e-4, 1.0]
+    signal.update(output_rms=[1.0, 1.0], grad_norms=[1e-4, 1.0], calls=[1, 1])
     assert judge_depth(signal).status.value == "warn"
     assert math.isclose(judge_depth(signal).details["grad_ratio_first_to_last"], 1e-4)
 

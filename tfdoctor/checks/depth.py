@@ -23,6 +23,10 @@ PROBE_MAX_LEN = 32
 # added again by the model's loop (x = x + block(x)), doubles the stream per block: 3.3 at 4 blocks,
 # 10.9 at 6, 498 at 12.
 GROWTH_WARN = 3.0
+# ...judged from this many blocks on: over two or three, the first block's output is mostly the
+# embedding it was handed (std 0.02 in most models) and the next block's add dominates it (HF OLMo-2 at
+# 2 blocks: 4.9, AXK1: 32.9, both correct), which says nothing about growth with depth.
+GROWTH_MIN_BLOCKS = 4
 # Vanishing gradients: the median gradient norm of the first eighth of the blocks (at least one) over
 # that of the last eighth: the two ends of the stack, a few blocks each so that one block's draw does
 # not decide. Measured at init (batch 2 x 32, two batches each; post-LN at seeds 0-2): pre-norm stacks
@@ -84,7 +88,10 @@ def depth_signal(subject) -> Result:
 
     from tfdoctor.context import current
     from tfdoctor.probes.depth import find_stack, measure_depth
-    from tfdoctor.probes.loss import lm_batch, lm_loss
+    import torch.nn.functional as F
+
+    from tfdoctor.probes.loss import lm_batch
+    from tfdoctor.subject import call
     from tfdoctor.probes.modes import BackwardRefused
 
     stack = find_stack(subject.model)
@@ -93,11 +100,25 @@ def depth_signal(subject) -> Result:
                               "modules of one class): nothing to follow through the depth")
     generator = torch.Generator().manual_seed(current().seed + 31)
     batch = lm_batch(subject, PROBE_ROWS, min(subject.seq_len, PROBE_MAX_LEN), generator)
+
+    def loss():
+        logits = call(subject, *batch.inputs)
+        if logits.shape[:2] != batch.targets.shape:  # Perceiver: a fixed number of latent outputs
+            raise _Unaligned(f"{logits.shape[1]} outputs for {batch.targets.shape[1]} input tokens")
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch.targets.reshape(-1))
+
     try:
-        signal = measure_depth(subject.model, stack, lambda: lm_loss(subject, batch), subject.vocab_size)
+        signal = measure_depth(subject.model, stack, loss, subject.vocab_size)
     except BackwardRefused as refused:
         return Result.skipped(f"the model's {refused}")
+    except _Unaligned as unaligned:
+        return Result.skipped(f"the model returns {unaligned}: its outputs are not one per position, so no "
+                              "per-token loss reaches the blocks to follow")
     return judge_depth(dataclasses.asdict(signal))
+
+
+class _Unaligned(Exception):
+    """The model's outputs do not line up with the probe's tokens."""
 
 
 def _ratio(top: float, bottom: float) -> float | None:
@@ -124,7 +145,7 @@ def judge_depth(signal: dict) -> Result:
         return Result.skipped(f"{where}: the blocks did not run once each in a forward (runs: {calls}), so "
                               "their outputs are not one stream", details)
     findings, hints = [], []
-    if growth is not None and growth / math.sqrt(L) > GROWTH_WARN:
+    if growth is not None and L >= GROWTH_MIN_BLOCKS and growth / math.sqrt(L) > GROWTH_WARN:
         findings.append(f"the residual stream grows {growth:.3g}x from the first block's output (RMS "
                         f"{outputs[0]:.3g}) to the last's ({outputs[-1]:.3g}), {growth / math.sqrt(L):.1f}x the "
                         f"sqrt({L}) = {math.sqrt(L):.2f} of a stack whose blocks each add a like amount")

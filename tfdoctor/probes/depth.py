@@ -106,8 +106,9 @@ def _watched(stack: Stack, signal: dict) -> Iterator[None]:
 def embedding_tables(model: nn.Module, vocab_size: Optional[int]) -> dict[str, tuple[str, torch.Tensor]]:
     """{"token": (name, weight), "position": (name, weight)} for the tables found: the token table is the
     model's input embedding (Hugging Face) or the first nn.Embedding with vocab_size rows; the position
-    table is an nn.Embedding or a parameter whose name says "pos" (nanoGPT's `wpe`) and whose width is
-    the token table's."""
+    table is a learned nn.Embedding or parameter whose name says "pos" (nanoGPT's `wpe`) and whose width
+    is the token table's: a fixed sinusoidal table (Pegasus, Marian: RMS 0.71 beside tokens at 0.02,
+    which the model scales by sqrt(d_model) in its forward) is not drawn at init and not compared."""
     found: dict[str, tuple[str, torch.Tensor]] = {}
     names = {id(module): name for name, module in model.named_modules()}
     getter = getattr(model, "get_input_embeddings", None)
@@ -125,12 +126,13 @@ def embedding_tables(model: nn.Module, vocab_size: Optional[int]) -> dict[str, t
     for name, module in model.named_modules():
         leaf = name.rsplit(".", 1)[-1].lower()
         if module is not token and isinstance(module, nn.Embedding) and (leaf == "wpe" or "pos" in leaf) \
-                and module.weight.shape[-1] == width:
+                and module.weight.shape[-1] == width and module.weight.requires_grad:
             found["position"] = (name, module.weight)
             return found
     for name, param in model.named_parameters():
         leaf = name.rsplit(".", 1)[-1].lower()
-        if param is not token.weight and "pos" in leaf and param.dim() >= 2 and param.shape[-1] == width:
+        if param is not token.weight and "pos" in leaf and param.dim() >= 2 and param.shape[-1] == width \
+                and param.requires_grad:
             found["position"] = (name, param)
             return found
     return found
