@@ -103,11 +103,14 @@ def _watched(stack: Stack, signal: dict) -> Iterator[None]:
             handle.remove()
 
 
-def embedding_tables(model: nn.Module, vocab_size: Optional[int]) -> dict[str, tuple[str, torch.Tensor]]:
+def embedding_tables(model: nn.Module, vocab_size: Optional[int],
+                     called: Optional[set] = None) -> dict[str, tuple[str, torch.Tensor]]:
     """{"token": (name, weight), "position": (name, weight)} for the tables found: the token table is the
     model's input embedding (Hugging Face) or the first nn.Embedding with vocab_size rows; the position
     table is a learned nn.Embedding or parameter whose name says "pos" (nanoGPT's `wpe`) and whose width
-    is the token table's: a fixed sinusoidal table (Pegasus, Marian: RMS 0.71 beside tokens at 0.02,
+    is the token table's and, with `called` (ids of the embeddings a forward ran), one the forward used
+    (not a vision tower's beside a language model, Gemma 3); a fixed sinusoidal table (by its class
+    name where its weight is left trainable, FSMT) (Pegasus, Marian: RMS 0.71 beside tokens at 0.02,
     which the model scales by sqrt(d_model) in its forward) is not drawn at init and not compared."""
     found: dict[str, tuple[str, torch.Tensor]] = {}
     names = {id(module): name for name, module in model.named_modules()}
@@ -126,7 +129,8 @@ def embedding_tables(model: nn.Module, vocab_size: Optional[int]) -> dict[str, t
     for name, module in model.named_modules():
         leaf = name.rsplit(".", 1)[-1].lower()
         if module is not token and isinstance(module, nn.Embedding) and (leaf == "wpe" or "pos" in leaf) \
-                and module.weight.shape[-1] == width and module.weight.requires_grad:
+                and module.weight.shape[-1] == width and module.weight.requires_grad \
+                and "sinusoidal" not in type(module).__name__.lower() and (called is None or id(module) in called):
             found["position"] = (name, module.weight)
             return found
     for name, param in model.named_parameters():
@@ -148,10 +152,19 @@ def measure_depth(model: nn.Module, stack: Stack, loss: Callable[[], torch.Tenso
     params = [[p for p in block.parameters() if p.requires_grad] for _, block in stack.blocks]
     flat = [p for group in params for p in group]
 
+    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    called: set = set()
+
     def step():
         signal.update(input=None, output=[math.nan] * count, calls=[0] * count)
-        with _watched(stack, signal):
-            value = loss()
+        called.clear()
+        handles = [m.register_forward_hook(lambda module, args, out: called.add(id(module))) for m in embeddings]
+        try:
+            with _watched(stack, signal):
+                value = loss()
+        finally:
+            for handle in handles:
+                handle.remove()
         return torch.autograd.grad(value, flat, allow_unused=True) if flat else ()
 
     with preserved_process_state(), torch.enable_grad(), DropoutOff(model) as off:
@@ -161,7 +174,7 @@ def measure_depth(model: nn.Module, stack: Stack, loss: Callable[[], torch.Tenso
         squares = [float(g.detach().float().pow(2).sum()) for g in grads[at:at + len(group)] if g is not None]
         norms.append(math.sqrt(sum(squares)))
         at += len(group)
-    tables = embedding_tables(model, vocab_size)
+    tables = embedding_tables(model, vocab_size, called)
     with torch.no_grad():
         rms = {role: _rms(weight) for role, (_, weight) in tables.items()}
     return DepthSignal(stack.name, stack.block_class, signal["input"], signal["output"], norms, signal["calls"],

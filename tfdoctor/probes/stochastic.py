@@ -76,12 +76,16 @@ class Randomness:
     train_error: Optional[str] = None  # a train() forward that raised (the pair is then not measured)
 
 
-def declared_dropout(model: torch.nn.Module) -> list[str]:
+def declared_dropout(model: torch.nn.Module, ran: Optional[set] = None) -> list[str]:
     """Every dropout the model's modules declare: dropout modules with p > 0, and float dropout rates
     (`self.dropout = 0.1`, `self.attention_dropout = config.attention_dropout`) held as attributes.
-    Configs are not read: a config may name rates its model never uses (GPT-2's summary dropout)."""
+    Configs are not read: a config may name rates its model never uses (GPT-2's summary dropout).
+    With `ran` (the names of the modules a forward ran, "(model)" for the root), only those: the
+    speech encoder of a speech-and-text model declares dropout a text forward never reaches."""
     found = []
     for name, module in model.named_modules():
+        if ran is not None and (name or "(model)") not in ran:
+            continue
         where = name or type(module).__name__
         if isinstance(module, _DROPOUT_MODULES) and module.p > 0:
             found.append(f"{where}: nn.{type(module).__name__}(p={module.p:g})")
@@ -127,6 +131,8 @@ def _module_outputs(model: torch.nn.Module, into: list) -> Iterator[None]:
 def _differ(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape:
         return True
+    if a.numel() == 0:  # an empty output (a routing module no token reached) has nothing to differ in
+        return False
     a, b = a.float(), b.float()
     gap = (a - b).abs().nan_to_num(nan=float("inf")).max()
     return bool(gap > RELATIVE_TOLERANCE * a.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).max())
@@ -135,11 +141,12 @@ def _differ(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _compared(first: tuple, second: tuple) -> Difference:
     (logits_a, modules_a), (logits_b, modules_b) = first, second
     a, b = logits_a.float(), logits_b.float()
-    max_abs = float((a - b).abs().max()) if a.shape == b.shape else float("inf")
+    max_abs = float((a - b).abs().max()) if a.shape == b.shape and a.numel() else 0.0 if a.shape == b.shape \
+        else float("inf")
     differing = [(name_a, x_in is not None and y_in is not None and _differ(x_in, y_in))
                  for (name_a, x_in, x), (name_b, y_in, y) in zip(modules_a, modules_b)
                  if name_a != name_b or _differ(x, y)]
-    found = Difference(max_abs, float(a.abs().max()), modules_differing=len(differing),
+    found = Difference(max_abs, float(a.abs().max()) if a.numel() else 0.0, modules_differing=len(differing),
                        modules_compared=min(len(modules_a), len(modules_b)))
     if differing:
         found.first_module, input_differs = differing[0]
@@ -195,7 +202,7 @@ def measure_randomness(model: torch.nn.Module, forward: Callable[[], torch.Tenso
             measured = Randomness(_compared(first, _run(model, forward, seed + 1, hooks=True)))
             if measured.eval_pair.differs:
                 measured.eval_same_seed = _compared(first, _run(model, forward, seed, hooks=True))
-        measured.declared = declared_dropout(model)
+        measured.declared = declared_dropout(model, ran={name for name, _, _ in first[1]})
         if measured.declared:
             with _training(model):
                 try:
