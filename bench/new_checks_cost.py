@@ -1,14 +1,16 @@
-"""What stale-update and generation (issue 20) add to the battery on the fixture GPT, side by side.
+"""What issue 20's checks add to the battery on the fixture GPT, side by side (the budget: 1.2x).
 
-    python bench/step_generation_cost.py [ROUNDS] [BEFORE_TREE]
+    python bench/new_checks_cost.py [ROUNDS] [BEFORE_TREE]
+    git worktree add /tmp/before ede5e46 && python bench/new_checks_cost.py 5 /tmp/before
 
 Runs, taking turns ROUNDS times (default 5), through `python -m tfdoctor` with PYTHONPATH set to
 each tree: the whole battery on fixtures/gpt_correct.py:build from BEFORE_TREE (a checkout from
-before issue 20; default: none, then only this tree is measured) and from this tree; the battery
-without generation; generation alone (it memorises the batch itself when overfit-batch is not
-selected); and the battery with `--train` (the correct loop) with and without stale-update. Prints
-medians of wall and CPU time (user + system of the whole process tree, steadier on a busy machine)
-and the ratios the 1.2x budget is judged on.
+before issue 20; default: none, then only this tree is measured) and from this tree; this tree's
+battery without the issue's checks; generation alone (it memorises the batch itself when
+overfit-batch is not selected); and the battery with `--train` (the correct loop) with and without
+them. Prints medians of wall and CPU time (user + system of the whole process tree, steadier on a
+busy machine) and the ratios the budget is judged on. (bench/model_checks_cost.py and
+bench/boundaries_cost.py time single checks in one process.)
 """
 
 import os
@@ -21,6 +23,7 @@ from timing import ROOT
 
 TARGET = "fixtures/gpt_correct.py:build"
 LOOP = ["--train", "fixtures/loops/correct.py:train", "--pad-id", "0"]
+NEW = "eval-determinism,depth-signal,generation,eos-trained,packing-labels,stale-update,rank-equivalence"
 
 
 def _command(tree: str, *args: str) -> tuple[list[str], dict]:
@@ -46,11 +49,11 @@ def main():
         commands["battery, before issue 20"] = _command(sys.argv[2])
     commands.update({
         "battery": _command(here),
-        "battery without generation": _command(here, "--skip", "generation"),
+        "battery without issue 20's checks": _command(here, "--skip", NEW),
         "generation alone": _command(here, "--only", "generation"),
         "overfit-batch alone": _command(here, "--only", "overfit-batch"),
         "battery --train": _command(here, *LOOP),
-        "battery --train without stale-update": _command(here, *LOOP, "--skip", "stale-update"),
+        "battery --train without issue 20's": _command(here, *LOOP, "--skip", NEW),
     })
     times = {name: [] for name in commands}
     for _ in range(rounds):
@@ -66,9 +69,11 @@ def main():
     if base:
         print(f"battery / before issue 20: wall {medians['battery'][0] / base[0]:.2f}x, "
               f"CPU {medians['battery'][1] / base[1]:.2f}x")
-    print(f"battery / without generation: CPU {medians['battery'][1] / medians['battery without generation'][1]:.2f}x")
-    print(f"--train / without stale-update: CPU "
-          f"{medians['battery --train'][1] / medians['battery --train without stale-update'][1]:.2f}x")
+    alone = medians["battery without issue 20's checks"]
+    print(f"battery / without issue 20's checks: wall {medians['battery'][0] / alone[0]:.2f}x, "
+          f"CPU {medians['battery'][1] / alone[1]:.2f}x")
+    trained = medians["battery --train without issue 20's"]
+    print(f"--train / without issue 20's checks: CPU {medians['battery --train'][1] / trained[1]:.2f}x")
 
 
 if __name__ == "__main__":
