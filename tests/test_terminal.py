@@ -25,7 +25,8 @@ def test_check_at_a_prompt_shows_colour_and_a_clean_report():
     report = final_screen(raw)
     assert_clean_report(report)
     assert "torch.triu where torch.tril was meant" in report
-    assert re.search(r"\d+ pass, 2 fail", report)
+    # future-leak, mask-direction, and generation: memorised through the leak, it cannot decode the batch
+    assert re.search(r"\d+ pass, 3 fail", report)
 
 
 def test_check_with_train_at_a_prompt_runs_every_loop_check():
