@@ -37,6 +37,8 @@ class GreedyRun:
     cache_driver: Optional[str] = None  # "incremental" or "generate"
     no_cache: Optional[str] = None  # why there is no cached arm
     details: dict = field(default_factory=dict)
+    # [B, L] the full forward's log-probability margin of its top token over the next (column 0: inf)
+    margin: Optional[torch.Tensor] = None
 
 
 def _argmax(logits) -> torch.Tensor:
@@ -47,9 +49,18 @@ def _free_running(clone: Subject, first: torch.Tensor, length: int) -> torch.Ten
     """Greedy decoding with the whole prefix fed at every step: one forward per token."""
     decoded = first
     for _ in range(length - 1):
-        nxt = call(clone, decoded)[:, -1].float().argmax(-1, keepdim=True)
+        logits = call(clone, decoded)
+        if logits.shape[:2] != decoded.shape:  # its last row would not be the next token's prediction
+            raise MisshapedDecode(f"the model returns logits {list(logits.shape)} for input_ids "
+                                  f"{list(decoded.shape)}")
+        nxt = logits[:, -1].float().argmax(-1, keepdim=True)
         decoded = torch.cat([decoded, nxt.to(decoded.device)], dim=1)
     return decoded.cpu()
+
+
+class MisshapedDecode(Exception):
+    """A decoding call returned other than one row of logits per token given (HF RWKV in
+    transformers 5.24 answers input_ids [4, 1] with [4, 4, V])."""
 
 
 def _through_incremental(clone: Subject, ids: torch.Tensor) -> torch.Tensor:
@@ -84,9 +95,12 @@ def decode_memorised(subject: Subject, model: torch.nn.Module, batch: LMBatch) -
     ids = batch.inputs[0]
     rows = torch.cat([ids, batch.targets[:, -1:].to(ids.device)], dim=1)
     with torch.no_grad(), evaluation(model):
-        teacher = torch.cat([rows[:, :1].cpu(), _argmax(call(clone, ids))], dim=1)
+        scores = extract_logits(call(clone, ids)).float().log_softmax(-1).cpu()
+        teacher = torch.cat([rows[:, :1].cpu(), scores.argmax(-1)], dim=1)
+        top2 = scores.topk(2, dim=-1).values if scores.shape[-1] > 1 else scores.expand(*scores.shape[:-1], 2)
+        margin = torch.cat([torch.full_like(top2[:, :1, 0], float("inf")), top2[..., 0] - top2[..., 1]], dim=1)
         uncached = _free_running(clone, rows[:, :1], rows.shape[1])
-        run = GreedyRun(rows.cpu(), teacher, uncached)
+        run = GreedyRun(rows.cpu(), teacher, uncached, margin=margin)
         along = uncached.to(ids.device)
         if subject.incremental is not None:
             run.cached = torch.cat([uncached[:, :1], _through_incremental(clone, along)], dim=1)
