@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from helpers import E2E, ROOT, TFDOCTOR, fresh_tfdoctor as tfdoctor
+from helpers import E2E, ROOT, TFDOCTOR, tfdoctor
 
 pytestmark = E2E
 HOSTILE = "tests/targets/hostile.py"
