@@ -1,7 +1,11 @@
 """The suite's pytest fixtures (helpers live in tests/helpers.py, importable through pyproject's
 `pythonpath`; no test imports this file)."""
 
+import fcntl
+import hashlib
 import os
+import pickle
+from pathlib import Path
 
 # Under pytest-xdist the workers share the cores: one intra-op thread per process (each worker and
 # every tfdoctor process it starts inherits this) keeps OpenMP threads from spinning against each
@@ -21,17 +25,39 @@ def _seed():
     torch.manual_seed(0)
 
 
+def _session_folder(tmp_path_factory) -> Path:
+    """A folder every pytest-xdist worker of this session shares (the workers' temporary folders sit in
+    it); this session's own one without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _once_per_session(path: Path, make):
+    """make()'s value (plain, picklable data), made by the first worker to ask and read back from `path`
+    by the others, which wait on a lock meanwhile: a run the tests of two workers share is made once."""
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        made = path.with_suffix(".pickle")
+        if made.exists():
+            return pickle.loads(made.read_bytes())
+        value = make()
+        made.write_bytes(pickle.dumps(value))
+        return value
+
+
 @pytest.fixture(scope="session")
-def shared_tfdoctor():
+def shared_tfdoctor(tmp_path_factory):
     """helpers.tfdoctor, run once per distinct command (arguments, folder and environment) in the whole
-    session: the README's examples, the CLI tests and the `run` tests that give the same command share
-    its one process and assert on the same Done. For commands that write nowhere the test reads back."""
-    done = {}
+    session, whichever worker asks: the README's examples, the CLI tests and the `run` tests that give
+    the same command share its one process and assert on the same Done. For commands that write nowhere
+    the test reads back."""
+    folder, done = _session_folder(tmp_path_factory), {}
 
     def run(*args, **options):
         key = (args, repr(sorted(options.items())))
         if key not in done:
-            done[key] = tfdoctor(*args, **options)
+            digest = hashlib.sha1(repr(key).encode()).hexdigest()[:16]
+            done[key] = _once_per_session(folder / f"command-{digest}", lambda: tfdoctor(*args, **options))
         return done[key]
 
     return run
@@ -54,12 +80,13 @@ def loop_audit():
 @pytest.fixture(scope="session")
 def rank_digests(tmp_path_factory):
     """digests(name): both ranks' digests of fixtures/scripts/ddp_NAME.py, run once on 2 ranks in the
-    session (tests/test_ranks.py, the catalogue)."""
-    cache = {}
+    session, whichever worker asks (tests/test_ranks.py, the catalogue)."""
+    folder, cache = _session_folder(tmp_path_factory), {}
 
     def get(name: str) -> list:
         if name not in cache:
-            cache[name] = run_ranks(f"fixtures/scripts/ddp_{name}.py", tmp_path_factory.mktemp(name))
+            cache[name] = _once_per_session(
+                folder / f"ranks-{name}", lambda: run_ranks(f"fixtures/scripts/ddp_{name}.py", tmp_path_factory.mktemp(name)))
         return cache[name]
 
     return get
