@@ -1,5 +1,6 @@
 """End to end through the `tfdoctor` command, as a user or CI runs it (forked from the preloaded process,
-helpers.tfdoctor: the command's own start is tested fresh in test_supervision, test_readme and test_terminal)."""
+helpers.tfdoctor: the command's own start is tested fresh in test_signals, test_terminal, test_distributed
+and test_preloaded)."""
 
 import json
 import subprocess
