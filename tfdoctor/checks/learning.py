@@ -487,10 +487,10 @@ def generation(subject) -> Result:
     decodes greedily from each row's first token, feeding the whole prefix at every step; where the
     decoded token departs from the batch although the full forward of the batch predicts the batch's
     token there (same prefix, so the same prediction is due), the model is judged inconsistent, at
-    that position. Then the same decoding runs through the cache (Subject.incremental, or a Hugging
-    Face model's own generate()); departing only there means the cache path differs. Skips when the
-    model did not memorise the batch, and under --train (overfit-batch trains through your loop,
-    which stops long before memorising).
+    that position. Then the same decoding runs through the cache: departing only there through your
+    Subject.incremental fails (the cache path differs); through a library's generate() it is noted and
+    cache-consistency judges. Skips when the model did not memorise the batch, and under --train
+    (overfit-batch trains through your loop, which stops long before memorising).
 
     Fix: give every position at training exactly the context it has when decoding: a causal mask
     `torch.tril(ones(T, T))`, positions counted from the start (`arange(past, past + T)`), nothing
@@ -571,6 +571,9 @@ def _generation_verdict(run) -> Result:
                          for r, a in enumerate(agreed)]
         # where the uncached arm reproduced the batch, the prefix is the batch's: its margin applies
         found = [(t, r) for r, t in enumerate(cache_departs) if t is not None and memorised(r, t)]
+        if found and run.cache_driver == "generate":  # a library's cache is cache-consistency's (HF RoBERTa)
+            details.update(generate_departs_at=dict(zip(("position", "row"), min(found))), cached_rows=len(found))
+            found = []
         if found:
             t, r = min(found)
             details.update(row=r, position=t, uncached_token=int(run.uncached[r, t]),
@@ -584,6 +587,10 @@ def _generation_verdict(run) -> Result:
     arms = f"with and without the cache ({run.cache_driver})" if run.cached is not None else \
         f"without the cache ({run.no_cache})"
     note = ""
+    if "generate_departs_at" in details:
+        at = details["generate_departs_at"]
+        arms = (f"without the cache ({run.cache_driver}() departs at position {at['position']} of row {at['row']}: "
+                "cache-consistency judges the cache)")
     if unmemorised:
         t, r = min(unmemorised)
         note = (f"; {len(unmemorised)} row(s) depart where the model had not memorised the token (row {r} at "
