@@ -16,10 +16,26 @@ if TYPE_CHECKING:
 @contextlib.contextmanager
 def evaluation(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     """model.eval() for the block, then every submodule's own flag back (they may differ)."""
-    flags = [(module, module.training) for module in model.modules()]
-    model.eval()
-    try:
+    with _mode(model, train=False):
         yield model
+
+
+@contextlib.contextmanager
+def training(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """model.train() for the block, then every submodule's own flag back."""
+    with _mode(model, train=True):
+        yield model
+
+
+@contextlib.contextmanager
+def _mode(model: torch.nn.Module, train: bool) -> Iterator[None]:
+    flags = [(module, module.training) for module in model.modules()]
+    if train:
+        model.train()
+    else:
+        model.eval()  # not train(False): a model may override eval()
+    try:
+        yield
     finally:
-        for module, training in flags:
-            module.training = training
+        for module, flag in flags:
+            module.training = flag

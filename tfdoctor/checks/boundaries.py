@@ -7,14 +7,9 @@ and ignore-index do); the counts come from tfdoctor/recording/boundaries.py.
 
 from __future__ import annotations
 
-from tfdoctor.recording.windows import no_scores
+from tfdoctor.recording.windows import ALIGN_MIN_SHARE, no_scores
 from tfdoctor.registry import check
 from tfdoctor.result import Result
-
-# The share of graded positions the targets' offset must explain before the input ids are read as
-# the targets: objective's ALIGN_MIN_SHARE (tfdoctor/checks/targets.py), restated here because check
-# families do not import each other. On random tokens the right offset explains every position.
-ALIGN_MIN_SHARE = 0.9
 
 # packing-labels: the share of document boundaries that may be graded. A target left out of the loss
 # (-100, ignore_index, a zero weight) sends its position exactly no gradient, so any graded boundary

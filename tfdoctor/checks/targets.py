@@ -6,14 +6,9 @@ verdicts do not depend on variable names or code layout, only on what the loop r
 
 from __future__ import annotations
 
-from tfdoctor.recording.windows import OFFSETS, alignment, no_scores
+from tfdoctor.recording.windows import ALIGN_MIN_SHARE, OFFSETS, alignment, no_scores
 from tfdoctor.registry import check
 from tfdoctor.result import Result
-
-# objective: the share of graded positions an offset (windows.OFFSETS) must explain. On random tokens
-# the right offset matches every position and a wrong one about 1/V of them, so 0.9 leaves room only
-# for coincidences.
-ALIGN_MIN_SHARE = 0.9
 
 # ignore-index: pad targets must get no weight at all; anything above rounding is padding graded.
 PAD_WEIGHT_TOLERANCE = 1e-6

@@ -18,13 +18,14 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from tfdoctor.probes.isolation import same_values
-from tfdoctor.probes.modes import _DROPOUT_MODULES, evaluation, preserved_process_state
+from tfdoctor.modes import training
+from tfdoctor.probes.modes import _DROP_WORDS, _DROPOUT_MODULES, evaluation, preserved_process_state
 from tfdoctor.tolerances import RELATIVE_TOLERANCE
 
 
 # Words that name a dropout rate held as a float attribute: probes/modes.py's list and GPT-2's
 # `resid_pdrop` / `attn_pdrop` spelling, which nanoGPT-style models copy.
-DROP_WORDS = ("dropout", "pdrop", "layerdrop", "drop_path", "drop_prob", "drop_rate")
+DROP_WORDS = _DROP_WORDS + ("pdrop",)
 
 
 # train() forwards tried, each under its own seed, before "never random" is concluded. Elementwise
@@ -180,16 +181,6 @@ def _buffers_kept(model: torch.nn.Module) -> Iterator[None]:
                     buffer.copy_(value)
 
 
-@contextlib.contextmanager
-def _training(model: torch.nn.Module) -> Iterator[None]:
-    flags = [(module, module.training) for module in model.modules()]
-    model.train()
-    try:
-        yield
-    finally:
-        for module, training in flags:
-            module.training = training
-
 
 def measure_randomness(model: torch.nn.Module, forward: Callable[[], torch.Tensor], seed: int) -> Randomness:
     """Two eval() forwards under seeds `seed` and `seed + 1` (a third under `seed` when they differ);
@@ -204,7 +195,7 @@ def measure_randomness(model: torch.nn.Module, forward: Callable[[], torch.Tenso
                 measured.eval_same_seed = _compared(first, _run(model, forward, seed, hooks=True))
         measured.declared = declared_dropout(model, ran={name for name, _, _ in first[1]})
         if measured.declared:
-            with _training(model):
+            with training(model):
                 try:
                     train_first = _run(model, forward, seed, hooks=False)
                     for offset in range(1, TRAIN_SEEDS):  # until one differs: layer-level drops often agree

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Callable, Optional
 
 import torch
 
 from tfdoctor.recording.models import is_shard, unwrap
+from tfdoctor.recording.windows import micro_batch_weights
 from tfdoctor.sites import call_site
 
 # Indices of each sampler iteration kept in the digest. Two different shuffles of N items agree on
@@ -422,21 +424,14 @@ def _calls_at(events: list) -> dict:
 
 
 def _token_weights(events: list, scores: list) -> list[dict]:
-    """Per optimizer-step window, this rank's graded targets and the total weight its loss gave them,
-    read from the gradient that reached the scores (tfdoctor/recording/scores.py). A loss averaged over
-    the tokens of all ranks gives a target the same weight on every rank; a loss averaged over each
-    rank's own tokens gives it 1 / (that rank's count)."""
-    windows: dict[int, list] = {}
-    for entry in scores:
-        backward = entry.get("backward")
-        if backward is None or backward >= len(events) or "weights" not in entry:
-            continue
-        weights = entry["weights"]
-        graded = weights > 0
-        found = windows.setdefault(events[backward].window, [0, 0.0])
-        found[0] += int(graded.sum())
-        found[1] += float(weights[graded].sum())
-    return [{"window": w, "graded": n, "weight": total} for w, (n, total) in sorted(windows.items())]
+    """Per optimizer-step window, this rank's graded targets and the total weight its loss gave them
+    (windows.micro_batch_weights summed over the window's micro-batches: read from the gradient that
+    reached the scores, the GradScaler's scale divided out). A loss averaged over the tokens of all
+    ranks gives a target the same weight on every rank; a loss averaged over each rank's own tokens
+    gives it 1 / (that rank's count)."""
+    recorded = SimpleNamespace(events=events, scores=scores)  # what micro_batch_weights reads of a Trace
+    return [{"window": w, "graded": sum(m["tokens"] for m in micro), "weight": sum(m["sum"] for m in micro)}
+            for w, micro in sorted(micro_batch_weights(recorded).items())]
 
 
 def _clip_norms(events: list) -> list[dict]:
