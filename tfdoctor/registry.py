@@ -33,6 +33,8 @@ CHECK_MODULES = (
     "tfdoctor.checks.ranks",
     "tfdoctor.checks.determinism",
     "tfdoctor.checks.depth",
+    "tfdoctor.checks.curves",
+    "tfdoctor.checks.run_health",
 )
 
 # The catalogue's order, which is the report's order: stated here, so that moving a check to another
@@ -46,6 +48,9 @@ CATALOGUE = (
     "unscale-before-clip", "accumulation-scaling", "token-weighting", "scheduler-placement", "zero-grad",
     "clip-global-norm", "lr-schedule", "amp-loss-scaling", "grad-health", "optimizer-coverage", "stale-update",
     "rank-data", "rank-sync", "ddp-accumulation", "rank-uniform", "rank-equivalence",
+    # the judges of a whole watched run (`tfdoctor watch`, the callbacks): they read a RunSeries
+    "loss-spike", "loss-divergence", "loss-plateau", "grad-norm-trend", "scaler-overflow", "lr-trajectory",
+    "data-wait", "memory-growth", "eval-gap",
 )
 
 
@@ -74,6 +79,12 @@ class CheckSpec:
         return tuple(inspect.signature(self.func).parameters)[1:]
 
     @property
+    def judges_run(self) -> bool:
+        """A judge of a whole watched run: `(series: RunSeries) -> Result`, run by `tfdoctor watch` and
+        the callbacks, never by `check` / `run` (which record only the first steps)."""
+        return "series" in self.inputs
+
+    @property
     def doc(self) -> str:
         return inspect.cleandoc(self.func.__doc__ or "")
 
@@ -98,8 +109,9 @@ def check(id: str, title: str, kinds: tuple[str, ...] = KINDS, needs: tuple[str,
           skip_reasons: dict[str, str] | None = None, located: tuple[str, ...] = (),
           inputs: tuple[str, ...] | None = None):
     """Register a check function `(subject) -> Result`, or `(subject, trace) -> Result` for a judge of
-    the recorded loop, under a stable id. `inputs` defaults to ("trace",) for a check that needs
-    "train", else ("model",)."""
+    the recorded loop, or `(series) -> Result` with inputs=("series",) for a judge of a whole watched
+    run, under a stable id. `inputs` defaults to ("trace",) for a check that needs "train", else
+    ("model",)."""
 
     def register(func: Callable) -> Callable:
         if id in _REGISTRY and _REGISTRY[id].func.__qualname__ != func.__qualname__:
@@ -129,12 +141,18 @@ def _split(ids: str | list[str] | tuple[str, ...] | None) -> list[str]:
     return [part.strip() for item in ids for part in item.split(",") if part.strip()]
 
 
-def select(only=None, skip=None) -> list[CheckSpec]:
-    """The checks to run, in catalogue order. Unknown ids are a usage error."""
+def select(only=None, skip=None, run_judges: bool = False) -> list[CheckSpec]:
+    """The checks to run, in catalogue order: the model and loop checks, or with `run_judges` the
+    judges of a whole watched run. Unknown ids, and ids of the other set, are a usage error."""
     specs = all_checks()
     known = {spec.id for spec in specs}
+    ours = {spec.id for spec in specs if spec.judges_run == run_judges}
     wanted, unwanted = _split(only), _split(skip)
     for check_id in wanted + unwanted:
         if check_id not in known:
             raise UsageError(f"unknown check id {check_id!r}", "run `tfdoctor checks` for the available ids")
-    return [s for s in specs if (not wanted or s.id in wanted) and s.id not in unwanted]
+        if check_id in wanted and check_id not in ours:
+            where = ("`tfdoctor check` or `tfdoctor run`" if run_judges
+                     else "`tfdoctor watch` (or a TfdoctorCallback)")
+            raise UsageError(f"{check_id!r} is not judged here", f"{check_id} runs under {where}")
+    return [s for s in specs if s.id in ours and (not wanted or s.id in wanted) and s.id not in unwanted]

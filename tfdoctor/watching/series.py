@@ -1,0 +1,110 @@
+"""What `tfdoctor watch` records over a whole run, as data: one `StepRow` per optimizer step, one
+`EvalPoint` per evaluation the script ran, and the run's `facts`. The judges (checks/run_*.py) read a
+`RunSeries` and nothing else; the HTML report draws it; JSON carries it column by column.
+
+No torch here: the series travels from the worker to the supervisor (the live dashboard) as JSON and
+is judged wherever it lands (a callback inside the user's own process, the worker of `watch`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Optional
+
+
+@dataclass
+class StepRow:
+    """One optimizer step (a step the GradScaler skipped included), as the loop really took it."""
+
+    step: int  # 0-based, counting skipped steps
+    loss: Optional[float]  # the mean of this step's micro-batch losses (the unscaled loss, see monitor.py)
+    micro_losses: list[float] = field(default_factory=list)
+    grad_norm: Optional[float] = None  # global L2 norm of the gradients before any clip, unscaled
+    group_norms: list[float] = field(default_factory=list)  # the same per parameter group
+    lrs: list[float] = field(default_factory=list)  # per parameter group, the rate the optimizer used
+    scale: Optional[float] = None  # the GradScaler's scale after this step's update()
+    skipped: bool = False  # the GradScaler skipped the optimizer step (inf/NaN gradients)
+    wall: float = 0.0  # seconds from the end of the previous step to the end of this one
+    data_wait: float = 0.0  # of which seconds spent waiting for the next batch of a DataLoader
+    tokens: Optional[int] = None  # input tokens of this step's training forwards
+    rss: Optional[int] = None  # the process's resident memory (bytes) at the step's end
+    cuda_allocated: Optional[int] = None  # bytes, where the run uses a GPU
+    cuda_reserved: Optional[int] = None
+    batches: int = 0  # DataLoader batches drawn so far (the batch this step ended on)
+
+
+@dataclass
+class EvalPoint:
+    """The evaluation losses the script computed between two optimizer steps (no_grad or eval())."""
+
+    step: int  # optimizer steps completed when it ran
+    loss: float  # the mean of the evaluation losses computed there
+    rows: int = 0  # evaluation rows whose tokens were fingerprinted
+    trained_rows: int = 0  # of those, rows the loop also trained on (at any step of the run)
+    calls: int = 0  # loss computations averaged
+
+
+@dataclass
+class RunSeries:
+    steps: list[StepRow] = field(default_factory=list)
+    evals: list[EvalPoint] = field(default_factory=list)
+    # What the judges need besides the series: "vocab" (int), "ended" (finished | max-steps | max-time |
+    # exit | raised), "loader" ({num_workers, pin_memory, batch_size} of the training DataLoader),
+    # "device" ("cpu", "cuda:0"), "schedulers" ([{name, ...settings}]), "amp" ({dtype, scaler}),
+    # "dropout" (whether the trained model holds active dropout), "max_steps", "seconds".
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ reading
+
+    def column(self, name: str) -> list:
+        """One StepRow field over the steps, e.g. series.column("loss")."""
+        return [getattr(row, name) for row in self.steps]
+
+    def finite_losses(self) -> list[tuple[int, float]]:
+        return [(row.step, row.loss) for row in self.steps if row.loss is not None and math.isfinite(row.loss)]
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    # ------------------------------------------------------------------ as data (JSON, the channel)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Column by column (a few hundred thousand steps stay a compact JSON): {"steps": {field: [..]},
+        "evals": {field: [..]}, "facts": {...}}. NaN and infinities are strings (result.json_safe)."""
+        from tfdoctor.result import json_safe
+
+        return {"steps": {f.name: json_safe(self.column(f.name)) for f in fields(StepRow)},
+                "evals": {f.name: json_safe([getattr(e, f.name) for e in self.evals]) for f in fields(EvalPoint)},
+                "facts": json_safe(self.facts)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunSeries":
+        steps = _rows(StepRow, data.get("steps", {}))
+        evals = _rows(EvalPoint, data.get("evals", {}))
+        return cls(steps, evals, dict(data.get("facts", {})))
+
+
+def row_dict(row: StepRow) -> dict[str, Any]:
+    from tfdoctor.result import json_safe
+
+    return json_safe(asdict(row))
+
+
+def row_of(data: dict[str, Any]) -> StepRow:
+    return StepRow(**{f.name: _number(data[f.name]) for f in fields(StepRow) if f.name in data})
+
+
+def _rows(kind, columns: dict[str, list]) -> list:
+    names = [f.name for f in fields(kind) if f.name in columns]
+    count = len(columns[names[0]]) if names else 0
+    return [kind(**{name: _number(columns[name][i]) for name in names}) for i in range(count)]
+
+
+def _number(value):
+    """Back from json_safe: "nan" / "inf" / "-inf" are floats again (lists element by element)."""
+    if isinstance(value, list):
+        return [_number(v) for v in value]
+    if value in ("nan", "inf", "-inf"):
+        return float(value)
+    return value
