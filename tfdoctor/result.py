@@ -105,6 +105,8 @@ class Report:
     discovered: dict[str, Any] = field(default_factory=dict)  # `tfdoctor run`: what the script showed
     sandbox: dict[str, Any] = field(default_factory=dict)  # what the user's code tried to write (thrown away)
     versions: dict[str, Any] = field(default_factory=tool_versions)  # tfdoctor's, python's, torch's, transformers'
+    # `tfdoctor watch` and the callbacks: the whole run's series (watching/series.RunSeries.to_dict())
+    series: dict[str, Any] = field(default_factory=dict)
 
     def summary(self) -> dict[str, int]:
         counts = {status.value: 0 for status in Status}
@@ -154,4 +156,6 @@ class Report:
             data["discovered"] = json_safe(self.discovered)
         if any(self.sandbox.get(key) for key in ("written_count", "deleted_count", "error")):  # it tried to write
             data["sandbox"] = json_safe(self.sandbox)
+        if self.series:
+            data["series"] = json_safe(self.series)
         return data
