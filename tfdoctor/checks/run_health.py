@@ -327,7 +327,7 @@ def memory_growth(series: RunSeries) -> Result:
     mean_rise = rise / (MEMORY_WINDOWS - 1)
     slowing = levels[-1] - levels[-2] < SLOWING_RATIO * mean_rise
     crossed = next((step for step, value in judged if value > levels[0] + needed), judged[-1][0])
-    details = {"signal": kind, "step": crossed, "settled_after_steps": settle,
+    details = {"signal": kind, "step": crossed, "settled_after_steps": settle, "settled_mib": levels[0] / MIB,
                "window_levels_mib": [round(level / MIB, 1) for level in levels], "rise_mib": rise / MIB,
                "needed_mib": needed / MIB, "min_share": GROWTH_MIN_SHARE, "per_step_kib": per_step / 1024,
                "rising_every_window": steady, "slowing": slowing}
