@@ -33,6 +33,7 @@ class Format(str, enum.Enum):
     json = "json"
     junit = "junit"
     sarif = "sarif"  # SARIF 2.1.0: each finding at the user's file:line, for code-scanning UIs
+    html = "html"  # one self-contained page with the figures (needs the html extra: matplotlib)
 
 
 DEFAULT_TIMEOUT = 600.0  # seconds for the whole run: generous, but a CI job never waits forever
@@ -141,6 +142,7 @@ def check(
                                          train_batches=train_batches,
                                          timeout_per_check=timeout_per_check).items() if v is not None}
         _writable(output)
+        _format_ready(fmt)
     except TfdoctorError as error:
         _fail_usage(error)
     fields = _model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id)
@@ -250,6 +252,7 @@ def run(
         if script is not None and not Path(script).is_file():
             raise UsageError(f"script not found: {script}", "give the path of a Python file, or -m package.module")
         _writable(output)
+        _format_ready(fmt)
         _nproc_in_range(nproc)
     except TfdoctorError as error:
         _fail_usage(error)
@@ -373,6 +376,14 @@ def _budget_in_range(name: str, seconds: float) -> None:
         raise UsageError(f"{name} must be a number of seconds above 0 (and at most a week), got {seconds:g}")
 
 
+def _format_ready(fmt) -> None:
+    """--format html draws with matplotlib, an optional extra: missing, it is a usage error up front."""
+    if fmt.value == "html":
+        from tfdoctor.report.html import require_plotting  # imports no matplotlib
+
+        require_plotting()
+
+
 def _writable(output: Optional[Path]) -> None:
     """--output is checked before anything runs: a report nobody can write is a wasted battery."""
     if output is None:
@@ -468,6 +479,7 @@ class Shard(str, enum.Enum):
 class MemoryFormat(str, enum.Enum):
     rich = "rich"
     json = "json"
+    html = "html"
 
 
 @app.command()
@@ -496,7 +508,8 @@ def memory(
                                                                 "or the GPU's free memory with --device cuda)"),
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda[:N]: whose memory is the default budget "
                                                                 "and whose attention kernels a TARGET runs"),
-    fmt: MemoryFormat = typer.Option(MemoryFormat.rich, "--format", help="report format"),
+    fmt: MemoryFormat = typer.Option(MemoryFormat.rich, "--format", help="report format (html: redirect stdout "
+                                                                          "to a file)"),
 ) -> None:
     """Predict the peak memory of one training step, what makes it, and which remedy brings it under budget.
 
@@ -506,6 +519,7 @@ def memory(
         _positive("--batch", batch)
         _positive("--seq", seq)
         _positive("--gpus", gpus)
+        _format_ready(fmt)
         from tfdoctor.memory.budget import resolve_budget
 
         budget_bytes, source = resolve_budget(budget, device)
