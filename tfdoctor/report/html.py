@@ -157,7 +157,8 @@ def findings_table(report: Report) -> list[str]:
     skipped = [r for r in ranked if r.status is Status.SKIP]
     parts = ["<h2>Findings</h2>", '<table class="findings"><thead><tr><th>status</th><th>check</th>'
              "<th>what was seen</th><th>fix</th></tr></thead><tbody>"]
-    parts += [_row(r) for r in shown]
+    empty = "every check skipped (below)" if skipped else "no check or judge ran"
+    parts += [_row(r) for r in shown] or [f'<tr><td colspan="4">{empty}</td></tr>']
     parts.append("</tbody></table>")
     if skipped:
         parts.append(f"<details><summary>{len(skipped)} skipped</summary><table><tbody>")

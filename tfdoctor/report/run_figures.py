@@ -196,8 +196,11 @@ def _step_time(series: RunSeries, steps: list):
     compute_ms = [max(0.0, t - w) for t, w in zip(wall_ms, wait_ms)]
     _trace(ax, steps, wall_ms, COLOURS["third"], "whole step", linewidth=0.8)
     _trace(ax, steps, compute_ms, COLOURS["series"], "compute", linewidth=1.0)
-    _trace(ax, steps, wait_ms, COLOURS["fail"], "waiting for the next batch", linewidth=1.0)
-    ax.set_ylim(bottom=0)
+    _trace(ax, steps, wait_ms, COLOURS["second"], "waiting for the next batch", linewidth=1.0)
+    if log_scale_helps(wall_ms):  # a few slow steps (a checkpoint, a busy machine) would flatten the rest
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
     ax.set_ylabel("milliseconds per step")
     legend_above(ax)
     total = sum(wall_ms)
@@ -231,6 +234,7 @@ def _memory(series: RunSeries, steps: list):
     colours = iter([COLOURS["series"], COLOURS["second"], COLOURS["third"]])
     for label, values in columns.items():
         _trace(ax, steps, [v / size if isinstance(v, (int, float)) else None for v in values], next(colours), label)
+    ax.set_ylim(bottom=0)  # from zero: a zoomed axis makes a few MiB of noise look like a leak
     ax.set_ylabel(unit)
     legend_above(ax)
     return (fig, ax), "Memory", _growth(columns, size, unit)
