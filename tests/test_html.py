@@ -225,3 +225,26 @@ def test_chromium_renders_the_page(which, check_page, watch_page, tmp_path):
     assert colours > 200  # figures, text and badges; a blank or unstyled page has a handful
     if which == "check":
         assert red > 2000  # the heat map's leak cells, painted
+
+
+HOSTILE = '</pre><script>alert(1)</script><img src=x onerror=alert(2)> "quoted" & <b>bold</b>'
+
+
+@needs_matplotlib
+def test_user_strings_are_shown_not_obeyed():
+    """A message, id, hint or piece of evidence is the user's text: escaped, never markup."""
+    from io import StringIO
+
+    from tfdoctor.report import render
+
+    crash = finding(Result.errored(HOSTILE, HOSTILE, {"traceback": HOSTILE, HOSTILE: [HOSTILE],
+                                                      "loss_curve": ["nan", 2.0, 1.0], "pre_clip_norms": ["inf"]}),
+                    "overfit-batch")
+    report = Report(HOSTILE, [crash, finding(Result.failed(HOSTILE, HOSTILE, {"step": 3}), HOSTILE)],
+                    series={"steps": {"step": [0, 1], "loss": ["nan", 1.0]}})
+    out = StringIO()
+    render(report, "html", out)
+    page = Page(out.getvalue())
+    assert not page.external  # no <script>, no <img src>
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in out.getvalue()
+    assert set(page.figures) == {"loss", "overfit"}  # "nan" from JSON is a gap in the curve, not a category

@@ -89,15 +89,44 @@ def to_svg(fig, salt: str) -> str:
     """The figure as an <svg> element to inline in HTML: no XML prolog, text kept as text (the
     browser's fonts, searchable, a tenth of the size of glyph outlines), no date, ids salted per
     figure so that two figures on one page never share a clip-path id, and width set by the page."""
+    import warnings
+
     import matplotlib
 
     out = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
+    # matplotlib's layout warnings would land on the user's stderr, inside the run they watch
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
         fig.savefig(out, format="svg", metadata={"Date": None, "Creator": None})
     text = out.getvalue()
     text = text[text.index("<svg"):]
     # The page sizes the figure (CSS), the viewBox keeps its proportions.
     return re.sub(r'<svg([^>]*?) width="[^"]*" height="[^"]*"', r'<svg\1 class="figure"', text, count=1)
+
+
+def number(value) -> float:
+    """A value of the evidence as a float to draw: details that came from a worker went through JSON,
+    where NaN and the infinities are the strings "nan", "inf", "-inf" (result.json_safe); anything
+    else that is not a number is a gap (NaN), never a category on the axis."""
+    if isinstance(value, bool):
+        return math.nan
+    if isinstance(value, (int, float)):
+        return float(value)
+    return float(value) if value in ("nan", "inf", "-inf") else math.nan
+
+
+def numbers(values) -> list[float]:
+    return [number(v) for v in values or []]
+
+
+def safely(name: str, draw, *args) -> list[Drawn]:
+    """draw(*args), or a figure that says it could not be drawn: a plotting bug in tfdoctor must not
+    cost the user the report of a run that took hours."""
+    try:
+        return draw(*args)
+    except Exception as exc:  # noqa: BLE001 - reported on the page, in the figure's place
+        return [Drawn(name, f"{name}: not drawn", "", note=f"tfdoctor could not draw this figure "
+                                                           f"({type(exc).__name__}: {exc}); please report it")]
 
 
 def status_colour(status) -> str:
@@ -188,18 +217,18 @@ def overfit_curve(report: Report) -> list[Drawn]:
     fig, (ax,) = new_figure()
     drew = False
     if d.get("loss_curve"):
-        curve = d["loss_curve"]
+        curve = numbers(d["loss_curve"])
         ax.plot(range(len(curve)), curve, color=COLOURS["series"], label="loss on the batch")
         ax.set_xlabel("optimizer step")
         drew = True
     if d.get("loss_at_batches"):
         xs, ys = zip(*d["loss_at_batches"])
-        ax.plot(xs, ys, marker="o", color=COLOURS["series"], label="your loop: next-token loss")
+        ax.plot(numbers(xs), numbers(ys), marker="o", color=COLOURS["series"], label="your loop: next-token loss")
         ax.set_xlabel("batches fed to your loop (the same batch each time)")
         drew = True
     reference = d.get("reference") or {}
     if reference.get("loss_curve"):
-        curve = reference["loss_curve"]
+        curve = numbers(reference["loss_curve"])
         ax.plot(range(len(curve)), curve, color=COLOURS["second"], label="your optimizer, plain next-token loss")
         drew = True
     if not drew:
@@ -226,7 +255,7 @@ def loop_curves(report: Report) -> list[Drawn]:
     if finite(norms):
         fig, (ax,) = new_figure()
         steps = list(range(1, len(norms) + 1))
-        ax.plot(steps, [v if isinstance(v, (int, float)) else math.nan for v in norms], marker="o",
+        ax.plot(steps, numbers(norms), marker="o",
                 color=COLOURS["series"])
         bad = health.details.get("non_finite_steps") or []
         for step in bad:
@@ -258,7 +287,7 @@ def _rate_figure(results: dict[str, Result]):
         return None
     fig, (ax,) = new_figure()
     xs, ys = zip(*points)
-    ax.plot(xs, ys, color=COLOURS["series"])
+    ax.plot(numbers(xs), numbers(ys), color=COLOURS["series"])
     if schedule is not None and isinstance(schedule.details.get("peak_step"), int) and owner is schedule:
         ax.plot([schedule.details["peak_step"]], [schedule.details["peak_lr"]], marker="o",
                 color=COLOURS["second"], label=f"peak {schedule.details['peak_lr']:.2g} at step "
@@ -348,8 +377,10 @@ def _remedies(remedies: list[dict], peak: float, budget: float):
 
 def check_figures(report: Report) -> list[Drawn]:
     """Every figure a check or run report has something for, in the order the checks run."""
-    figures = dependency_maps(report) + overfit_curve(report) + loop_curves(report)
+    figures = (safely("dependency-map", dependency_maps, report) + safely("overfit", overfit_curve, report)
+               + safely("loop", loop_curves, report))
     memory = _results(report).get("memory")
     if memory is not None and memory.status is not Status.SKIP:
-        figures += memory_figures(memory.details, f"Memory at the peak of one training step ({_title(memory)})")
+        figures += safely("memory", memory_figures, memory.details,
+                          f"Memory at the peak of one training step ({_title(memory)})")
     return figures

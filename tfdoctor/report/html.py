@@ -100,10 +100,10 @@ def figures_section(figures, heading: str = "Figures") -> list[str]:
 
 
 def report_page(report: Report) -> str:
-    from tfdoctor.report.figures import check_figures
+    from tfdoctor.report.figures import check_figures, safely
     from tfdoctor.report.run_figures import run_figures
 
-    figures = (run_figures(report) if report.series else []) + check_figures(report)
+    figures = (safely("run", run_figures, report) if report.series else []) + check_figures(report)
     body = [f"<h1>tfdoctor {_e(report.target)}</h1>"]
     if report.versions:
         body.append(f'<p class="meta">versions: {_e(describe(report.versions))}</p>')
@@ -197,7 +197,7 @@ def memory_page(data: dict[str, Any]) -> str:
     table. `data` is the memory command's JSON document (report/memory.py's to_dict) with the page's
     "heading" and "notes" added (report/memory.py renders a Verdict through here)."""
     from tfdoctor.memory.sizes import format_bytes
-    from tfdoctor.report.figures import memory_figures
+    from tfdoctor.report.figures import memory_figures, safely
 
     peak, budget, source = data["peak_bytes"], data["budget_bytes"], data["budget_source"]
     if data["fits"]:
@@ -213,8 +213,8 @@ def memory_page(data: dict[str, Any]) -> str:
                ("largest batch", data.get("largest_batch_that_fits"))) if isinstance(value, int)]
     if limits:
         body.append(f'<p class="meta">{_e("; ".join(limits))}</p>')
-    body += figures_section(memory_figures(data, f"Alive at the peak: {data.get('peak_phase', '')}, "
-                                                 f"{data.get('peak_op', '')}"))
+    body += figures_section(safely("memory", memory_figures, data, f"Alive at the peak: "
+                                   f"{data.get('peak_phase', '')}, {data.get('peak_op', '')}"))
     body += _remedies_table(data.get("remedies") or [], peak)
     body += [f'<p class="meta">{_e(note)}</p>' for note in data.get("notes", [])]
     return page(data["heading"], body)

@@ -13,7 +13,7 @@ import statistics
 from typing import Optional
 
 from tfdoctor.report.figures import (COLOURS, WIDE, Drawn, finite, integer_steps, legend_above, log_scale_helps,
-                                     new_figure, plain_rates, status_colour, to_svg)
+                                     new_figure, plain_rates, safely, status_colour, to_svg)
 from tfdoctor.result import Report, Status
 from tfdoctor.watching.series import RunSeries
 
@@ -27,6 +27,7 @@ MAX_POINTS = 1500
 SMOOTHING_SHARE = 0.03
 MAX_HALF_WINDOW = 100
 MARKED = (Status.FAIL, Status.WARN, Status.ERROR)
+MAX_LABEL = 24  # characters of a judge's id written along its mark (the ids are shorter)
 
 
 def findings_marked(report: Report) -> list[tuple[int, str, Status]]:
@@ -50,16 +51,21 @@ def run_figures(report: Report) -> list[Drawn]:
     figures = []
     for name, draw in (("loss", _loss), ("grad-norm", _grad_norm), ("rate", _rate), ("scale", _scale),
                        ("step-time", _step_time), ("throughput", _throughput), ("run-memory", _memory)):
-        drawn = draw(series, steps)
-        if drawn is None:
-            continue
-        (fig, ax), title, note = drawn
-        _mark(ax, marks)
-        ax.set_xlim(min(steps), max(max(steps), min(steps) + 1))
-        ax.set_xlabel("optimizer step")
-        integer_steps(ax)
-        figures.append(Drawn(name, title, to_svg(fig, f"run-{name}"), wide=name == "loss", note=note))
+        figures += safely(name, _drawn, name, draw, series, steps, marks)
     return figures
+
+
+def _drawn(name: str, draw, series: RunSeries, steps: list, marks) -> list[Drawn]:
+    """One series' figure on the run's step axis, with the findings marked; none without data."""
+    drawn = draw(series, steps)
+    if drawn is None:
+        return []
+    (fig, ax), title, note = drawn
+    _mark(ax, marks)
+    ax.set_xlim(min(steps), max(max(steps), min(steps) + 1))
+    ax.set_xlabel("optimizer step")
+    integer_steps(ax)
+    return [Drawn(name, title, to_svg(fig, f"run-{name}"), wide=name == "loss", note=note)]
 
 
 def _mark(ax, marks) -> None:
@@ -70,7 +76,8 @@ def _mark(ax, marks) -> None:
     for step, check_id, status in marks:
         colour = status_colour(status)
         ax.axvline(step, color=colour, linewidth=1.2, linestyle="--", alpha=0.9)
-        ax.text(step, 0.98, f"{check_id} ", transform=along, rotation=90, va="top", ha="right", fontsize=7,
+        label = check_id if len(check_id) <= MAX_LABEL else check_id[:MAX_LABEL - 1] + "…"
+        ax.text(step, 0.98, f"{label} ", transform=along, rotation=90, va="top", ha="right", fontsize=7,
                 color=colour)
 
 
