@@ -27,6 +27,7 @@ MAX_POINTS = 1500
 SMOOTHING_SHARE = 0.03
 MAX_HALF_WINDOW = 100
 MARKED = (Status.FAIL, Status.WARN, Status.ERROR)
+MAX_EVAL_MARKERS = 60  # more evaluations than this are drawn as a line alone
 MAX_LABEL = 24  # characters of a judge's id written along its mark (the ids are shorter)
 
 
@@ -119,8 +120,9 @@ def _loss(series: RunSeries, steps: list):
     _trace(ax, steps, losses, COLOURS["series"], "training loss (each step)", linewidth=0.8, alpha=0.35)
     _trace(ax, steps, _smoothed(losses), COLOURS["series"], "training loss (smoothed)", linewidth=1.8)
     if series.evals:
-        ax.plot([e.step for e in series.evals], [e.loss for e in series.evals], marker="o", markersize=4,
-                color=COLOURS["second"], label="evaluation loss", linewidth=1.4)
+        ax.plot([e.step for e in series.evals], [e.loss for e in series.evals], linewidth=1.4,
+                marker="o" if len(series.evals) <= MAX_EVAL_MARKERS else None, markersize=4,
+                color=COLOURS["second"], label="evaluation loss")
     broken = [s for s, v in zip(steps, losses) if isinstance(v, float) and not math.isfinite(v)]
     if log_scale_helps(losses):
         ax.set_yscale("log")
@@ -181,7 +183,10 @@ def _scale(series: RunSeries, steps: list):
         return None
     fig, (ax,) = new_figure()
     points = [(s, v) for s, v in zip(steps, scales) if isinstance(v, (int, float)) and math.isfinite(v)]
-    ax.step(*zip(*points), where="post", color=COLOURS["series"], label="loss scale")
+    if len(points) <= MAX_POINTS:
+        ax.step(*zip(*points), where="post", color=COLOURS["series"], label="loss scale")
+    else:
+        _trace(ax, *zip(*points), COLOURS["series"], "loss scale")
     if min(v for _, v in points) > 0:
         ax.set_yscale("log", base=2)
     skipped = [(s, v) for s, v, k in zip(steps, scales, series.column("skipped")) if k]
