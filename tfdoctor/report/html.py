@@ -90,8 +90,9 @@ def figures_section(figures, heading: str = "Figures") -> list[str]:
     parts = [f"<h2>{_e(heading)}</h2>", '<div class="figures">']
     for drawn in figures:
         note = f'<div class="note">{_e(drawn.note)}</div>' if drawn.note else ""
+        svg = drawn.svg.replace("<svg", f'<svg role="img" aria-label="{_e(drawn.title)}"', 1)
         parts.append(f'<figure class="{"wide" if drawn.wide else "card"}" data-figure="{_e(drawn.name)}">'
-                     f"<figcaption>{_e(drawn.title)}</figcaption>{drawn.svg}{note}</figure>")
+                     f"<figcaption>{_e(drawn.title)}</figcaption>{svg}{note}</figure>")
     parts.append("</div>")
     return parts
 
