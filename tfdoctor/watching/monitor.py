@@ -225,10 +225,15 @@ class Monitor:
     def finish(self, ended: str) -> RunSeries:
         """The run ended (`ended`: finished | max-steps | max-time | exit | raised): finalise the last
         step, resolve which evaluated rows were trained on, and fill in the facts."""
+        self._close_eval()
+        return self.so_far(ended)
+
+    def so_far(self, ended: str = "running") -> RunSeries:
+        """The series up to the last step that ended, its facts filled in: a callback judges the run
+        while it goes on (facts["ended"] == "running": judges that need the run's end wait for it)."""
         if self.pending is not None:
             self._finalise(self.pending)
             self.pending = None
-        self._close_eval()
         self._resolve_eval_rows()
         facts = self.series.facts
         facts.update(ended=ended, seconds=time.perf_counter() - self.started, max_steps=self.max_steps,
