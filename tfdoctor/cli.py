@@ -16,10 +16,11 @@ from typing import Optional
 import typer
 
 from tfdoctor.errors import TfdoctorError, UsageError
-from tfdoctor.flags import (budget_in_range, check_battery_flags, model_fields, nproc_in_range, positive,
-                            seed_in_range, writable)
-from tfdoctor.protocol import Ended, Phase
+from tfdoctor.flags import (budget_in_range, check_battery_flags, format_ready, model_fields, nproc_in_range,
+                            positive, seed_in_range, writable)
+from tfdoctor.protocol import Ended
 from tfdoctor.result import ExitCode
+from tfdoctor.supervisor import report_of
 
 app = typer.Typer(
     name="tfdoctor",
@@ -36,6 +37,7 @@ class Format(str, enum.Enum):
     json = "json"
     junit = "junit"
     sarif = "sarif"  # SARIF 2.1.0: each finding at the user's file:line, for code-scanning UIs
+    html = "html"  # one self-contained page with the figures (needs the html extra: matplotlib)
 
 
 DEFAULT_TIMEOUT = 600.0  # seconds for the whole run: generous, but a CI job never waits forever
@@ -132,13 +134,14 @@ def check(
                                          train_batches=train_batches,
                                          timeout_per_check=timeout_per_check).items() if v is not None}
         writable(output)
+        format_ready(fmt)
     except TfdoctorError as error:
         _fail_usage(error)
     fields = model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id)
     request = dict(command="check", target=target, train=train, fields=fields, only=only, skip=skip, seed=seed,
                    device=device, options=options)
     outcome = _supervised(request, fmt is Format.rich, timeout, timeout_per_check)
-    _finish(outcome, _report_of(outcome, target, strict), fmt, output)
+    _finish(outcome, report_of(outcome, target, strict), fmt, output)
 
 
 def _finish(outcome, report, fmt: "Format", output: Optional[Path]) -> None:
@@ -216,6 +219,7 @@ def run(
         if script is not None and not Path(script).is_file():
             raise UsageError(f"script not found: {script}", "give the path of a Python file, or -m package.module")
         writable(output)
+        format_ready(fmt)
         nproc_in_range(nproc)
     except TfdoctorError as error:
         _fail_usage(error)
@@ -233,7 +237,7 @@ def run(
     def conclude(outcome) -> None:
         if outcome.ended == Ended.RANK_EXIT:
             raise typer.Exit(outcome.code)
-        report = _report_of(outcome, f"run {target}", strict)
+        report = report_of(outcome, f"run {target}", strict)
         if report is not None:
             report.discovered = dict(outcome.discovered)
         _finish(outcome, report, fmt, output)
@@ -288,6 +292,7 @@ def watch(
         if script is not None and not Path(script).is_file():
             raise UsageError(f"script not found: {script}", "give the path of a Python file, or -m package.module")
         writable(output)
+        format_ready(fmt)
         nproc_in_range(nproc)
     except TfdoctorError as error:
         _fail_usage(error)
@@ -308,7 +313,7 @@ def watch(
         outcome = _handled(supervise(request, timeout=budget, timeout_per_check=budget, progress=view))
     if me.rank != 0:  # rank 0 speaks for the job
         raise typer.Exit(ExitCode.OK if outcome.ended == Ended.DONE else ExitCode.USAGE_ERROR)
-    report = _report_of(outcome, f"watch {target}", strict)
+    report = report_of(outcome, f"watch {target}", strict)
     if report is not None:
         report.series = outcome.discovered.pop("series", {})
         report.discovered = dict(outcome.discovered)
@@ -390,22 +395,6 @@ def _launched(nproc: int, command: str = "run") -> None:
     raise typer.Exit(code)
 
 
-def _report_of(outcome, target: str, strict: bool):
-    """The Report from what the worker delivered; None when a run cut short finished no check."""
-    from tfdoctor.result import Report, Result, Status
-
-    if outcome.ended != Ended.DONE and not outcome.results:
-        return None
-    report = Report(target, list(outcome.results), strict=strict, sandbox=outcome.sandbox)
-    if outcome.ended != Ended.DONE:
-        report.stopped = outcome.message
-        if outcome.phase not in ("", Phase.LOADING):  # the check that was cut short is reported as such
-            cut = Result(Status.ERROR, outcome.message, "see the line on stderr; fix it or raise the budget",
-                         id=outcome.phase)
-            report.results.append(cut)
-    return report
-
-
 def _progress(wanted: bool):
     """The terminal bar when the report is for people; nothing in JSON/JUnit mode or off a terminal."""
     import contextlib
@@ -482,6 +471,7 @@ class Shard(str, enum.Enum):
 class MemoryFormat(str, enum.Enum):
     rich = "rich"
     json = "json"
+    html = "html"
 
 
 @app.command()
@@ -510,7 +500,8 @@ def memory(
                                                                 "or the GPU's free memory with --device cuda)"),
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda[:N]: whose memory is the default budget "
                                                                 "and whose attention kernels a TARGET runs"),
-    fmt: MemoryFormat = typer.Option(MemoryFormat.rich, "--format", help="report format"),
+    fmt: MemoryFormat = typer.Option(MemoryFormat.rich, "--format", help="report format (html: redirect stdout "
+                                                                          "to a file)"),
 ) -> None:
     """Predict the peak memory of one training step, what makes it, and which remedy brings it under budget.
 
@@ -520,6 +511,7 @@ def memory(
         positive("--batch", batch)
         positive("--seq", seq)
         positive("--gpus", gpus)
+        format_ready(fmt)
         from tfdoctor.memory.budget import resolve_budget
 
         budget_bytes, source = resolve_budget(budget, device)

@@ -43,6 +43,14 @@ def budget_in_range(name: str, seconds: float) -> None:
         raise UsageError(f"{name} must be a number of seconds above 0 (and at most a week), got {seconds:g}")
 
 
+def format_ready(fmt) -> None:
+    """--format html draws with matplotlib, an optional extra: missing, it is a usage error up front."""
+    if fmt.value == "html":
+        from tfdoctor.report.html import require_plotting  # imports no matplotlib
+
+        require_plotting()
+
+
 def writable(output: Optional[Path]) -> None:
     """--output is checked before anything runs: a report nobody can write is a wasted battery."""
     if output is None:

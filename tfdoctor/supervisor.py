@@ -399,3 +399,19 @@ def _kill(proc) -> None:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
+
+
+def report_of(outcome, target: str, strict: bool):
+    """The Report from what the worker delivered; None when a run cut short finished no check."""
+    from tfdoctor.result import Report, Result, Status
+
+    if outcome.ended != Ended.DONE and not outcome.results:
+        return None
+    report = Report(target, list(outcome.results), strict=strict, sandbox=outcome.sandbox)
+    if outcome.ended != Ended.DONE:
+        report.stopped = outcome.message
+        if outcome.phase not in ("", Phase.LOADING):  # the check that was cut short is reported as such
+            cut = Result(Status.ERROR, outcome.message, "see the line on stderr; fix it or raise the budget",
+                         id=outcome.phase)
+            report.results.append(cut)
+    return report
