@@ -182,8 +182,8 @@ class Monitor:
         if self.main is None or (optimizer is not self.main and len(self.series) + bool(self.pending) < 3
                                  and _count(optimizer) > _count(self.main)):
             self.main = optimizer
-            if self.model is None:
-                self._bind(optimizer)
+        if self.model is None and optimizer is self.main:  # also when a GradScaler skip set main first
+            self._bind(optimizer)
         if optimizer is not self.main:
             return False
         self.lrs = [float(group["lr"]) for group in optimizer.param_groups]
