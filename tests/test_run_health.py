@@ -60,13 +60,14 @@ def test_scaler_calibrating_then_probing_now_and_then_passes():
     assert result.details["share_after_calibration"] < 0.05
 
 
-def test_scaler_skipping_every_other_step_fails_at_the_first_skip_after_calibration():
+def test_scaler_skipping_every_other_step_fails_at_its_first_overflow():
     # fp16_overflow.py (growth_interval=1): from step 5 on, every other step overflows again
     skipped = [5, 6] + list(range(8, 200, 2))
     result = judge(scaler_run(200, skipped, init=65536.0, growth_interval=1), "scaler-overflow")
     assert result.status == Status.FAIL
+    assert not result.details["settled"]
     assert result.details["share_after_calibration"] > 0.4
-    assert result.details["step"] == result.details["calibration_steps"] + (result.details["calibration_steps"] % 2)
+    assert result.details["step"] == 5
 
 
 def test_scaler_collapsing_to_the_end_fails_where_the_skipping_began():
@@ -261,3 +262,82 @@ def test_eval_below_training_warns_without_dropout_and_passes_with_it():
     assert result.status == Status.WARN
     assert result.details["step"] == 50
     assert judge(trained(evals=evals, dropout=True), "eval-gap").status == Status.PASS
+
+
+# ---------------------------------------------------------------------------------- whole watched runs
+
+# fixture -> the judge its planted bug must trip and with what status (tests/catalogue.py has the same)
+PLANTED_RUNS = {
+    "fp16_overflow": ("scaler-overflow", Status.FAIL),
+    "lr_zero_halfway": ("lr-trajectory", Status.FAIL),
+    "slow_loader": ("data-wait", Status.WARN),
+    "leaky_total_loss": ("memory-growth", Status.FAIL),
+    "eval_on_train": ("eval-gap", Status.FAIL),
+}
+
+
+def watched(watch_audit, name: str):
+    report = watch_audit(name)
+    return report, RunSeries.from_dict(report.series)
+
+
+@pytest.mark.parametrize("name", ["healthy", "fp16_healthy", *PLANTED_RUNS])
+def test_a_watched_run_trips_only_its_own_judge(name, watch_audit):
+    report, _ = watched(watch_audit, name)
+    tripped = {r.id: r.status for r in report if r.id in HEALTH and r.status not in (Status.PASS, Status.SKIP)}
+    expected = dict([PLANTED_RUNS[name]]) if name in PLANTED_RUNS else {}
+    assert tripped == expected, {r.id: r.message for r in report if r.id in HEALTH}
+
+
+def test_fp16_healthy_scaler_calibrates_and_passes(watch_audit):
+    report, series = watched(watch_audit, "fp16_healthy")
+    result = report["scaler-overflow"]
+    assert result.status == Status.PASS
+    assert result.details["calibration_skipped"] >= 1  # the start really overflowed (init_scale 2**24)
+    assert any(row.skipped for row in series.steps[result.details["calibration_steps"]:])  # and the probes
+
+
+def test_fp16_overflow_fires_at_its_first_overflow_after_a_clean_step(watch_audit):
+    report, series = watched(watch_audit, "fp16_overflow")
+    result = report["scaler-overflow"]
+    steps = series.steps
+    first = next(row.step for i, row in enumerate(steps) if row.skipped and i and not steps[i - 1].skipped)
+    assert result.details["step"] == first
+    assert result.details["share_after_calibration"] >= 0.2
+    assert sum(row.skipped for row in steps) == result.details["skipped"]
+
+
+def test_lr_zero_halfway_fires_where_the_rate_reached_zero_half_way(watch_audit):
+    report, series = watched(watch_audit, "lr_zero_halfway")
+    result = report["lr-trajectory"]
+    peak = max(max(row.lrs) for row in series.steps)
+    zero = [row.step for row in series.steps if max(row.lrs) <= 0.01 * peak]
+    assert result.details["step"] == zero[0]
+    assert abs(result.details["step"] - len(series) / 2) <= 2  # total passed as one epoch of two
+    assert "LambdaLR" in result.message
+
+
+def test_slow_loader_fires_from_the_first_starved_step_and_names_num_workers(watch_audit):
+    report, series = watched(watch_audit, "slow_loader")
+    result = report["data-wait"]
+    first = next(row.step for row in series.steps if row.data_wait >= 0.2 * row.wall)
+    assert result.details["step"] == first <= 2
+    assert "num_workers=0" in result.message
+    assert series.facts["loader"]["num_workers"] == 0
+
+
+def test_leaky_total_loss_fires_where_memory_passed_its_settled_level(watch_audit):
+    report, series = watched(watch_audit, "leaky_total_loss")
+    result = report["memory-growth"]
+    crossed = result.details["step"]
+    limit = (result.details["settled_mib"] + result.details["needed_mib"]) * MIB
+    assert series.steps[crossed].rss > limit
+    assert crossed < series.steps[-1].step  # found while the run went on, not at its end
+    assert "total_loss += loss" in result.hint
+
+
+def test_eval_on_train_fires_at_the_first_evaluation(watch_audit):
+    report, series = watched(watch_audit, "eval_on_train")
+    result = report["eval-gap"]
+    assert result.details["step"] == series.evals[0].step == 50
+    assert all(e.trained_rows == e.rows > 0 for e in series.evals)

@@ -60,15 +60,19 @@ BELOW_SHARE = 0.5  # ... at half the evaluations or more (and at least BELOW_MIN
 BELOW_MIN_POINTS = 2
 
 
-def _scaler_calibration(skipped: list[bool]) -> int:
+def _scaler_calibration(skipped: list[bool]) -> tuple[int, bool]:
     """How many leading steps the GradScaler spent finding its ceiling: the steps before the first
-    CALM_STEPS in a row that went through, at most CALIBRATION_MAX_STEPS."""
+    CALM_STEPS in a row that went through (then True: it settled), else CALIBRATION_MAX_STEPS (False)."""
     clean = 0
     for i, skip in enumerate(skipped[:CALIBRATION_MAX_STEPS + CALM_STEPS]):
         clean = 0 if skip else clean + 1
         if clean == CALM_STEPS:
-            return i + 1 - CALM_STEPS
-    return min(CALIBRATION_MAX_STEPS, len(skipped))
+            return i + 1 - CALM_STEPS, True
+    return min(CALIBRATION_MAX_STEPS, len(skipped)), False
+
+
+def _scale(value: float | None) -> str:
+    return "none" if value is None else f"{value:.0f}" if value >= 1 else f"{value:.3g}"
 
 
 def _trailing(flags: list[bool]) -> int:
@@ -101,38 +105,47 @@ def scaler_overflow(series: RunSeries) -> Result:
                               f"from overflow (needs {CALM_STEPS * 2})")
     skipped = [row.skipped for row in rows]
     scales = [row.scale for row in rows if row.scale is not None]
-    calibration = _scaler_calibration(skipped)
+    calibration, settled = _scaler_calibration(skipped)
     after = skipped[calibration:]
     share = sum(after) / len(after) if after else 1.0
     tail = _trailing(skipped)
-    details = {"steps": len(rows), "skipped": sum(skipped), "calibration_steps": calibration,
-               "calibration_skipped": sum(skipped[:calibration]), "skipped_after_calibration": sum(after),
-               "share_after_calibration": share, "warn_share": SKIP_WARN_SHARE, "fail_share": SKIP_FAIL_SHARE,
-               "trailing_skipped": tail, "given_up_steps": GIVEN_UP_STEPS,
-               "scale_first": scales[0] if scales else None, "scale_last": scales[-1] if scales else None,
-               "scale_min": min(scales) if scales else None, "scale_max": max(scales) if scales else None,
-               "scale_floor": SCALE_FLOOR}
-    settings = _scaler_settings(series)
+    details = {"steps": len(rows), "skipped": sum(skipped), "calibration_steps": calibration, "settled": settled,
+               "calm_steps": CALM_STEPS, "calibration_skipped": sum(skipped[:calibration]),
+               "skipped_after_calibration": sum(after), "share_after_calibration": share,
+               "warn_share": SKIP_WARN_SHARE, "fail_share": SKIP_FAIL_SHARE, "trailing_skipped": tail,
+               "given_up_steps": GIVEN_UP_STEPS, "scale_first": scales[0] if scales else None,
+               "scale_last": scales[-1] if scales else None, "scale_min": min(scales) if scales else None,
+               "scale_max": max(scales) if scales else None, "scale_floor": SCALE_FLOOR}
     low = next((row for row in rows if row.scale is not None and row.scale < SCALE_FLOOR), None)
     if tail >= GIVEN_UP_STEPS or low is not None:
         first = rows[len(rows) - tail] if tail >= GIVEN_UP_STEPS else low
         details["step"] = first.step
         return Result.failed(
-            f"the GradScaler's scale fell without recovering: from {details['scale_max']:g} to "
-            f"{details['scale_last']:g}, the last {tail} of {len(rows)} steps skipped (from step {first.step})"
-            f": the gradients are inf/NaN whatever the scale, so the model stopped training",
+            f"the GradScaler's scale fell without recovering: from {_scale(details['scale_max'])} to "
+            f"{_scale(details['scale_last'])}, the last {tail} of {len(rows)} steps skipped (from step "
+            f"{first.step}): the gradients are inf/NaN whatever the scale, so the model stopped training",
             "the overflow is not a scaling problem: find the op that overflows float16 in the forward (large "
             "activations, exp or a sum of squares under autocast: compute it in float32), or train in "
             "torch.bfloat16, which needs no GradScaler", details)
-    first_skip = next((rows[calibration + i].step for i, s in enumerate(after) if s), None)
-    details["step"] = first_skip if first_skip is not None else rows[-1].step
-    seen = (f"the GradScaler skipped {sum(after)} of {len(after)} steps after its calibration "
-            f"({share:.0%}; {details['calibration_skipped']} skipped in its first {calibration} steps)")
+    return _skip_share_verdict(series, rows, skipped, calibration, settled, details)
+
+
+def _skip_share_verdict(series: RunSeries, rows, skipped, calibration: int, settled: bool, details) -> Result:
+    after, share = skipped[calibration:], details["share_after_calibration"]
+    if settled:  # the first skip once the scaler had settled
+        first = next((rows[calibration + i].step for i, s in enumerate(after) if s), None)
+        seen = (f"the GradScaler skipped {sum(after)} of {len(after)} steps after its calibration ({share:.0%}; "
+                f"{details['calibration_skipped']} skipped in its first {calibration} steps)")
+    else:  # never settled: the first skip after a step that went through (the start's streak is calibration)
+        first = next((row.step for i, row in enumerate(rows) if row.skipped and i and not skipped[i - 1]), None)
+        seen = (f"the GradScaler skipped {sum(skipped)} of {len(rows)} steps and never went {CALM_STEPS} in a "
+                f"row without a skip ({share:.0%} after its first {calibration} steps)")
+    details["step"] = first if first is not None else rows[-1].step
     if share < SKIP_WARN_SHARE:
         return Result.passed(f"{seen}: it settled (threshold {SKIP_WARN_SHARE:.0%})", details)
-    message = (f"{seen}, from step {first_skip}: each skipped step throws its batch away; the scale went "
-               f"back up into overflow again and again (between {details['scale_min']:g} and "
-               f"{details['scale_max']:g}){settings}")
+    message = (f"{seen}, from step {details['step']}: each skipped step throws its batch away; the scale went "
+               f"back up into overflow again and again (between {_scale(details['scale_min'])} and "
+               f"{_scale(details['scale_max'])}){_scaler_settings(series)}")
     hint = ("let the scaler wait before it probes a higher scale: GradScaler(growth_interval=2000) (the "
             "default) and growth_factor=2.0; or train in torch.bfloat16, which needs no GradScaler")
     if share >= SKIP_FAIL_SHARE:
@@ -337,8 +350,8 @@ def memory_growth(series: RunSeries) -> Result:
     if not steady or rise < needed:
         return Result.passed(f"{seen}: level (a steady rise of {needed / MIB:.0f} MiB would be flagged)", details)
     message = (f"{seen}: it rose in every window, about {per_step / 1024:.0f} KiB per step "
-               f"({per_step * 1e4 / 2 ** 30:.1f} GiB per 10,000 steps), past the settled level by "
-               f"{needed / MIB:.0f} MiB at step {crossed}")
+               f"({per_step * 1e4 / 2 ** 30:.1f} GiB per 10,000 steps), {needed / MIB:.0f} MiB above its settled "
+               f"level by step {crossed}")
     hint = ("a tensor kept across steps keeps its graph alive, most often `total_loss += loss`: accumulate "
             "`loss.item()` (or `loss.detach()`), and the same for metrics, logits or outputs kept in lists")
     if slowing:
