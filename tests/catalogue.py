@@ -132,4 +132,9 @@ PLANTED = {
     "rank-uniform": ([(ranks("rank0_clip"), "fail")], [(ranks("correct"), "pass")]),
     "rank-equivalence": ([(ranks("clip_before_all_reduce"), "fail"), (ranks("mean_of_means"), "warn")],
                          [(ranks("correct"), "pass"), (ranks("global_token_mean"), "pass")]),
+    "scaler-overflow": ([(watch("fp16_overflow"), "fail")], [(watch("fp16_healthy"), "pass")]),
+    "lr-trajectory": ([(watch("lr_zero_halfway"), "fail")], [(watch("healthy"), "pass")]),
+    "data-wait": ([(watch("slow_loader"), "warn")], [(watch("healthy"), "pass")]),
+    "memory-growth": ([(watch("leaky_total_loss"), "fail")], [(watch("healthy"), "pass")]),
+    "eval-gap": ([(watch("eval_on_train"), "fail")], [(watch("healthy"), "pass")]),
 }
