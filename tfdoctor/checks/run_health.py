@@ -34,6 +34,9 @@ DECAY_WARN_SHARE = 0.10  # the run's last 10% at about 0: more than any decay th
 DECAY_FAIL_SHARE = 0.25  # a quarter of the run's steps changed (almost) nothing
 RISING_TAIL = 0.2  # warm-up never finished: the rate still rising over the run's last 20%
 RISING_MIN_RATIO = 1.05  # by at least 5% (a rate flat within float rounding is not rising)
+# A shorter run is a smoke test (the shipped fixtures/scripts/lightning_correct.py: 20 steps of a
+# 100-step warm-up): a warm-up longer than it is expected there, not a fault.
+WARMUP_MIN_STEPS = 100
 
 # data-wait. healthy.py (TensorDataset, num_workers=0, tiny model on a CPU) waits about 1% of a step
 # for its batch; slow_loader.py (3 ms per row in __getitem__) about half. A GPU idle a fifth of the
@@ -52,8 +55,12 @@ SLOWING_RATIO = 0.5  # the last window rose less than half the average: levellin
 
 # eval-gap. healthy.py evaluates held-out rows: none seen in training; its evaluation loss sits at or
 # above the smoothed training loss once the first steps are past.
-LEAK_WARN_SHARE = 0.05  # a few duplicates between splits happen in real corpora
-LEAK_FAIL_SHARE = 0.25
+# An EvalPoint sums every loss computed between two steps, and nanoGPT's estimate_loss evaluates the
+# train split (rows the loop trains on, by design) beside the val split: the shipped nanogpt_train.py
+# evaluates on its training stream, 17% of its rows trained on over 300 iterations; nanoGPT on
+# shakespeare_char would show about half. Only an evaluation with (nearly) nothing held out is a leak
+# the sums can prove; a partial overlap is reported in the pass.
+LEAK_SHARE = 0.9
 TRAIN_WINDOW = 10  # the training loss around an evaluation: the median of the steps within +-10
 BELOW_MARGIN = 0.05  # evaluation loss more than 5% below that median ...
 BELOW_SHARE = 0.5  # ... at half the evaluations or more (and at least BELOW_MIN_POINTS of them)
@@ -242,6 +249,10 @@ def _warmup_verdict(series: RunSeries, rated, details: dict, seen: str) -> Resul
     if not rising:
         return Result.passed(f"the rate ran between {min(rates):.3g} and {details['peak']:.3g} and ended at "
                              f"{rates[-1]:.3g}{seen}", details)
+    if len(rates) < WARMUP_MIN_STEPS:
+        return Result.passed(f"the rate was still rising at the end of this {len(rates)}-step run ({rates[-1]:.3g}): "
+                             f"a run this short is a smoke test, its warm-up is not judged (from "
+                             f"{WARMUP_MIN_STEPS} steps){seen}", details)
     if ended != "finished":
         how = ended or "how, unknown"
         return Result.passed(f"the rate was still rising when the run was stopped ({how}) at {rates[-1]:.3g}: "
@@ -391,27 +402,27 @@ def eval_gap(series: RunSeries) -> Result:
     below = [(e, train) for e, train in compared if e.loss < train * (1 - BELOW_MARGIN)]
     dropout = bool(series.facts.get("dropout"))
     details = {"evaluations": len(evals), "rows": rows, "trained_rows": trained, "leak_share": share,
-               "leak_warn_share": LEAK_WARN_SHARE, "leak_fail_share": LEAK_FAIL_SHARE, "compared": len(compared),
-               "below": len(below), "below_margin": BELOW_MARGIN, "dropout": dropout,
+               "leak_threshold": LEAK_SHARE, "compared": len(compared), "below": len(below),
+               "below_margin": BELOW_MARGIN, "dropout": dropout,
                "points": [{"step": e.step, "eval": e.loss, "train": train} for e, train in compared]}
-    leaked = next((e for e in evals if e.trained_rows), None)
-    if share >= LEAK_WARN_SHARE:
+    if share >= LEAK_SHARE:
+        leaked = next(e for e in evals if e.trained_rows)
         details["step"] = leaked.step
-        message = (f"{trained} of the {rows} evaluation rows ({share:.0%}) are rows the loop also trained on, "
-                   f"from the evaluation at step {leaked.step}: the evaluation measures memorisation, not "
-                   "generalisation")
-        hint = ("hold the validation rows out before training: split once by index (torch.utils.data."
-                "random_split or a fixed slice) and train only on the other part; deduplicate the corpus "
-                "if the splits share rows by chance")
-        if share >= LEAK_FAIL_SHARE:
-            return Result.failed(message, hint, details)
-        return Result.warned(message, hint, details)
+        return Result.failed(
+            f"{trained} of the {rows} evaluation rows ({share:.0%}) are rows the loop also trained on, from the "
+            f"evaluation at step {leaked.step}: nothing is held out, so the evaluation measures memorisation, "
+            "not generalisation",
+            "hold the validation rows out before training: split once by index (torch.utils.data.random_split "
+            "or a fixed slice) and train only on the other part", details)
     return _below_verdict(series, evals, compared, below, details)
 
 
 def _below_verdict(series: RunSeries, evals, compared, below, details: dict) -> Result:
-    held = (f"none of the {details['rows']} evaluation rows were trained on" if details["rows"]
-            else "the evaluation rows were not fingerprinted")
+    held = ("the evaluation rows were not fingerprinted" if not details["rows"] else
+            f"none of the {details['rows']} evaluation rows were trained on" if not details["trained_rows"] else
+            f"{details['trained_rows']} of the {details['rows']} evaluation rows ({details['leak_share']:.0%}) were "
+            f"also trained on, the rest never (a training-loss estimate beside a validation one does this; "
+            f"a leak is judged from {LEAK_SHARE:.0%})")
     persistent = len(below) >= BELOW_MIN_POINTS and len(below) >= BELOW_SHARE * len(compared)
     details["step"] = below[0][0].step if below else evals[-1].step
     if not persistent:
