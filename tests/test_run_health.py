@@ -130,6 +130,13 @@ def test_lr_at_zero_for_a_tenth_of_the_run_warns_and_plateau_scheduler_only_warn
     assert judge(plateau, "lr-trajectory").status == Status.WARN
 
 
+def test_lr_spike_of_two_steps_is_not_the_peak_the_decay_is_measured_from():
+    # lr_spike.py's schedule: healthy.py's with a factor of 50 for two steps at 150
+    result = judge(rated(300, lambda s: warmup_cosine(s, 20, 300) * (50 if s in (150, 151) else 1)), "lr-trajectory")
+    assert result.status == Status.PASS, result.message
+    assert result.details["peak"] == pytest.approx(3e-3, rel=0.01)
+
+
 def test_lr_stuck_at_zero_fails_at_step_zero():
     result = judge(rated(100, lambda s: 0.0), "lr-trajectory")
     assert result.status == Status.FAIL

@@ -30,6 +30,9 @@ SCALE_FLOOR = 1.0  # a scale below 1 shrinks the loss: the gradients overflow ev
 # schedule: 1 - 2/pi * asin(0.1)), a linear decay to 0 its last 1%; healthy.py's floor of 0.1 none.
 MIN_RATE_STEPS = 20  # fewer steps say nothing about a schedule
 NEAR_ZERO = 0.01  # a rate below this share of the run's peak is "about 0"
+# The run's peak is the highest rate held this many steps in a row: a rate spike of a step or two (the
+# curves fixture lr_spike.py: x50 for two steps) is loss-spike's to judge, not a new peak to decay from.
+PEAK_SPAN = 5
 DECAY_WARN_SHARE = 0.10  # the run's last 10% at about 0: more than any decay that ends at the run's end
 DECAY_FAIL_SHARE = 0.25  # a quarter of the run's steps changed (almost) nothing
 RISING_TAIL = 0.2  # warm-up never finished: the rate still rising over the run's last 20%
@@ -196,7 +199,7 @@ def lr_trajectory(series: RunSeries) -> Result:
         return Result.skipped(f"{len(rated)} steps with a recorded learning rate: too few to judge a "
                               f"schedule (needs {MIN_RATE_STEPS})")
     rates = [rate for _, rate in rated]
-    peak = max(rates)
+    peak = max(min(rates[i:i + PEAK_SPAN]) for i in range(len(rates) - PEAK_SPAN + 1))
     seen = _schedulers(series)
     details = {"steps": len(rated), "peak": peak, "first": rates[0], "last": rates[-1],
                "near_zero": NEAR_ZERO * peak, "schedulers": series.facts.get("schedulers") or []}
@@ -247,8 +250,10 @@ def _warmup_verdict(series: RunSeries, rated, details: dict, seen: str) -> Resul
     details.update({"step": rated[-1][0], "rising_at_end": rising, "tail_start_rate": start,
                     "rising_min_ratio": RISING_MIN_RATIO, "ended": ended})
     if not rising:
-        return Result.passed(f"the rate ran between {min(rates):.3g} and {details['peak']:.3g} and ended at "
-                             f"{rates[-1]:.3g}{seen}", details)
+        brief = (f", {max(rates):.3g} for fewer than {PEAK_SPAN} steps in a row" if max(rates) > details["peak"]
+                 else "")
+        return Result.passed(f"the rate ran between {min(rates):.3g} and {details['peak']:.3g}{brief}, and ended "
+                             f"at {rates[-1]:.3g}{seen}", details)
     if len(rates) < WARMUP_MIN_STEPS:
         return Result.passed(f"the rate was still rising at the end of this {len(rates)}-step run ({rates[-1]:.3g}): "
                              f"a run this short is a smoke test, its warm-up is not judged (from "
