@@ -220,12 +220,22 @@ def test_memory_levelling_off_warns():
     assert judge(series, "memory-growth").status == Status.WARN
 
 
-def test_memory_prefers_cuda_allocated():
+def test_memory_judges_cuda_allocated_first():
     # RSS noisy and level, CUDA allocated rising 1 MiB a step: a GPU leak
     series = RunSeries(rows(200, rss=lambda i: (2000 + (i % 7)) * MIB, cuda_allocated=lambda i: (500 + i) * MIB))
     result = judge(series, "memory-growth")
     assert result.status == Status.FAIL
     assert result.details["signal"] == "cuda_allocated"
+    assert result.details["signals"] == ["cuda_allocated", "rss"]
+
+
+def test_memory_on_a_gpu_still_sees_a_host_leak():
+    # `total_loss += loss` on a GPU: backward() freed the saved activations (CUDA memory level), the
+    # graph's nodes pile up on the host (RSS rises)
+    series = RunSeries(rows(1000, rss=lambda i: (800 * MIB + i * 300 * 1024), cuda_allocated=lambda i: 500 * MIB))
+    result = judge(series, "memory-growth")
+    assert result.status == Status.FAIL
+    assert result.details["signal"] == "rss"
 
 
 def test_memory_too_few_steps_skip():

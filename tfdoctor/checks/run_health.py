@@ -252,8 +252,9 @@ def _warmup_verdict(series: RunSeries, rated, details: dict, seen: str) -> Resul
     if not rising:
         brief = (f", {max(rates):.3g} for fewer than {PEAK_SPAN} steps in a row" if max(rates) > details["peak"]
                  else "")
-        return Result.passed(f"the rate ran between {min(rates):.3g} and {details['peak']:.3g}{brief}, and ended "
-                             f"at {rates[-1]:.3g}{seen}", details)
+        ran = (f"the rate held at {details['peak']:.3g}" if min(rates) == details["peak"] else
+               f"the rate ran between {min(rates):.3g} and {details['peak']:.3g}")
+        return Result.passed(f"{ran}{brief}, and ended at {rates[-1]:.3g}{seen}", details)
     if len(rates) < WARMUP_MIN_STEPS:
         return Result.passed(f"the rate was still rising at the end of this {len(rates)}-step run ({rates[-1]:.3g}): "
                              f"a run this short is a smoke test, its warm-up is not judged (from "
@@ -320,13 +321,38 @@ def _loader_cause(loader: dict, device: str) -> tuple[str, str]:
             "__getitem__: tokenize or decode once ahead of training")
 
 
-def _memory_signal(series: RunSeries) -> tuple[str, list[tuple[int, int]]]:
-    """The memory series to judge: CUDA allocated where the run used a GPU (only live tensors: the
-    cleaner signal), else the process's RSS."""
+def _memory_signals(series: RunSeries) -> dict[str, list[tuple[int, int]]]:
+    """The memory series to judge, CUDA allocated first where the run used a GPU (live tensors only: the
+    cleaner signal), then the process's RSS, which also holds what lives on the host: the autograd
+    graph's nodes that `total_loss += loss` keeps (backward() already freed the activations they saved,
+    so on a GPU that leak shows in RSS, not in CUDA memory)."""
     cuda = [(row.step, row.cuda_allocated) for row in series.steps if row.cuda_allocated]
-    if len(cuda) * 2 >= len(series.steps) and cuda:
-        return "cuda_allocated", cuda
-    return "rss", [(row.step, row.rss) for row in series.steps if row.rss]
+    rss = [(row.step, row.rss) for row in series.steps if row.rss]
+    signals = {"cuda_allocated": cuda} if cuda and len(cuda) * 2 >= len(series.steps) else {}
+    return {**signals, "rss": rss} if rss else signals
+
+
+def _memory_trend(kind: str, points: list[tuple[int, int]]) -> dict | None:
+    """The evidence of one memory series after it settled: MEMORY_WINDOWS window medians, whether each
+    rose over the last, by how much, and where the rise first passed the threshold; None if too short."""
+    settle = max(MEMORY_SETTLE_STEPS, int(len(points) * MEMORY_SETTLE_SHARE))
+    judged = points[settle:]
+    if len(judged) < MEMORY_WINDOWS * 4:
+        return None
+    size = len(judged) // MEMORY_WINDOWS
+    windows = [judged[i * size:(i + 1) * size] for i in range(MEMORY_WINDOWS)]
+    levels = [statistics.median(value for _, value in window) for window in windows]
+    rise = levels[-1] - levels[0]
+    needed = max(GROWTH_MIN_BYTES, GROWTH_MIN_SHARE * levels[0])
+    steady = all(b > a for a, b in zip(levels, levels[1:]))
+    per_step = rise / max(1, windows[-1][size // 2][0] - windows[0][size // 2][0])
+    return {"signal": kind, "step": next((step for step, value in judged if value > levels[0] + needed), judged[-1][0]),
+            "from_step": judged[0][0], "to_step": judged[-1][0], "settled_after_steps": settle,
+            "settled_mib": levels[0] / MIB, "window_levels_mib": [round(level / MIB, 1) for level in levels],
+            "rise_mib": rise / MIB, "needed_mib": needed / MIB, "min_share": GROWTH_MIN_SHARE,
+            "per_step_kib": per_step / 1024, "rising_every_window": steady, "growing": steady and rise >= needed,
+            # levelling off: the last window rose less than SLOWING_RATIO of the average window's rise
+            "slowing": levels[-1] - levels[-2] < SLOWING_RATIO * rise / (MEMORY_WINDOWS - 1)}
 
 
 @check("memory-growth", title="Memory stays level from step to step", inputs=("series",))
@@ -334,43 +360,36 @@ def memory_growth(series: RunSeries) -> Result:
     """Catches memory that rises step after step for the whole run, the way a leak does: most often a
     tensor kept across steps that holds its autograd graph (`total_loss += loss` without `.item()`,
     a list of losses or logits kept for logging), so every step's graph stays alive until the run
-    runs out of memory. Judged on CUDA allocated memory where the run uses a GPU, else on the
-    process's resident memory, after the first steps (allocator, optimizer state) have settled.
+    runs out of memory. Judged after the first steps (allocator, optimizer state) have settled, on CUDA
+    allocated memory where the run uses a GPU and on the process's resident memory (the graph's nodes
+    live on the host).
 
     Fix: keep numbers, not tensors, across steps: `total_loss += loss.item()` (or `loss.detach()`).
     """
-    kind, points = _memory_signal(series)
-    settle = max(MEMORY_SETTLE_STEPS, int(len(points) * MEMORY_SETTLE_SHARE))
-    judged = points[settle:]
-    if len(judged) < MEMORY_WINDOWS * 4:
-        return Result.skipped(f"{len(points)} steps with memory recorded: too few to judge a trend after the "
-                              f"first {settle} (needs {settle + MEMORY_WINDOWS * 4})")
-    size = len(judged) // MEMORY_WINDOWS
-    windows = [judged[i * size:(i + 1) * size] for i in range(MEMORY_WINDOWS)]
-    levels = [statistics.median(value for _, value in window) for window in windows]
-    rise = levels[-1] - levels[0]
-    needed = max(GROWTH_MIN_BYTES, GROWTH_MIN_SHARE * levels[0])
-    steady = all(b > a for a, b in zip(levels, levels[1:]))
-    steps_between = windows[-1][size // 2][0] - windows[0][size // 2][0]
-    per_step = rise / max(1, steps_between)
-    mean_rise = rise / (MEMORY_WINDOWS - 1)
-    slowing = levels[-1] - levels[-2] < SLOWING_RATIO * mean_rise
-    crossed = next((step for step, value in judged if value > levels[0] + needed), judged[-1][0])
-    details = {"signal": kind, "step": crossed, "settled_after_steps": settle, "settled_mib": levels[0] / MIB,
-               "window_levels_mib": [round(level / MIB, 1) for level in levels], "rise_mib": rise / MIB,
-               "needed_mib": needed / MIB, "min_share": GROWTH_MIN_SHARE, "per_step_kib": per_step / 1024,
-               "rising_every_window": steady, "slowing": slowing}
-    name = "CUDA allocated memory" if kind == "cuda_allocated" else "the process's resident memory (RSS)"
-    seen = (f"{name} went {levels[0] / MIB:.0f} -> {levels[-1] / MIB:.0f} MiB over steps {judged[0][0]}-"
-            f"{judged[-1][0]} (window medians {', '.join(f'{v / MIB:.0f}' for v in levels)} MiB)")
-    if not steady or rise < needed:
-        return Result.passed(f"{seen}: level (a steady rise of {needed / MIB:.0f} MiB would be flagged)", details)
-    message = (f"{seen}: it rose in every window, about {per_step / 1024:.0f} KiB per step "
-               f"({per_step * 1e4 / 2 ** 30:.1f} GiB per 10,000 steps), {needed / MIB:.0f} MiB above its settled "
-               f"level by step {crossed}")
+    signals = _memory_signals(series)
+    trends = [trend for trend in (_memory_trend(kind, points) for kind, points in signals.items()) if trend]
+    if not trends:
+        counted = max((len(points) for points in signals.values()), default=0)
+        return Result.skipped(f"{counted} steps with memory recorded: too few to judge a trend once the first "
+                              f"steps settled (needs {MEMORY_SETTLE_STEPS + MEMORY_WINDOWS * 4})")
+    # the first growing signal (CUDA before RSS), else the first one
+    details = next((trend for trend in trends if trend["growing"]), trends[0])
+    details["signals"] = [trend["signal"] for trend in trends]
+    name = ("CUDA allocated memory" if details["signal"] == "cuda_allocated"
+            else "the process's resident memory (RSS)")
+    levels = details["window_levels_mib"]
+    seen = (f"{name} went {levels[0]:.0f} -> {levels[-1]:.0f} MiB over steps {details['from_step']}-"
+            f"{details['to_step']} (window medians {', '.join(f'{v:.0f}' for v in levels)} MiB)")
+    if not details["growing"]:
+        return Result.passed(f"{seen}: level (a steady rise of {details['needed_mib']:.0f} MiB would be flagged)",
+                             details)
+    per_step = details["per_step_kib"]
+    message = (f"{seen}: it rose in every window, about {per_step:.0f} KiB per step ({per_step * 1e4 / 2 ** 20:.1f} "
+               f"GiB per 10,000 steps), {details['needed_mib']:.0f} MiB above its settled level by step "
+               f"{details['step']}")
     hint = ("a tensor kept across steps keeps its graph alive, most often `total_loss += loss`: accumulate "
             "`loss.item()` (or `loss.detach()`), and the same for metrics, logits or outputs kept in lists")
-    if slowing:
+    if details["slowing"]:
         return Result.warned(message + "; the rise is slowing, so it may level off", hint, details)
     return Result.failed(message, hint, details)
 
