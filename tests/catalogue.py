@@ -10,6 +10,8 @@ session by tests/conftest.py, so the table adds no run of its own):
                                                 tests/test_trainloop.py's matrix, EXPECTED there)
   ranks(NAME)                                   the rank checks on 2 ranks of fixtures/scripts/ddp_NAME.py
                                                 (rank_digests; tests/test_ranks.py)
+  watch(NAME, *ARGS)                            the run judges on a watched run of fixtures/watch/NAME.py
+                                                (watch_audit; tests/test_curves.py, tests/test_run_health.py)
 """
 
 MASK = ("future-leak", "mask-direction")  # tests/test_masking.py's table
@@ -36,6 +38,10 @@ def ranks(name: str) -> tuple:
     return ("ranks", name)
 
 
+def watch(name: str, *args: str) -> tuple:
+    return ("watch", name, *args)
+
+
 def name(case: tuple) -> str:
     """A case as a short test id: gpt_triu_mask, loops/no_zero_grad, ddp_rank0_clip."""
     kind, target = case[0], case[1]
@@ -43,6 +49,8 @@ def name(case: tuple) -> str:
         return f"loops/{target}"
     if kind == "ranks":
         return f"ddp_{target}"
+    if kind == "watch":
+        return "watch/" + " ".join(case[1:])
     train = f"+loops/{case[3]}" if case[3] else ""
     options = "".join(f"[{k}]" for k, _ in case[4]) if case[4] else ""
     return f"{target}{train}{options}"

@@ -15,7 +15,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest  # noqa: E402
 
-from helpers import audit_loop, checks_on, run_ranks, tfdoctor
+from helpers import ROOT, audit_loop, checks_on, run_ranks, tfdoctor
 
 
 @pytest.fixture(autouse=True)
@@ -90,6 +90,30 @@ def rank_digests(tmp_path_factory):
         return cache[name]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def watch_audit(tmp_path_factory):
+    """audit(name, *args): the Report of a watched run of fixtures/watch/NAME.py with ARGS, made in this
+    process (watch_script, then every run judge), once per session whichever worker asks first.
+    `RunSeries.from_dict(report.series)` is the run's series."""
+    folder, cache = _session_folder(tmp_path_factory), {}
+
+    def audit(name: str, *args: str):
+        key = (name, *args)
+        if key not in cache:
+            cache[key] = _once_per_session(folder / ("watch-" + "-".join(key).replace("/", "_")),
+                                           lambda: watched(name, *args))
+        return cache[key]
+
+    return audit
+
+
+def watched(name: str, *args: str):
+    from tfdoctor.watching.judging import watched_report
+    from tfdoctor.watching.script import watch_script
+
+    return watched_report(watch_script(str(ROOT / "fixtures" / "watch" / f"{name}.py"), args=tuple(args)))
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ def _rows():
 
 
 @pytest.fixture
-def judged(report_of, loop_audit, rank_digests):
+def judged(report_of, loop_audit, rank_digests, watch_audit):
     """case -> check id -> Result, from the family's shared run of the case."""
     from helpers import judge_ranks
 
@@ -27,6 +27,8 @@ def judged(report_of, loop_audit, rank_digests):
             return report_of(fixture, checks, train=train, **dict(fields))
         if kind == "loop":
             return loop_audit(case[1])
+        if kind == "watch":
+            return watch_audit(*case[1:])
         return judge_ranks(rank_digests(case[1]))
 
     return run

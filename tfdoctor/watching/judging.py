@@ -8,7 +8,7 @@ import time
 import traceback
 
 from tfdoctor.registry import select
-from tfdoctor.result import Result
+from tfdoctor.result import Report, Result
 from tfdoctor.watching.series import RunSeries
 
 
@@ -33,3 +33,15 @@ def judge_run(series: RunSeries, only=None, skip=None, listener=None) -> list[Re
         if listener is not None:
             listener("result", result)
     return results
+
+
+def watched_report(run, only=None, skip=None, listener=None) -> Report:
+    """The Report of a watched run (watching/script.WatchedRun): the judges' results, the series, and
+    how the run ended under "discovered"."""
+
+    results = judge_run(run.series, only, skip, listener=listener)
+    report = Report(f"watch {run.name}", results, series=run.series.to_dict())
+    report.discovered = {"steps": len(run.series), "ended": run.ended, "seconds": round(run.seconds, 3)}
+    if run.error is not None:
+        report.discovered["error"] = f"{type(run.error).__name__}: {run.error}" + (f" at {run.where}" if run.where else "")
+    return report

@@ -1,0 +1,169 @@
+"""Puts the watch monitor's hooks and patches in place, process-wide, and takes every one off again
+in `finally` (also when the run raises or is stopped). Each is a call made a few times per step at
+most, never per torch operation: see monitor.py for what each one records."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from tfdoctor.watching.monitor import Monitor
+
+# cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+# and nll_loss(input, target, weight, size_average, ignore_index, reduce, reduction): positions.
+_IGNORE_AT, _REDUCTION_AT = 4, 6
+
+
+@contextlib.contextmanager
+def watching(monitor: Monitor) -> Iterator[Monitor]:
+    from torch.nn.modules.module import register_module_forward_pre_hook
+    from torch.optim import lr_scheduler
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    from torch.utils.data import dataloader
+
+    patches: list[tuple[Any, str, Any]] = []
+    handles: list = []
+
+    def patch(owner, attr: str, make: Callable) -> None:
+        original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr, None)
+        if original is None:
+            return
+        patches.append((owner, attr, original))
+        setattr(owner, attr, make(original))
+
+    stepping: list = []  # the optimizer steps under way: a post hook closes the watched one's row
+
+    def pre(optimizer, args, kwargs) -> None:
+        stepping.append(monitor.step_begins(optimizer))
+        if monitor.model is not None and everything in handles:  # just bound: hook the model alone from now
+            handles.remove(everything)
+            everything.remove()
+            handles.append(monitor.model.register_forward_pre_hook(monitor.forward_called, with_kwargs=True))
+
+    def post(optimizer, args, kwargs) -> None:
+        if stepping and stepping.pop():
+            monitor.step_ended()
+
+    try:
+        for name in ("cross_entropy", "nll_loss"):
+            patch(F, name, lambda original: _loss(monitor, original))
+        patch(torch.Tensor, "backward", lambda original: _backward(monitor, original))
+        for owner in (torch.nn.utils, torch.nn.utils.clip_grad):
+            patch(owner, "clip_grad_norm_", lambda original: _returns_norm(monitor, original))
+        patch(torch.nn.utils, "get_total_norm", lambda original: _returns_norm(monitor, original))
+        for name in ("scale", "unscale_", "step", "update"):
+            patch(torch.amp.GradScaler, name, lambda original, n=name: _scaler(monitor, n, original))
+        patch(dataloader.DataLoader, "__iter__", _tagged_iterator)
+        patch(dataloader._BaseDataLoaderIter, "__next__", lambda original: _timed_next(monitor, original))
+        patch(lr_scheduler.LRScheduler, "__init__", lambda original: _scheduler_init(monitor, original))
+        # every module's calls until the first step tells which module is the model (monitor._bind)
+        everything = register_module_forward_pre_hook(lambda module, args: monitor.forward_called(module, args, {}))
+        handles += [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post), everything]
+        yield monitor
+    finally:
+        for handle in reversed(handles):
+            handle.remove()
+        for owner, attr, original in reversed(patches):
+            setattr(owner, attr, original)
+
+
+def _loss(monitor: Monitor, original: Callable) -> Callable:
+    def loss(input, target, *args, **kwargs):
+        out = original(input, target, *args, **kwargs)
+        if isinstance(input, torch.Tensor):
+            reduction = kwargs.get("reduction", args[_REDUCTION_AT - 2] if len(args) > _REDUCTION_AT - 2 else "mean")
+            ignore = kwargs.get("ignore_index", args[_IGNORE_AT - 2] if len(args) > _IGNORE_AT - 2 else -100)
+            if kwargs.get("reduce") is False or kwargs.get("size_average") is not None:
+                reduction = "legacy"  # the legacy flags: leave the value as it is
+            if reduction != "legacy":
+                monitor.loss_called(out, input, target, reduction, ignore)
+        return out
+
+    loss.__wrapped__ = original
+    return loss
+
+
+def _backward(monitor: Monitor, original: Callable) -> Callable:
+    def backward(self, *args, **kwargs):
+        monitor.backward_called(self)
+        return original(self, *args, **kwargs)
+
+    backward.__wrapped__ = original
+    return backward
+
+
+def _returns_norm(monitor: Monitor, original: Callable) -> Callable:
+    def measured(*args, **kwargs):
+        norm = original(*args, **kwargs)
+        monitor.clip_returned(norm)
+        return norm
+
+    measured.__wrapped__ = original
+    return measured
+
+
+def _scaler(monitor: Monitor, name: str, original: Callable) -> Callable:
+    def scale(scaler, outputs):
+        out = original(scaler, outputs)
+        monitor.scale_called(scaler, out)
+        return out
+
+    def unscale_(scaler, optimizer):
+        monitor.unscaled = True
+        return original(scaler, optimizer)
+
+    def step(scaler, optimizer, *args, **kwargs):
+        before = len(monitor.series) + (monitor.pending is not None)
+        out = original(scaler, optimizer, *args, **kwargs)
+        watched = monitor.main is None or optimizer is monitor.main or getattr(optimizer, "optimizer", None) is monitor.main
+        if getattr(scaler, "_enabled", False) and watched and len(monitor.series) + (monitor.pending is not None) == before:
+            if monitor.main is None:  # skipped before any step was seen: this is the watched optimizer
+                monitor.main = getattr(optimizer, "optimizer", optimizer)
+            monitor.step_ended(skipped=True)  # found inf/NaN: the optimizer step did not run
+        return out
+
+    def update(scaler, *args, **kwargs):
+        out = original(scaler, *args, **kwargs)
+        monitor.scale_updated(scaler)
+        return out
+
+    wrapper = {"scale": scale, "unscale_": unscale_, "step": step, "update": update}[name]
+    wrapper.__wrapped__ = original
+    return wrapper
+
+
+def _tagged_iterator(original: Callable) -> Callable:
+    def __iter__(loader):
+        iterator = original(loader)
+        try:
+            iterator._tfdoctor_loader = loader  # the iterator keeps no reference to its loader
+        except AttributeError:
+            pass
+        return iterator
+
+    __iter__.__wrapped__ = original
+    return __iter__
+
+
+def _timed_next(monitor: Monitor, original: Callable) -> Callable:
+    def __next__(iterator):
+        started = time.perf_counter()
+        batch = original(iterator)  # StopIteration at an epoch's end is no batch
+        monitor.batch_waited(getattr(iterator, "_tfdoctor_loader", iterator), time.perf_counter() - started)
+        return batch
+
+    __next__.__wrapped__ = original
+    return __next__
+
+
+def _scheduler_init(monitor: Monitor, original: Callable) -> Callable:
+    def __init__(scheduler, *args, **kwargs):
+        original(scheduler, *args, **kwargs)
+        monitor.scheduler_made(scheduler)
+
+    __init__.__wrapped__ = original
+    return __init__

@@ -1,0 +1,395 @@
+"""The watch monitor: what a whole training run really does, one StepRow per optimizer step, light
+enough to leave on for days.
+
+`check` and `run` record the first steps with a TorchFunctionMode that sees every torch call; that
+costs far more than the 3% of step time a monitor may take, so the monitor sees only calls made once
+or a few times per step (watching/hooks.py installs them):
+- optimizer steps: the global step pre/post hooks (the rates used, the gradient norm, the step's end);
+- the loss: `F.cross_entropy` / `F.nll_loss` calls (an nn loss calls them too; a Hugging Face model's
+  loss as well), the unscaled value whatever the loop backpropagates; `Tensor.backward` delimits the
+  micro-batches and stands in for a loss that is not a cross-entropy;
+- `clip_grad_norm_`: its return value is the pre-clip global norm (no second pass over the gradients);
+- GradScaler's scale / unscale_ / step / update: the scale, and steps it skipped;
+- the DataLoader iterator's `__next__`: the time spent waiting for a batch;
+- the trained model's forward (a pre-hook on the one model, bound at the first step): its tokens, and
+  fingerprints of its rows, so an evaluation on rows the loop trained on is seen.
+
+Values stay tensors until the step after theirs ends (`_finalise` runs one step late), so a GPU run
+is not made to wait for its own queue at every step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Callable, Optional
+
+import torch
+
+from tfdoctor.watching.series import EvalPoint, RunSeries, StepRow
+
+# Fingerprints of trained rows kept to tell an evaluation on training rows: ~70 bytes each in a set,
+# so a run of any length holds at most ~70 MB for them. Past it, later rows are not remembered.
+MAX_TRAIN_FINGERPRINTS = 1 << 20
+
+
+class StopWatching(BaseException):
+    """Raised out of the optimizer step once --max-steps / --max-time is reached (a BaseException, so
+    the script's own `except Exception` lets it through as it lets Ctrl-C through)."""
+
+
+class Monitor:
+    """The state the hooks record into; `series` is the run so far. `on_row(row)` hears each step as it
+    is finalised (the live view, a callback's findings); `max_steps` / `max_time` stop the run."""
+
+    def __init__(self, on_row: Optional[Callable[[StepRow], None]] = None, max_steps: Optional[int] = None,
+                 max_time: Optional[float] = None, stop: bool = True) -> None:
+        import psutil
+
+        self.series = RunSeries()
+        self.on_row = on_row
+        self.max_steps, self.max_time, self.stop = max_steps, max_time, stop
+        self.process = psutil.Process(os.getpid())
+        self.started = self.last_close = time.perf_counter()
+        self.stopped: Optional[str] = None  # "max-steps" | "max-time" once the stop was raised
+        self.main: Optional[torch.optim.Optimizer] = None  # the optimizer whose steps are the rows
+        self.model: Optional[torch.nn.Module] = None  # the trained model, bound at the first step
+        self.candidates: list[torch.nn.Module] = []  # modules called under grad before the first step
+        self._reset_step()
+        self.pending: Optional[dict] = None  # the last closed step, finalised when the next one closes
+        self.eval_losses: list[torch.Tensor] = []
+        self.eval_at = 0
+        self.eval_prints: list[torch.Tensor] = []
+        self.eval_rows: list[tuple[int, list[torch.Tensor]]] = []  # (eval point index, fingerprints)
+        self.trained: set[int] = set()
+        self.train_prints: list[torch.Tensor] = []
+        self.scaled: dict[int, float] = {}  # id of a tensor scaler.scale() returned -> the scale then
+        self.scaler_seen = False
+        self.unscaled = False  # scaler.unscale_ ran since the last step
+        self.loaders: dict[int, dict] = {}  # DataLoader id -> {facts, batches, wait, trains}
+        self.last_loader: Optional[int] = None
+        self.schedulers: list[dict] = []
+        self.vocab: Optional[int] = None
+        self._weights: Optional[torch.Tensor] = None  # the fingerprint's random weights, per device
+        self.busy = False  # our own tensor work is not the loop's
+
+    def _reset_step(self) -> None:
+        self.micro: list[Any] = []  # each micro-batch's loss (tensor or float)
+        self.ce_train: list[torch.Tensor] = []  # training cross-entropies since the last backward
+        self.clip_norm: Any = None
+        self.tokens = 0
+        self.wait: dict[int, float] = {}  # loader id -> seconds waited in this step
+
+    # ------------------------------------------------------------------ what the hooks call
+
+    def loss_called(self, value: torch.Tensor, logits: torch.Tensor, target: Any, reduction: str,
+                    ignore_index: int) -> None:
+        """A cross-entropy (or NLL) was computed: a training loss when it carries a graph, else an
+        evaluation loss. Reduced to a per-token mean whatever `reduction` the caller asked for."""
+        if self.busy or not isinstance(value, torch.Tensor):
+            return
+        self.busy = True
+        try:
+            with torch.no_grad():
+                mean = value.detach().float()
+                if reduction != "mean" and isinstance(target, torch.Tensor) and not target.is_floating_point():
+                    counted = (target != ignore_index).sum().clamp(min=1)
+                    mean = mean.sum() / counted
+                elif mean.dim() > 0:
+                    mean = mean.mean()
+            if logits.dim() >= 2 and self.vocab is None:
+                self.vocab = int(logits.shape[1])
+            if value.requires_grad:
+                self.ce_train.append(mean)
+            else:
+                if not self.eval_losses:  # the steps done when this evaluation began
+                    self.eval_at = len(self.series) + (self.pending is not None)
+                self.eval_losses.append(mean)
+        finally:
+            self.busy = False
+
+    def backward_called(self, loss: torch.Tensor) -> None:
+        """One micro-batch ends: its loss is the cross-entropy computed for it, else the tensor
+        backpropagated (divided by the GradScaler's scale when scaler.scale() made it)."""
+        if self.busy:
+            return
+        if self.ce_train:
+            value = self.ce_train[0] if len(self.ce_train) == 1 else torch.stack(self.ce_train).mean()
+        elif loss.numel() == 1:
+            value = loss.detach().float().reshape(())
+            scale = self.scaled.get(id(loss))
+            if scale:
+                value = value / scale
+        else:
+            value = None
+        if value is not None:
+            self.micro.append(value)
+        self.ce_train = []
+
+    def forward_called(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if self.busy:
+            return
+        ids = _token_ids(args, kwargs)
+        if self.model is None:  # before the first step: which module is the model (the outermost)
+            if torch.is_grad_enabled() and module not in self.candidates:
+                self.candidates.append(module)
+            return
+        if ids is None:
+            return
+        training = torch.is_grad_enabled() and module.training
+        self.busy = True
+        try:
+            prints = self._fingerprints(ids)
+        finally:
+            self.busy = False
+        if training:
+            self.tokens += ids.numel()
+            self.train_prints.append(prints)
+            if self.last_loader in self.loaders:
+                self.loaders[self.last_loader]["trains"] = True
+        else:
+            self.eval_prints.append(prints)
+
+    def batch_waited(self, loader: Any, seconds: float) -> None:
+        key = id(loader)
+        held = self.loaders.get(key)
+        if held is None:
+            self.loaders[key] = held = {"batches": 0, "wait": 0.0, "trains": False, "facts": _loader_facts(loader)}
+        held["batches"] += 1
+        held["wait"] += seconds
+        self.last_loader = key
+        self.wait[key] = self.wait.get(key, 0.0) + seconds
+
+    def clip_returned(self, norm: Any) -> None:
+        if self.clip_norm is None and isinstance(norm, torch.Tensor):
+            norm = norm.detach().float()
+            if self.scaler_seen and not self.unscaled and self.last_scale:
+                norm = norm / self.last_scale  # clipped before unscale_: the norm of scaled gradients
+            self.clip_norm = norm
+
+    last_scale: Optional[float] = None
+
+    def scale_called(self, scaler: Any, out: Any) -> None:
+        self.scaler_seen = True
+        if isinstance(out, torch.Tensor) and getattr(scaler, "_enabled", False):
+            self.last_scale = float(scaler.get_scale())
+            self.scaled = {id(out): self.last_scale}
+
+    def step_begins(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Before `optimizer.step`: whether it is the watched optimizer (then the rates and gradient
+        norms of this step are read now, before the update)."""
+        if self.main is None or (optimizer is not self.main and len(self.series) + bool(self.pending) < 3
+                                 and _count(optimizer) > _count(self.main)):
+            self.main = optimizer
+            if self.model is None:
+                self._bind(optimizer)
+        if optimizer is not self.main:
+            return False
+        self.lrs = [float(group["lr"]) for group in optimizer.param_groups]
+        self.group_norms = self._group_norms(optimizer)
+        return True
+
+    def step_ended(self, skipped: bool = False) -> None:
+        """The watched optimizer's step ended (or the GradScaler skipped it): close the row."""
+        now = time.perf_counter()
+        if skipped:
+            self.lrs = [float(group["lr"]) for group in self.main.param_groups] if self.main else []
+            self.group_norms = []
+        trains = {key for key, held in self.loaders.items() if held["trains"]}
+        closed = {"micro": self.micro, "clip": self.clip_norm, "groups": self.group_norms, "lrs": self.lrs,
+                  "skipped": skipped, "wall": now - self.last_close, "tokens": self.tokens,
+                  "wait": sum(s for key, s in self.wait.items() if key in trains or not trains and key == self.last_loader),
+                  "batches": sum(held["batches"] for key, held in self.loaders.items() if key in trains),
+                  "rss": self.process.memory_info().rss, "cuda": _cuda_memory(),
+                  "scale": None, "index": len(self.series) + (self.pending is not None)}
+        self.last_close = now
+        self._reset_step()
+        self.unscaled = False
+        if self.pending is not None:
+            self._finalise(self.pending)
+        self.pending = closed
+        self._check_stop(now)
+
+    def scale_updated(self, scaler: Any) -> None:
+        if self.pending is not None and getattr(scaler, "_enabled", False):
+            self.pending["scale"] = float(scaler.get_scale())
+
+    def scheduler_made(self, scheduler: Any) -> None:
+        settings = {k: v for k, v in vars(scheduler).items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("_")}
+        self.schedulers.append({"name": type(scheduler).__name__, **settings})
+
+    # ------------------------------------------------------------------ the series
+
+    def finish(self, ended: str) -> RunSeries:
+        """The run ended (`ended`: finished | max-steps | max-time | exit | raised): finalise the last
+        step, resolve which evaluated rows were trained on, and fill in the facts."""
+        self._close_eval()
+        return self.so_far(ended)
+
+    def so_far(self, ended: str = "running") -> RunSeries:
+        """The series up to the last step that ended, its facts filled in: a callback judges the run
+        while it goes on (facts["ended"] == "running": judges that need the run's end wait for it)."""
+        if self.pending is not None:
+            self._finalise(self.pending)
+            self.pending = None
+        self._resolve_eval_rows()
+        facts = self.series.facts
+        facts.update(ended=ended, seconds=time.perf_counter() - self.started, max_steps=self.max_steps,
+                     vocab=self.vocab, schedulers=self.schedulers, scaler=self.scaler_seen,
+                     device=_device_of(self.main), dropout=_has_dropout(self.model))
+        trains = [held for held in self.loaders.values() if held["trains"]]
+        if trains:
+            facts["loader"] = max(trains, key=lambda held: held["batches"])["facts"]
+        return self.series
+
+    def _finalise(self, closed: dict) -> None:
+        self._close_eval()
+        micro = [_number(m) for m in closed["micro"]]
+        finite = [m for m in micro if m is not None]
+        groups = [_number(g) for g in closed["groups"]]
+        norm = _number(closed["clip"]) if closed["clip"] is not None else (
+            math.sqrt(sum(g * g for g in groups)) if groups and all(math.isfinite(g) for g in groups)
+            else (math.inf if groups else None))
+        if closed["clip"] is not None and groups and all(math.isfinite(g) for g in groups):
+            after = math.sqrt(sum(g * g for g in groups))  # the groups were measured after the clip
+            groups = [g * norm / after for g in groups] if after > 0 and norm is not None and math.isfinite(norm) else groups
+        if closed["skipped"] and norm is None:
+            norm = math.inf
+        allocated, reserved = closed["cuda"]
+        row = StepRow(step=closed["index"], loss=sum(finite) / len(finite) if finite else None,
+                      micro_losses=finite, grad_norm=norm, group_norms=groups, lrs=closed["lrs"],
+                      scale=closed["scale"], skipped=closed["skipped"], wall=closed["wall"], data_wait=closed["wait"],
+                      tokens=closed["tokens"] or None, rss=closed["rss"], cuda_allocated=allocated,
+                      cuda_reserved=reserved, batches=closed["batches"])
+        self.series.steps.append(row)
+        for prints in self.train_prints:
+            if len(self.trained) < MAX_TRAIN_FINGERPRINTS:
+                self.trained.update(prints.tolist())
+        self.train_prints = []
+        if self.on_row is not None:
+            self.on_row(row)
+
+    def _close_eval(self) -> None:
+        """The evaluation losses met since the last step become one EvalPoint at the steps done then."""
+        if not self.eval_losses:
+            self.eval_prints = []
+            return
+        values = [_number(v) for v in self.eval_losses]
+        finite = [v for v in values if v is not None and math.isfinite(v)]
+        point = EvalPoint(step=self.eval_at, loss=sum(finite) / len(finite) if finite else math.nan, calls=len(values))
+        self.series.evals.append(point)
+        if self.eval_prints:
+            self.eval_rows.append((len(self.series.evals) - 1, self.eval_prints))
+        self.eval_losses, self.eval_prints = [], []
+
+    def _resolve_eval_rows(self) -> None:
+        for prints in self.train_prints:
+            self.trained.update(prints.tolist())
+        self.train_prints = []
+        for index, prints in self.eval_rows:
+            rows = [p for tensor in prints for p in tensor.tolist()]
+            point = self.series.evals[index]
+            point.rows, point.trained_rows = len(rows), sum(1 for p in rows if p in self.trained)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _bind(self, optimizer: torch.optim.Optimizer) -> None:
+        """The trained model: the first module called under grad (pre-hooks fire outermost first) that
+        holds most of the optimizer's parameters. watching/hooks.py then hooks it alone."""
+        params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for module in self.candidates:
+            own = {id(p) for p in module.parameters()}
+            if params and len(own & params) * 2 >= len(params):
+                self.model = module
+                break
+        self.candidates = []
+
+    def _group_norms(self, optimizer: torch.optim.Optimizer) -> list:
+        self.busy = True
+        try:
+            norms = []
+            with torch.no_grad():
+                for group in optimizer.param_groups:
+                    grads = [p.grad for p in group["params"] if p.grad is not None and not p.grad.is_sparse]
+                    if not grads:
+                        norms.append(0.0)
+                        continue
+                    per = torch._foreach_norm(grads) if hasattr(torch, "_foreach_norm") else [g.norm() for g in grads]
+                    norms.append(torch.linalg.vector_norm(torch.stack([n.float().to(per[0].device) for n in per])))
+            return norms
+        finally:
+            self.busy = False
+
+    def _fingerprints(self, ids: torch.Tensor) -> torch.Tensor:
+        """One int64 per row of `ids` (B, T): a random linear hash computed where the ids live."""
+        with torch.no_grad():
+            rows = ids.reshape(ids.shape[0], -1) if ids.dim() > 1 else ids.reshape(1, -1)
+            T = rows.shape[1]
+            if self._weights is None or self._weights.numel() < T or self._weights.device != rows.device:
+                g = torch.Generator().manual_seed(20261202)
+                self._weights = torch.randint(1, 2 ** 31, (max(T, 256),), generator=g, dtype=torch.int64).to(rows.device)
+            return (rows.long() * self._weights[:T]).sum(-1) * 31 + T
+
+    def _check_stop(self, now: float) -> None:
+        if not self.stop or self.stopped:
+            return
+        done = len(self.series) + (self.pending is not None)
+        if self.max_steps is not None and done >= self.max_steps:
+            self.stopped = "max-steps"
+        elif self.max_time is not None and now - self.started >= self.max_time:
+            self.stopped = "max-time"
+        if self.stopped:
+            raise StopWatching(self.stopped)
+
+
+def _count(optimizer) -> int:
+    return sum(p.numel() for group in optimizer.param_groups for p in group["params"])
+
+
+def _number(value) -> Optional[float]:
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        value = value.item()
+    return float(value)
+
+
+def _token_ids(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
+    """The model's token ids: `input_ids=`, else the first integer tensor argument."""
+    ids = kwargs.get("input_ids")
+    if isinstance(ids, torch.Tensor):
+        return ids
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and not value.is_floating_point() and value.dtype != torch.bool \
+                and value.dim() >= 1:
+            return value
+    return None
+
+
+def _loader_facts(loader) -> dict:
+    return {"num_workers": int(getattr(loader, "num_workers", 0) or 0),
+            "pin_memory": bool(getattr(loader, "pin_memory", False)),
+            "batch_size": getattr(loader, "batch_size", None), "name": type(loader).__name__}
+
+
+def _cuda_memory() -> tuple[Optional[int], Optional[int]]:
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None, None
+    return int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())
+
+
+def _device_of(optimizer) -> str:
+    if optimizer is None:
+        return "cpu"
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            return str(p.device)
+    return "cpu"
+
+
+def _has_dropout(model) -> bool:
+    if model is None:
+        return False
+    return any("Dropout" in type(m).__name__ and float(getattr(m, "p", 0) or 0) > 0 for m in model.modules())

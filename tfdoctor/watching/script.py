@@ -1,0 +1,105 @@
+"""The script driver of the watch monitor (`tfdoctor watch`): run an unmodified training script as
+__main__, as `python train.py ARGS` or `python -m pkg.mod ARGS` would, with the monitor's hooks
+installed, to its end or to --max-steps / --max-time, and hand back the run's series."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from tfdoctor.errors import InternalError, LoadError, first_line
+from tfdoctor.sites import raised_at, raised_in_tfdoctor
+from tfdoctor.watching.series import RunSeries, StepRow
+
+
+class WatchError(LoadError):
+    """The script could not be watched: not found, or it ended before its first optimizer step."""
+
+
+@dataclass
+class WatchedRun:
+    series: RunSeries
+    name: str  # the script as the user named it
+    ended: str  # finished | max-steps | max-time | exit | raised
+    seconds: float
+    error: Optional[BaseException] = None
+    where: str = ""  # the script's line that raised or exited, when it did
+
+
+def watch_script(path: Optional[str] = None, module: Optional[str] = None, args: tuple = (),
+                 max_steps: Optional[int] = None, max_time: Optional[float] = None,
+                 on_row: Optional[Callable[[StepRow], None]] = None) -> WatchedRun:
+    """Run the script (a file `path` or a module `module`) with `args`, watched, and return its series.
+    Raises WatchError when it cannot start or takes no optimizer step; a KeyboardInterrupt propagates
+    (the series so far is lost: the supervisor reports the interruption)."""
+    import torch  # noqa: F401 - before the hooks: the script's own import must find it loaded
+
+    from tfdoctor.watching.hooks import watching
+    from tfdoctor.watching.monitor import Monitor, StopWatching
+
+    if (path is None) == (module is None):
+        raise ValueError("give a path or a module")
+    if path is not None and not os.path.isfile(path):
+        raise WatchError(f"script not found: {path}", "give the path of a Python file, or -m package.module")
+    name = path if path is not None else f"-m {module}"
+    if module is not None:
+        import importlib.util
+
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            found = None
+        if found is None:
+            raise WatchError(f"module not found: {module}", "run from the folder that holds it, or give a path")
+    monitor = Monitor(on_row=on_row, max_steps=max_steps, max_time=max_time)
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [path if path is not None else module, *args]
+    if path is not None:  # `python train.py` puts the script's folder first on sys.path
+        sys.path[0:1] = [os.path.dirname(os.path.abspath(path))]
+    ended, error = "finished", None
+    started = time.perf_counter()
+    try:
+        with watching(monitor):
+            if path is not None:
+                runpy.run_path(path, run_name="__main__")
+            else:
+                runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except StopWatching as stop:
+        ended = str(stop)
+    except SystemExit as exc:
+        ended, error = ("finished", None) if exc.code in (None, 0) else ("exit", exc)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # the script's own error: named in the report, never a traceback
+        ours = raised_in_tfdoctor(exc)
+        if ours is not None:
+            raise InternalError(f"at {ours}, while {os.path.basename(path or module)} ran: {first_line(exc)}; "
+                                "not your script's fault") from exc
+        ended, error = "raised", exc
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    if monitor.stopped and ended != monitor.stopped:  # the script caught the stop and ended on its own
+        ended = monitor.stopped
+    series = monitor.finish(ended)
+    run = WatchedRun(series, name, ended, time.perf_counter() - started, error,
+                     raised_at(error) if error is not None else "")
+    if not series.steps:
+        _refuse_unwatched(run)
+    return run
+
+
+def _refuse_unwatched(run: WatchedRun) -> None:
+    where = f" at {run.where}" if run.where else ""
+    if run.ended == "raised":
+        raise WatchError(f"{run.name} raised {type(run.error).__name__}: {run.error}{where} before its first "
+                         "optimizer step", "fix the script so that `python` runs it (TFDOCTOR_DEBUG=1 shows "
+                                           "the traceback)") from run.error
+    if run.ended == "exit":
+        raise WatchError(f"{run.name} called sys.exit({run.error.code!r}){where} before its first optimizer step",
+                         "check the script's arguments (give them after --)") from run.error
+    raise WatchError(f"{run.name} ended without an optimizer step, so there is no run to watch",
+                     "give it arguments that make it train (after --)")
