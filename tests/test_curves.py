@@ -40,7 +40,7 @@ def test_rate_spike_is_named_at_the_step_after_the_spiked_updates(spiked):
     # lr_spike.py multiplies the rate of the updates of steps 150 and 151; a step's loss is measured
     # before its own update, so the damage shows from step 151 on
     assert 151 <= result.details["step"] <= 152
-    assert result.details["excess"] > curves.SPIKE_Z * result.details["band_spread"]
+    assert result.details["z"] > curves.SPIKE_Z and result.details["excess"] > curves.SPIKE_REL * 1.8
     assert result.details["lr_ratio"] >= 10  # the evidence names the rate that jumped
     assert result.details["grad_norm_ratio"] >= curves.MOVED_RATIO
     assert result.details["batch"] == result.details["step"] + 1  # one DataLoader batch per step
@@ -137,6 +137,27 @@ def test_a_planted_spike_fires_at_its_step_and_only_there():
     assert result.details["batch"] == 201
     series.steps[200].loss += 0.6  # now it undoes more than half the progress
     assert curves.loss_spike(series).status.value == "fail"
+
+
+def test_spike_evidence_names_a_falling_scaler_scale_and_a_quiet_gradient():
+    series = noisy_run()
+    for row in series.steps:
+        row.scale = 65536.0 if row.step < 180 else 32768.0  # the scaler halved at step 180's update
+    series.steps[180].loss += 1.0
+    result = curves.loss_spike(series)
+    assert result.details["step"] == 180
+    assert (result.details["scale_before"], result.details["scale"]) == (65536.0, 32768.0)
+    assert "65536 -> 32768" in result.message
+    assert result.details["grad_norm_ratio"] < curves.MOVED_RATIO  # the norm stayed put:
+    assert "inspect batch 181 itself" in result.hint  # so the batch is the suspect
+
+
+def test_a_warmup_is_no_rate_jump():
+    series = noisy_run(warmup=200)
+    series.steps[150].loss += 1.0  # mid-warm-up: each rate is above the band's, by a few percent
+    result = curves.loss_spike(series)
+    assert result.details["step"] == 150 and result.details["lr_ratio"] < curves.MOVED_RATIO
+    assert "schedule" not in result.hint
 
 
 def test_noise_on_a_loss_near_zero_is_no_spike():
