@@ -468,8 +468,9 @@ def grad_norm_trend(series: RunSeries) -> Result:
     layer, a loss scaled down to nothing, a graph cut). A norm that falls together with a loss going to
     zero (a memorised batch) is healthy.
 
-    Fix: growth: lower the peak rate, add weight decay, check that the rate decays as planned; collapse:
-    find where the gradient stops (a .detach() or a saturated activation), or undo the scaling of the loss.
+    Fix: growth: divide each micro-batch's loss by the number of micro-batches in its step (also when
+    that number ramps up), lower the peak rate, check that the rate decays as planned; collapse: find
+    where the gradient stops (a .detach() or a saturated activation), or undo the scaling of the loss.
     """
     if not any(_finite(row.grad_norm) for row in series.steps):
         return Result.skipped("the run recorded no gradient norm" if series.steps
