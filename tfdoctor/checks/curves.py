@@ -73,6 +73,7 @@ PLATEAU_START_SHARE = 0.03
 # healthy runs: never below 0.92), unless the loss itself went to about zero (its median over the last
 # window below LOSS_NEAR_ZERO nats: a memorised batch, whose gradient fades with its loss).
 NORM_WINDOW = 20
+NORM_MAX_WINDOWS = 200  # a longer run gets wider windows (the growth test compares every pair of them)
 NORM_MIN_WINDOWS = 4
 NORM_GROWTH = 4.0
 NORM_STEADY = 0.75
@@ -425,12 +426,14 @@ def loss_plateau(series: RunSeries) -> Result:
 # -------------------------------------------------------------------------------------- grad-norm-trend
 
 
-def _norm_windows(series: RunSeries) -> list[tuple[int, float]]:
-    """(last step, median norm) of consecutive windows of NORM_WINDOW finite pre-clip norms; steps the
-    GradScaler skipped are left out (their norm is an overflow, scaler-overflow's business)."""
+def _norm_windows(series: RunSeries) -> tuple[list[tuple[int, float]], int]:
+    """(last step, median norm) of consecutive windows of finite pre-clip norms, and the windows' width
+    (NORM_WINDOW norms, wider beyond NORM_MAX_WINDOWS windows); steps the GradScaler skipped are left out
+    (their norm is an overflow, scaler-overflow's business)."""
     norms = [(row.step, row.grad_norm) for row in series.steps if _finite(row.grad_norm) and not row.skipped]
-    return [(norms[i + NORM_WINDOW - 1][0], median(n for _, n in norms[i:i + NORM_WINDOW]))
-            for i in range(0, len(norms) - NORM_WINDOW + 1, NORM_WINDOW)]
+    width = max(NORM_WINDOW, -(-len(norms) // NORM_MAX_WINDOWS))
+    return [(norms[i + width - 1][0], median(n for _, n in norms[i:i + width]))
+            for i in range(0, len(norms) - width + 1, width)], width
 
 
 def _growth(windows: list[tuple[int, float]]) -> dict | None:
@@ -475,18 +478,18 @@ def grad_norm_trend(series: RunSeries) -> Result:
     if not any(_finite(row.grad_norm) for row in series.steps):
         return Result.skipped("the run recorded no gradient norm" if series.steps
                               else "the run recorded no optimizer step")
-    windows = _norm_windows(series)
+    windows, width = _norm_windows(series)
     if len(windows) < NORM_MIN_WINDOWS:
-        return Result.skipped(f"too short to tell: {len(windows)} windows of {NORM_WINDOW} finite gradient norms, "
+        return Result.skipped(f"too short to tell: {len(windows)} windows of {width} finite gradient norms, "
                               f"{NORM_MIN_WINDOWS} needed", {"windows": len(windows)})
-    thresholds = {"window": NORM_WINDOW, "growth": NORM_GROWTH, "steady": NORM_STEADY, "collapse": NORM_COLLAPSE,
+    thresholds = {"window": width, "growth": NORM_GROWTH, "steady": NORM_STEADY, "collapse": NORM_COLLAPSE,
                   "loss_near_zero": LOSS_NEAR_ZERO}
     medians = [round(n, 6) for _, n in windows]
     grow = _growth(windows)
     if grow:
         return Result.warned(
             f"the gradient norm grew steadily {grow['factor']:.1f}-fold, from a median of {grow['low']:.3g} over "
-            f"the {NORM_WINDOW} steps to {grow['low_step']} to {grow['last']:.3g} over the last {NORM_WINDOW}; it "
+            f"the {width} steps to {grow['low_step']} to {grow['last']:.3g} over the last {width}; it "
             f"passed {NORM_GROWTH:g}x at step {grow['step']}, and {grow['ordered_share']:.0%} of the pairs of "
             "windows since are in rising order: gradients that keep building up (the run heading for an explosion, or micro-batch "
             "gradients summed where a mean was meant)",
@@ -496,7 +499,7 @@ def grad_norm_trend(series: RunSeries) -> Result:
             {**grow, "window_medians": medians, **thresholds})
     fall = _collapse(windows)
     points = series.finite_losses()
-    final_loss = median(v for _, v in points[-NORM_WINDOW:]) if points else None
+    final_loss = median(v for _, v in points[-width:]) if points else None
     if fall and (final_loss is None or final_loss > LOSS_NEAR_ZERO):
         loss = f"while the loss is still {final_loss:.3f}" if final_loss is not None else "(no loss recorded)"
         return Result.warned(
@@ -509,5 +512,5 @@ def grad_norm_trend(series: RunSeries) -> Result:
     low, high = min(medians), max(medians)
     note = (" (it fell with a loss going to zero: a memorised batch)" if fall else "")
     return Result.passed(f"gradient norm medians stayed between {low:.3g} and {high:.3g} over {len(windows)} "
-                         f"windows of {NORM_WINDOW} steps{note}",
+                         f"windows of {width} steps{note}",
                          {"step": windows[-1][0], "window_medians": medians, "final_loss": final_loss, **thresholds})
