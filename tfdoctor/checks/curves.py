@@ -491,8 +491,8 @@ def grad_norm_trend(series: RunSeries) -> Result:
             f"the gradient norm grew steadily {grow['factor']:.1f}-fold, from a median of {grow['low']:.3g} over "
             f"the {width} steps to {grow['low_step']} to {grow['last']:.3g} over the last {width}; it "
             f"passed {NORM_GROWTH:g}x at step {grow['step']}, and {grow['ordered_share']:.0%} of the pairs of "
-            "windows since are in rising order: gradients that keep building up (the run heading for an explosion, or micro-batch "
-            "gradients summed where a mean was meant)",
+            "windows since are in rising order: gradients that keep building up (the run heading for an "
+            "explosion, or micro-batch gradients summed where a mean was meant)",
             "if the number of micro-batches per step grows, divide each micro-batch's loss by the current count; "
             "otherwise lower the peak learning rate (or make sure the schedule decays it), keep "
             "clip_grad_norm_(model.parameters(), 1.0) and add weight decay if the weights grow unchecked",
