@@ -235,12 +235,14 @@ def loss_spike(series: RunSeries) -> Result:
     lost = (first["peak"] - first["median"]) / progress if progress > 0 else None
     evidence = _spike_evidence(series, first)
     recovered = _recovery(points, first)
-    details = {"step": first["step"], "loss": first["loss"], "band_median": first["median"],
-               "band_spread": first["spread"], "excess": excess,
-               "z": excess / first["spread"] if first["spread"] > 0 else None,
-               "peak_step": first["peak_step"], "peak": first["peak"], "recovered_after": recovered,
-               "start_loss": start, "progress_lost_share": lost, "spikes": len(events),
-               "spike_steps": [e["step"] for e in events][:20], **evidence, **thresholds}
+    # the evidence a reader wants first comes first (the terminal report shows the leading entries)
+    details = {"step": first["step"], "batch": evidence["batch"], "loss": first["loss"], "band_median": first["median"],
+               "band_spread": first["spread"], "z": excess / first["spread"] if first["spread"] > 0 else None,
+               "grad_norm_ratio": evidence["grad_norm_ratio"], "lr_ratio": evidence["lr_ratio"],
+               "scale_before": evidence["scale_before"], "scale": evidence["scale"], "recovered_after": recovered,
+               "progress_lost_share": lost, "excess": excess, "peak_step": first["peak_step"], "peak": first["peak"],
+               "start_loss": start, "spikes": len(events), "spike_steps": [e["step"] for e in events][:20],
+               **evidence, **thresholds}
     moved, hint = _spike_story(evidence)
     batch = f" (batch {evidence['batch']})" if evidence["batch"] else ""
     back = (f"back within its band {recovered} steps later" if recovered is not None
@@ -406,8 +408,8 @@ def loss_plateau(series: RunSeries) -> Result:
         details["ln_vocab"] = math.log(vocab)
     for name, level, tolerance in _stuck_levels(series, start):
         if all(abs(v - level) <= tolerance for v in smooth):
-            details.update(step=judged_from, level=name, level_value=level, tolerance=tolerance,
-                           lowest=min(smooth), highest=max(smooth))
+            details = {"step": judged_from, "level": name, "level_value": level, "tolerance": tolerance,
+                       "lowest": min(smooth), "highest": max(smooth), **details}
             message = (f"the loss is stuck at {name} ({level:.3f}): from step {judged_from}, {PLATEAU_AFTER} steps "
                        f"after the warm-up ended (step {origin}), to the end (step {tail[-1][0]}) its median over "
                        f"{PLATEAU_WINDOW} steps stayed within {tolerance:.3f} of it ({min(smooth):.3f}-"
@@ -513,4 +515,5 @@ def grad_norm_trend(series: RunSeries) -> Result:
     note = (" (it fell with a loss going to zero: a memorised batch)" if fall else "")
     return Result.passed(f"gradient norm medians stayed between {low:.3g} and {high:.3g} over {len(windows)} "
                          f"windows of {width} steps{note}",
-                         {"step": windows[-1][0], "window_medians": medians, "final_loss": final_loss, **thresholds})
+                         {"last_window_step": windows[-1][0], "window_medians": medians, "final_loss": final_loss,
+                          **thresholds})
