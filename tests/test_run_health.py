@@ -304,7 +304,7 @@ def watched(watch_audit, name: str):
     return report, RunSeries.from_dict(report.series)
 
 
-@pytest.mark.parametrize("name", ["healthy", "fp16_healthy", *PLANTED_RUNS])
+@pytest.mark.parametrize("name", ["healthy", "healthy_accum", "fp16_healthy", *PLANTED_RUNS])
 def test_a_watched_run_trips_only_its_own_judge(name, watch_audit):
     report, _ = watched(watch_audit, name)
     tripped = {r.id: r.status for r in report if r.id in HEALTH and r.status not in (Status.PASS, Status.SKIP)}
