@@ -63,8 +63,11 @@ def test_scaler_calibrating_then_probing_now_and_then_passes():
 def test_scaler_skipping_every_other_step_fails_at_its_first_overflow():
     # fp16_overflow.py (growth_interval=1): from step 5 on, every other step overflows again
     skipped = [5, 6] + list(range(8, 200, 2))
-    result = judge(scaler_run(200, skipped, init=65536.0, growth_interval=1), "scaler-overflow")
+    series = scaler_run(200, skipped, init=65536.0, growth_interval=1)
+    series.facts["amp"] = {"scaler": {"growth_interval": 1, "growth_factor": 2.0, "backoff_factor": 0.5}}
+    result = judge(series, "scaler-overflow")
     assert result.status == Status.FAIL
+    assert "GradScaler(growth_interval=1, growth_factor=2, backoff_factor=0.5)" in result.message
     assert not result.details["settled"]
     assert result.details["share_after_calibration"] > 0.4
     assert result.details["step"] == 5
@@ -328,6 +331,7 @@ def test_fp16_overflow_fires_at_its_first_overflow_after_a_clean_step(watch_audi
     assert result.details["step"] == first
     assert result.details["share_after_calibration"] >= 0.2
     assert sum(row.skipped for row in steps) == result.details["skipped"]
+    assert "growth_interval=1" in result.message  # the setting that re-overflows, as the monitor read it
 
 
 def test_lr_zero_halfway_fires_where_the_rate_reached_zero_half_way(watch_audit):

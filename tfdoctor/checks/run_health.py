@@ -170,7 +170,7 @@ def _scaler_settings(series: RunSeries) -> str:
         return ""
     said = [f"{key}={scaler[key]:g}" for key in ("growth_interval", "growth_factor", "backoff_factor")
             if isinstance(scaler.get(key), (int, float))]
-    return f" (GradScaler {', '.join(said)})" if said else ""
+    return f"; GradScaler({', '.join(said)})" if said else ""
 
 
 def _schedulers(series: RunSeries) -> str:

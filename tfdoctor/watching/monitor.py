@@ -171,6 +171,10 @@ class Monitor:
     last_scale: Optional[float] = None
 
     def scale_called(self, scaler: Any, out: Any) -> None:
+        if not self.scaler_seen and getattr(scaler, "_enabled", False):  # its settings, for scaler-overflow
+            self.series.facts["amp"] = {"scaler": {"growth_interval": scaler.get_growth_interval(),
+                                                   "growth_factor": scaler.get_growth_factor(),
+                                                   "backoff_factor": scaler.get_backoff_factor()}}
         self.scaler_seen = True
         if isinstance(out, torch.Tensor) and getattr(scaler, "_enabled", False):
             self.last_scale = float(scaler.get_scale())
