@@ -15,10 +15,10 @@ from tfdoctor.watching.series import RunSeries
 
 MIB = 2 ** 20
 
-# scaler-overflow. fp16_healthy.py (init_scale 2**24, growth_interval 50, 200 CPU steps) skipped 5
-# steps while it calibrated (steps 0-3 and 6) and then 2 of its next 193 (1%); a GPU run with the
-# default growth_interval=2000 skips one step in 2000 after its first few. fp16_overflow.py
-# (growth_interval=1) skips 49% of its steps.
+# scaler-overflow. Watched, fp16_healthy.py (init_scale 2**24, growth_interval 50, 200 CPU steps)
+# skipped steps 0-3 while it calibrated, then 3 of its next 196 (1.5%); a GPU run with the default
+# growth_interval=2000 skips one step in 2000 after its first few. fp16_overflow.py (growth_interval=1)
+# skipped 98 of 200 steps, 50% after its first 40.
 CALM_STEPS = 10  # calibration is over once this many steps in a row went through
 CALIBRATION_MAX_STEPS = 40  # each skip halves the scale: 40 halvings take any init_scale below 1
 SKIP_WARN_SHARE = 0.05  # skipped steps after calibration: 5x the healthy fixture's 1%
@@ -41,14 +41,15 @@ RISING_MIN_RATIO = 1.05  # by at least 5% (a rate flat within float rounding is 
 # 100-step warm-up): a warm-up longer than it is expected there, not a fault.
 WARMUP_MIN_STEPS = 100
 
-# data-wait. healthy.py (TensorDataset, num_workers=0, tiny model on a CPU) waits about 1% of a step
-# for its batch; slow_loader.py (3 ms per row in __getitem__) about half. A GPU idle a fifth of the
-# time is worth knowing about.
+# data-wait. Watched, the healthy runs (TensorDataset, num_workers=0, tiny model on a CPU) wait 1-4%
+# of a typical step for their batch, also on a loaded machine; slow_loader.py (8 ms per row in
+# __getitem__) 66-79%. A GPU idle a fifth of the time is worth knowing about.
 DATA_WAIT_SHARE = 0.20
 MIN_TIMED_STEPS = 10
 
-# memory-growth. healthy.py's RSS rises over its first steps (allocator, AdamW state) and then stays
-# within a few MiB; leaky_total_loss.py's rises by about 0.5 MiB per step to the end.
+# memory-growth. Watched, healthy.py's RSS rises over its first steps (allocator, AdamW state), then
+# its window medians stay within 2 MiB (321-322 MiB over 300 steps, 1000 steps alike); that of
+# leaky_total_loss.py rises in every window, 348 -> 405 MiB, about 450 KiB per step.
 MEMORY_SETTLE_SHARE = 0.2  # the first 20% of the run (at least MEMORY_SETTLE_STEPS) is not judged
 MEMORY_SETTLE_STEPS = 10
 MEMORY_WINDOWS = 5  # the judged steps in 5 windows, each summed up by its median (robust to spikes)
@@ -56,8 +57,9 @@ GROWTH_MIN_SHARE = 0.05  # a rise of at least 5% of the level after settling ...
 GROWTH_MIN_BYTES = 16 * MIB  # ... and at least 16 MiB (allocator arenas come in MiB-sized steps)
 SLOWING_RATIO = 0.5  # the last window rose less than half the average: levelling off (warn, not fail)
 
-# eval-gap. healthy.py evaluates held-out rows: none seen in training; its evaluation loss sits at or
-# above the smoothed training loss once the first steps are past.
+# eval-gap. Watched, healthy.py evaluates held-out rows (0 of 768 trained on) and its evaluation loss
+# is below the training loss around it at none of its 5 comparable evaluations; eval_on_train.py's
+# 768 evaluation rows were all trained on.
 # An EvalPoint sums every loss computed between two steps, and nanoGPT's estimate_loss evaluates the
 # train split (rows the loop trains on, by design) beside the val split: the shipped nanogpt_train.py
 # evaluates on its training stream, 17% of its rows trained on over 300 iterations; nanoGPT on
