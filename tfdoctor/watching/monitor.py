@@ -173,7 +173,7 @@ class Monitor:
             self.series.facts["amp"] = {"scaler": {"growth_interval": scaler.get_growth_interval(),
                                                    "growth_factor": scaler.get_growth_factor(),
                                                    "backoff_factor": scaler.get_backoff_factor()}}
-        self.scaler_seen = True
+        self.scaler_seen = self.scaler_seen or bool(getattr(scaler, "_enabled", False))
         if isinstance(out, torch.Tensor) and getattr(scaler, "_enabled", False):
             self.last_scale = float(scaler.get_scale())
             self.scaled = {id(out): self.last_scale}
