@@ -117,7 +117,7 @@ class Monitor:
         elif loss.numel() == 1:
             value = loss.detach().float().reshape(())
             scale = self.scaled.get(id(loss))
-            if scale:
+            if scale is not None:
                 value = value / scale
         else:
             value = None
@@ -162,11 +162,11 @@ class Monitor:
     def clip_returned(self, norm: Any) -> None:
         if self.clip_norm is None and isinstance(norm, torch.Tensor):
             norm = norm.detach().float()
-            if self.scaler_seen and not self.unscaled and self.last_scale:
+            if self.scaler_seen and not self.unscaled and self.last_scale is not None:
                 norm = norm / self.last_scale  # clipped before unscale_: the norm of scaled gradients
             self.clip_norm = norm
 
-    last_scale: Optional[float] = None
+    last_scale: Any = None  # the GradScaler's scale at its last scale() call (a tensor: no sync)
 
     def scale_called(self, scaler: Any, out: Any) -> None:
         if not self.scaler_seen and getattr(scaler, "_enabled", False):  # its settings, for scaler-overflow
@@ -175,7 +175,7 @@ class Monitor:
                                                    "backoff_factor": scaler.get_backoff_factor()}}
         self.scaler_seen = self.scaler_seen or bool(getattr(scaler, "_enabled", False))
         if isinstance(out, torch.Tensor) and getattr(scaler, "_enabled", False):
-            self.last_scale = float(scaler.get_scale())
+            self.last_scale = _scale_of(scaler)
             self.scaled = {id(out): self.last_scale}
 
     def step_begins(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -215,7 +215,7 @@ class Monitor:
 
     def scale_updated(self, scaler: Any) -> None:
         if self.pending is not None and getattr(scaler, "_enabled", False):
-            self.pending["scale"] = float(scaler.get_scale())
+            self.pending["scale"] = _scale_of(scaler)
 
     def scheduler_made(self, scheduler: Any) -> None:
         settings = {k: v for k, v in vars(scheduler).items()
@@ -267,7 +267,7 @@ class Monitor:
         allocated, reserved = closed["cuda"]
         row = StepRow(step=closed["index"], loss=sum(finite) / len(finite) if finite else None,
                       micro_losses=finite, grad_norm=norm, group_norms=groups, lrs=closed["lrs"],
-                      scale=closed["scale"], skipped=closed["skipped"], wall=closed["wall"], data_wait=closed["wait"],
+                      scale=_number(closed["scale"]), skipped=closed["skipped"], wall=closed["wall"], data_wait=closed["wait"],
                       tokens=closed["tokens"] or None, rss=closed["rss"], cuda_allocated=allocated,
                       cuda_reserved=reserved, batches=closed["batches"])
         self.series.steps.append(row)
@@ -356,6 +356,13 @@ def _number(value) -> Optional[float]:
     if isinstance(value, torch.Tensor):
         value = value.item()
     return float(value)
+
+
+def _scale_of(scaler) -> Any:
+    """The scaler's current scale as a copy of its tensor, read later (float(get_scale()) would make a
+    GPU run wait for its queue at every micro-batch)."""
+    scale = getattr(scaler, "_scale", None)
+    return scale.detach().clone().reshape(()) if isinstance(scale, torch.Tensor) else float(scaler.get_scale())
 
 
 def _token_ids(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
