@@ -52,7 +52,10 @@ class TfdoctorCallback(TrainerCallback):
         _guard(_calling_trainer(), self)
 
     def on_train_begin(self, args, state, control, model=None, lr_scheduler=None, **kwargs):
-        _guard(_calling_trainer(), self)  # a callback added after Trainer(...): the next train() is guarded
+        if not _guard(_calling_trainer(), self) and state.is_world_process_zero:
+            logger.warning("tfdoctor: TfdoctorCallback was added after Trainer(...) was made: should this train() "
+                           "raise, call callback.close() to take the watch hooks off (pass the callback in "
+                           "Trainer(callbacks=[...]) and train() takes them off itself)")
         self.stopping = False
         self.live.start(f"Trainer {type(model).__name__}" if model is not None else "Trainer",
                         main=state.is_world_process_zero, max_steps=state.max_steps or None,
@@ -90,11 +93,14 @@ def _calling_trainer() -> Optional[Trainer]:
         del frame  # a frame held in a local keeps the whole stack alive
 
 
-def _guard(trainer: Optional[Trainer], callback: TfdoctorCallback) -> None:
+def _guard(trainer: Optional[Trainer], callback: TfdoctorCallback) -> bool:
     """Wrap this trainer's `train` (on the instance) so that a run that raises still takes the hooks
-    off: the Trainer has no event for an exception. Once per trainer and callback."""
-    if trainer is None or getattr(trainer.train, "tfdoctor_callback", None) is callback:
-        return
+    off: the Trainer has no event for an exception. Once per trainer and callback; True when it was
+    wrapped already (a train() under way is guarded only then)."""
+    if trainer is None:
+        return False
+    if getattr(trainer.train, "tfdoctor_callback", None) is callback:
+        return True
     original = trainer.train
 
     @functools.wraps(original)
@@ -107,3 +113,4 @@ def _guard(trainer: Optional[Trainer], callback: TfdoctorCallback) -> None:
 
     train.tfdoctor_callback = callback
     trainer.train = train
+    return False
