@@ -7,6 +7,7 @@ Torch is imported only by the commands that need it, so `--help`, `checks` and t
 from __future__ import annotations
 
 import enum
+import math
 import os
 import sys
 from pathlib import Path
@@ -15,8 +16,11 @@ from typing import Optional
 import typer
 
 from tfdoctor.errors import TfdoctorError, UsageError
-from tfdoctor.protocol import Ended, Phase
+from tfdoctor.flags import (budget_in_range, check_battery_flags, format_ready, model_fields, nproc_in_range,
+                            positive, seed_in_range, writable)
+from tfdoctor.protocol import Ended
 from tfdoctor.result import ExitCode
+from tfdoctor.supervisor import report_of
 
 app = typer.Typer(
     name="tfdoctor",
@@ -33,6 +37,7 @@ class Format(str, enum.Enum):
     json = "json"
     junit = "junit"
     sarif = "sarif"  # SARIF 2.1.0: each finding at the user's file:line, for code-scanning UIs
+    html = "html"  # one self-contained page with the figures (needs the html extra: matplotlib)
 
 
 DEFAULT_TIMEOUT = 600.0  # seconds for the whole run: generous, but a CI job never waits forever
@@ -64,18 +69,6 @@ def _shown(text: str) -> str:
     from tfdoctor.report.text import clean
 
     return clean(text)
-
-
-def _positive(name: str, value: Optional[int], minimum: int = 1, maximum: Optional[int] = None) -> None:
-    if value is not None and value < minimum:
-        raise UsageError(f"{name} must be at least {minimum}, got {value}")
-    if value is not None and maximum is not None and value > maximum:
-        raise UsageError(f"{name} must be at most {maximum:,}, got {value:,}")
-
-
-# Probe sizes beyond these are typos, not probes: the checks need a few rows of a few dozen tokens.
-MAX_PROBE_BATCH = 4096
-MAX_PROBE_SEQ = 1 << 16
 
 
 def _show_version(value: bool) -> None:
@@ -128,11 +121,11 @@ def check(
 ) -> None:
     """Run the battery of checks on a model factory and report what is wrong."""
     try:
-        _check_battery_flags(vocab, seq_len, batch, pad_id, seed, timeout, timeout_per_check, only, skip)
-        _positive("--eos-id", eos_id, 0)
-        _positive("--train-batch", train_batch)
-        _positive("--train-seq", train_seq)
-        _positive("--train-batches", train_batches)
+        check_battery_flags(vocab, seq_len, batch, pad_id, seed, timeout, timeout_per_check, only, skip)
+        positive("--eos-id", eos_id, 0)
+        positive("--train-batch", train_batch)
+        positive("--train-seq", train_seq)
+        positive("--train-batches", train_batches)
         if budget is not None:
             from tfdoctor.memory.sizes import parse_size
 
@@ -140,39 +133,15 @@ def check(
         options = {k: v for k, v in dict(train_batch=train_batch, train_seq=train_seq, budget=budget,
                                          train_batches=train_batches,
                                          timeout_per_check=timeout_per_check).items() if v is not None}
-        _writable(output)
+        writable(output)
+        format_ready(fmt)
     except TfdoctorError as error:
         _fail_usage(error)
-    fields = _model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id)
+    fields = model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id)
     request = dict(command="check", target=target, train=train, fields=fields, only=only, skip=skip, seed=seed,
                    device=device, options=options)
     outcome = _supervised(request, fmt is Format.rich, timeout, timeout_per_check)
-    _finish(outcome, _report_of(outcome, target, strict), fmt, output)
-
-
-def _check_battery_flags(vocab, seq_len, batch, pad_id, seed, timeout, timeout_per_check, only, skip) -> None:
-    """The flags `check` and `run` share, validated before anything is loaded (UsageError)."""
-    _positive("--vocab", vocab)
-    _positive("--seq-len", seq_len, 2, MAX_PROBE_SEQ)
-    _positive("--batch", batch, 1, MAX_PROBE_BATCH)
-    _positive("--pad-id", pad_id, 0)
-    _seed_in_range(seed)
-    _budget_in_range("--timeout", timeout)
-    _budget_in_range("--timeout-per-check", timeout_per_check)
-    from tfdoctor.registry import select
-
-    # Unknown ids are a usage error here; so is a selection that leaves nothing to run.
-    if (only is not None and not only.replace(",", "").strip()) or not select(only, skip):
-        raise UsageError("the selection is empty: --only/--skip leave no check to run",
-                         "run `tfdoctor checks` for the ids")
-
-
-def _model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id=None) -> dict:
-    """The Subject fields the flags give (the ones left out are the Subject's or discovered)."""
-    fields = dict(vocab_size=vocab, seq_len=seq_len, batch_size=batch, pad_id=pad_id, eos_id=eos_id,
-                  kind=kind.value if kind else None, padding_side=padding_side.value if padding_side else None,
-                  packing=packing.value if packing else None)
-    return {k: v for k, v in fields.items() if v is not None}
+    _finish(outcome, report_of(outcome, target, strict), fmt, output)
 
 
 def _finish(outcome, report, fmt: "Format", output: Optional[Path]) -> None:
@@ -243,14 +212,15 @@ def run(
     try:
         if module is None and not argv:
             raise UsageError("give the script to run", "tfdoctor run train.py -- ARGS, or tfdoctor run -m pkg.mod")
-        _positive("--steps", steps, MIN_RUN_STEPS)
-        _check_battery_flags(vocab, seq_len, batch, pad_id, seed, timeout, timeout_per_check, only, skip)
-        _positive("--eos-id", eos_id, 0)
+        positive("--steps", steps, MIN_RUN_STEPS)
+        check_battery_flags(vocab, seq_len, batch, pad_id, seed, timeout, timeout_per_check, only, skip)
+        positive("--eos-id", eos_id, 0)
         script = None if module is not None else argv.pop(0)
         if script is not None and not Path(script).is_file():
             raise UsageError(f"script not found: {script}", "give the path of a Python file, or -m package.module")
-        _writable(output)
-        _nproc_in_range(nproc)
+        writable(output)
+        format_ready(fmt)
+        nproc_in_range(nproc)
     except TfdoctorError as error:
         _fail_usage(error)
     if nproc is not None and nproc > 1:
@@ -258,7 +228,7 @@ def run(
     from tfdoctor.recording.distributed import world
 
     me = world()
-    fields = _model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id)
+    fields = model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id)
     target = script if script is not None else f"-m {module}"
     request = dict(command="run", script=script, module=module, args=argv, steps=steps, model=model, target=target,
                    fields=fields, only=only, skip=skip, seed=seed, strict=strict, timeout=timeout,
@@ -267,13 +237,102 @@ def run(
     def conclude(outcome) -> None:
         if outcome.ended == Ended.RANK_EXIT:
             raise typer.Exit(outcome.code)
-        report = _report_of(outcome, f"run {target}", strict)
+        report = report_of(outcome, f"run {target}", strict)
         if report is not None:
             report.discovered = dict(outcome.discovered)
         _finish(outcome, report, fmt, output)
 
     # Under torchrun rank 0 speaks for the job: the other ranks draw no bar and print no report.
     _supervised(request, fmt is Format.rich and me.rank == 0, timeout, timeout_per_check, then=conclude)
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+def watch(
+    argv: Optional[list[str]] = typer.Argument(None, metavar="[SCRIPT] [-- ARGS...]",
+                                               help="the training script and, after --, its own arguments"),
+    module: Optional[str] = typer.Option(None, "-m", "--module", help="run this module as `python -m` does"),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="stop the run after this many optimizer "
+                                                                      "steps (default: run to its end)"),
+    max_time: Optional[float] = typer.Option(None, "--max-time", help="stop the run after this many seconds"),
+    only: Optional[str] = typer.Option(None, "--only", help="run only these judges (comma-separated ids)"),
+    skip: Optional[str] = typer.Option(None, "--skip", help="skip these judges (comma-separated ids)"),
+    fmt: Format = typer.Option(Format.rich, "--format", help="report format (json carries every series)"),
+    output: Optional[Path] = typer.Option(None, "--output", help="write the report to this file instead of stdout"),
+    strict: bool = typer.Option(False, "--strict", help="treat warnings as failures"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="torch seed set before the script starts (default: "
+                                                            "none, the script's own randomness)"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds after which the run is stopped as "
+                                                                    "hung (default: none)"),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="start the script as this many ranks with torchrun; "
+                                                              "rank 0's run is judged"),
+) -> None:
+    """Watch a whole training run: record every optimizer step and judge the run's curves.
+
+    The script runs as __main__ (as `python SCRIPT ARGS`, or `python -m MODULE ARGS`) to its end or to
+    --max-steps / --max-time, each step's loss, gradient norm, rates, loss scale, data wait, tokens/s,
+    memory and evaluation loss recorded, then judged. A terminal shows a live view; JSON carries it all.
+    """
+    argv = list(argv or [])
+    try:
+        if module is None and not argv:
+            raise UsageError("give the script to watch", "tfdoctor watch train.py -- ARGS, or tfdoctor watch -m pkg.mod")
+        positive("--max-steps", max_steps)
+        if max_time is not None:
+            budget_in_range("--max-time", max_time)
+        if timeout is not None:
+            budget_in_range("--timeout", timeout)
+        if seed is not None:
+            seed_in_range(seed)
+        from tfdoctor.registry import select
+
+        if (only is not None and not only.replace(",", "").strip()) or not select(only, skip, run_judges=True):
+            raise UsageError("the selection is empty: --only/--skip leave no judge to run",
+                             "run `tfdoctor checks` for the ids")
+        script = None if module is not None else argv.pop(0)
+        if script is not None and not Path(script).is_file():
+            raise UsageError(f"script not found: {script}", "give the path of a Python file, or -m package.module")
+        writable(output)
+        format_ready(fmt)
+        nproc_in_range(nproc)
+    except TfdoctorError as error:
+        _fail_usage(error)
+    if nproc is not None and nproc > 1:
+        _launched(nproc, "watch")
+    from tfdoctor.recording.distributed import world
+
+    me = world()
+    target = script if script is not None else f"-m {module}"
+    request = dict(command="watch", script=script, module=module, args=argv, max_steps=max_steps, max_time=max_time,
+                   target=target, only=only, skip=skip, seed=seed)
+    budget = timeout if timeout is not None else math.inf
+    # The live view only where one process draws: another rank's output would tear it.
+    live = fmt is Format.rich and output is None and not me.distributed
+    from tfdoctor.supervisor import supervise
+
+    with _watch_view(live, target) as view:
+        outcome = _handled(supervise(request, timeout=budget, timeout_per_check=budget, progress=view))
+    if me.rank != 0:  # rank 0 speaks for the job
+        raise typer.Exit(ExitCode.OK if outcome.ended == Ended.DONE else ExitCode.USAGE_ERROR)
+    report = report_of(outcome, f"watch {target}", strict)
+    if report is not None:
+        report.series = outcome.discovered.pop("series", {})
+        report.discovered = dict(outcome.discovered)
+        if report.discovered.get("error"):  # judged on the steps it took, but the run itself failed
+            _emit(report, fmt, output)
+            how = "raised" if report.discovered["ended"] == "raised" else "exited with"
+            _fail_usage(UsageError(f"the watched script {how} {report.discovered['error']}"))
+    _finish(outcome, report, fmt, output)
+
+
+def _watch_view(live: bool, target: str):
+    """The live view on a terminal (report/dashboard.py), else nothing."""
+    import contextlib
+
+    if not live:
+        return contextlib.nullcontext(None)
+    from tfdoctor.report.dashboard import terminal_dashboard
+
+    return terminal_dashboard(target)
 
 
 def _supervised(request: dict, show_progress: bool, timeout: float, timeout_per_check: float, then=None):
@@ -312,17 +371,6 @@ def _handled(outcome):
     return outcome
 
 
-# More ranks than this on one machine is a typo (torchrun starts every one as a process here).
-MAX_NPROC = 64
-
-
-def _nproc_in_range(nproc: Optional[int]) -> None:
-    _positive("--nproc", nproc, 1, MAX_NPROC)
-    if nproc is not None and nproc > 1 and os.environ.get("WORLD_SIZE"):
-        raise UsageError("--nproc under torchrun: this process is already one rank of a job",
-                         "give --nproc-per-node to torchrun, or drop torchrun and keep --nproc")
-
-
 def _whose() -> str:
     """Under torchrun every rank's line lands on the same stderr: the other ranks' say whose they are."""
     from tfdoctor.recording.distributed import world  # no torch: reads torchrun's environment
@@ -331,65 +379,20 @@ def _whose() -> str:
     return f"rank {me.rank} of {me.size}: " if me.rank != 0 else ""
 
 
-def _launched(nproc: int) -> None:
+def _launched(nproc: int, command: str = "run") -> None:
     """--nproc N: torchrun runs this same command as N ranks; their exit code is ours."""
     from tfdoctor.recording.launch import launch
 
     args = sys.argv[1:]
-    args = args[args.index("run") + 1:] if "run" in args else args
+    args = args[args.index(command) + 1:] if command in args else args
     try:
-        code = launch(nproc, args)
+        code = launch(nproc, args, command)
     except TfdoctorError as error:
         _fail_usage(error)
     except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP (recording/launch.py): every rank has ended
         typer.echo(f"tfdoctor: {getattr(stop, 'said', 'interrupted')} while the {nproc} ranks ran", err=True)
         raise typer.Exit(getattr(stop, "code", 130))
     raise typer.Exit(code)
-
-
-def _report_of(outcome, target: str, strict: bool):
-    """The Report from what the worker delivered; None when a run cut short finished no check."""
-    from tfdoctor.result import Report, Result, Status
-
-    if outcome.ended != Ended.DONE and not outcome.results:
-        return None
-    report = Report(target, list(outcome.results), strict=strict, sandbox=outcome.sandbox)
-    if outcome.ended != Ended.DONE:
-        report.stopped = outcome.message
-        if outcome.phase not in ("", Phase.LOADING):  # the check that was cut short is reported as such
-            cut = Result(Status.ERROR, outcome.message, "see the line on stderr; fix it or raise the budget",
-                         id=outcome.phase)
-            report.results.append(cut)
-    return report
-
-
-def _seed_in_range(seed: int) -> None:
-    if not 0 <= seed < 2 ** 63:  # torch.manual_seed takes a 64-bit seed
-        raise UsageError(f"--seed must be between 0 and 2**63 - 1, got {seed}")
-
-
-def _budget_in_range(name: str, seconds: float) -> None:
-    if not 0 < seconds <= 7 * 24 * 3600:
-        raise UsageError(f"{name} must be a number of seconds above 0 (and at most a week), got {seconds:g}")
-
-
-def _writable(output: Optional[Path]) -> None:
-    """--output is checked before anything runs: a report nobody can write is a wasted battery."""
-    if output is None:
-        return
-    if output.is_dir():
-        raise UsageError(f"--output {output} is a folder", "give a file path")
-    folder = output.parent if str(output.parent) else Path(".")
-    if not folder.is_dir():
-        raise UsageError(f"--output {output}: the folder {folder} does not exist")
-    existed = output.exists()
-    try:  # root passes os.access everywhere; only opening it tells (/proc files refuse writers)
-        with open(output, "a", encoding="utf-8"):
-            pass
-    except OSError as exc:
-        raise UsageError(f"--output {output} is not writable ({exc.strerror or exc})") from exc
-    if not existed:
-        output.unlink(missing_ok=True)
 
 
 def _progress(wanted: bool):
@@ -468,6 +471,7 @@ class Shard(str, enum.Enum):
 class MemoryFormat(str, enum.Enum):
     rich = "rich"
     json = "json"
+    html = "html"
 
 
 @app.command()
@@ -496,16 +500,18 @@ def memory(
                                                                 "or the GPU's free memory with --device cuda)"),
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda[:N]: whose memory is the default budget "
                                                                 "and whose attention kernels a TARGET runs"),
-    fmt: MemoryFormat = typer.Option(MemoryFormat.rich, "--format", help="report format"),
+    fmt: MemoryFormat = typer.Option(MemoryFormat.rich, "--format", help="report format (html: redirect stdout "
+                                                                          "to a file)"),
 ) -> None:
     """Predict the peak memory of one training step, what makes it, and which remedy brings it under budget.
 
     Exit 0 when it fits, 1 when it is predicted out of memory, 2 on a usage error.
     """
     try:
-        _positive("--batch", batch)
-        _positive("--seq", seq)
-        _positive("--gpus", gpus)
+        positive("--batch", batch)
+        positive("--seq", seq)
+        positive("--gpus", gpus)
+        format_ready(fmt)
         from tfdoctor.memory.budget import resolve_budget
 
         budget_bytes, source = resolve_budget(budget, device)
@@ -518,7 +524,7 @@ def memory(
                             checkpointing=(checkpointing or Checkpointing.none).value, optimizer=optimizer.value,
                             gpus=gpus, shard=shard.value, tied=tied)
             for name, value in (("--d-model", d_model), ("--layers", layers), ("--vocab", vocab)):
-                _positive(name, value)
+                positive(name, value)
             verdict = judge(config.validated(), budget_bytes, source)
         else:
             shape_flags = [name for name, value in (("--d-model", d_model), ("--heads", heads), ("--layers", layers),
@@ -529,7 +535,7 @@ def memory(
             if shape_flags:
                 raise UsageError(f"{', '.join(shape_flags)} describe the analytic model, not a traced TARGET",
                                  "drop them: the traced model's own code decides")
-            _positive("--vocab", vocab)
+            positive("--vocab", vocab)
             verdict = None
     except TfdoctorError as error:
         _fail_usage(error)

@@ -54,6 +54,8 @@ class Event(_Word):
     DISCOVERED = "discovered"
     RESULT = "result"
     VERDICT = "verdict"
+    ROWS = "rows"  # `watch` on a terminal: the steps finalised since the last ROWS (the live view)
+    FINDINGS = "findings"  # `watch` on a terminal: the run judges' warn/fail findings so far
     DONE = "done"
     USAGE_ERROR = "usage-error"
     EXIT = "exit"
@@ -68,6 +70,7 @@ class Phase(_Word):
     MEMORY = "memory"
     SCRIPT = "script"
     RANKS = "ranks"
+    WATCH = "watch"
 
 
 class Ended(_Word):
@@ -91,6 +94,8 @@ def phase_name(phase: str) -> str:
         return "loading the target (import, factory, training loop)"
     if phase == Phase.SCRIPT:
         return "running the script up to its last recorded step"
+    if phase == Phase.WATCH:
+        return "the watched run of the script"
     if phase == Phase.RANKS:
         return "waiting for rank 0 to judge the run"
     return f"check {phase}" if phase else "starting"

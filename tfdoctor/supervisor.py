@@ -82,20 +82,22 @@ def _supervised(request: dict, timeout: float, timeout_per_check: float, progres
     temp = os.environ["TMPDIR"] if os.environ.get(LAUNCHED_ENV) and os.environ.get("TMPDIR") else private
     # The user's files are sacred: the worker writes into this scratch folder.
     sandbox = Host(request, own=(private, temp))
+    # `watch`'s live view: the user's output comes through a pipe and is printed above the view.
+    output_read, output_write = os.pipe() if getattr(progress, "output", None) is not None else (None, None)
     request = {**request, "stack_dump": dump, "progress": progress is not None, "release_fd": release_read,
-               "sandbox": sandbox.spec}
+               "sandbox": sandbox.spec, "output_fd": output_write}
     read_end, write_end = os.pipe()
     env = {**os.environ, REQUEST_ENV: json.dumps(request), **temp_environment(temp)}
     outcome = Outcome()
     proc = None
     try:
         try:
-            proc = _start_worker(write_end, release_read, env)
+            proc = _start_worker(write_end, tuple(fd for fd in (release_read, output_write) if fd is not None), env)
         finally:
-            os.close(write_end)
-            if release_read is not None:
-                os.close(release_read)
-        outcome = _watch(outcome, proc, read_end, dump, timeout, timeout_per_check, progress)
+            for fd in (write_end, release_read, output_write):
+                if fd is not None:
+                    os.close(fd)
+        outcome = _watch(outcome, proc, read_end, dump, timeout, timeout_per_check, progress, output_read)
         outcome.sandbox = sandbox.report()
         _first_failure(outcome)
         if hold is not None and proc.poll() is None and outcome.ended in (Ended.DONE, Ended.USAGE_ERROR,
@@ -115,9 +117,9 @@ def _supervised(request: dict, timeout: float, timeout_per_check: float, progres
         _clear(progress)
         if proc is not None:
             _kill(proc)
-        os.close(read_end)
-        if release_write is not None:
-            os.close(release_write)
+        for fd in (read_end, release_write, output_read):
+            if fd is not None:
+                os.close(fd)
         sandbox.close()
 
 
@@ -167,10 +169,9 @@ def _held(hold: Callable[[Outcome], Any], outcome: Outcome, proc, release_write:
             proc.wait(timeout=RELEASE_GRACE_SECONDS)
 
 
-def _start_worker(write_end: int, release_read: Optional[int], env: dict):
+def _start_worker(write_end: int, kept: tuple, env: dict):
     """The worker process, a fresh interpreter (forked from this one only where the test suite asks,
-    tfdoctor/forked_worker.py)."""
-    kept = (release_read,) if release_read is not None else ()
+    tfdoctor/forked_worker.py); `kept`: the other descriptors it inherits."""
     if forked_worker.wanted():
         return forked_worker.ForkedWorker.start(write_end, kept, env, sys.stderr.fileno(), _die_with_parent)
     return subprocess.Popen(
@@ -218,20 +219,25 @@ class _Budgets:
 
 
 def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float, per_check: float,
-           progress) -> Outcome:
+           progress, output_read: Optional[int] = None) -> Outcome:
     budgets = _Budgets(timeout, per_check)
     state = {"main_thread": None, "finished": False}
     tasks: dict[int, Callable] = {}
     buffer = b""
+    watched = [read_end] + ([output_read] if output_read is not None else [])
     while True:
         which = budgets.overrun(outcome.phase)
         if which:
             return _timed_out(outcome, which, proc, dump_path, state["main_thread"])
-        ready, _, _ = select.select([read_end], [], [], min(POLL_SECONDS, *budgets.left(outcome.phase)))
-        if not ready:
+        ready, _, _ = select.select(watched, [], [], min(POLL_SECONDS, *budgets.left(outcome.phase)))
+        if output_read is not None and output_read in ready:
+            _relay_output(output_read, progress, watched)
+        if read_end not in ready:
             continue
         chunk = os.read(read_end, 1 << 16)
         if not chunk:  # the worker closed the pipe: it has ended, or its code closed the descriptor
+            if output_read is not None and output_read in watched:
+                _drain_output(output_read, progress)
             break
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
@@ -239,6 +245,8 @@ def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float
             if _take(outcome, read_event(line), state, tasks, progress, budgets):
                 state["finished"] = True
         if state["finished"] or outcome.ended != Ended.DONE:
+            if output_read is not None and output_read in watched:  # what it printed before its last word
+                _drain_output(output_read, progress)
             # The worker said its last word. Processes it started (DataLoader workers) may still hold
             # the pipe open, so waiting for its end could wait for them: they go with the group.
             return outcome
@@ -270,6 +278,24 @@ def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float
     return outcome
 
 
+def _relay_output(output_read: int, progress, watched: list) -> None:
+    """The user's output, printed above the live view (progress.output); at its end the pipe is no
+    longer watched."""
+    chunk = os.read(output_read, 1 << 16)
+    if chunk:
+        progress.output(chunk)
+    else:
+        watched.remove(output_read)
+
+
+def _drain_output(output_read: int, progress) -> None:
+    while select.select([output_read], [], [], 0)[0]:
+        chunk = os.read(output_read, 1 << 16)
+        if not chunk:
+            return
+        progress.output(chunk)
+
+
 def _timed_out(outcome: Outcome, which: str, proc, dump_path: str, main_thread: Optional[int]) -> Outcome:
     where = _stack_of(proc, dump_path, main_thread)
     outcome.ended = Ended.TIMEOUT
@@ -292,6 +318,10 @@ def _take(outcome: Outcome, event: dict, state: dict, tasks: dict, progress, bud
         tasks[event["task"]](event["n"])
     elif kind == Event.DISCOVERED:
         outcome.discovered = event["facts"]
+    elif kind == Event.ROWS and hasattr(progress, "rows"):  # `watch`: the live view
+        progress.rows(event["rows"], event.get("eval"))
+    elif kind == Event.FINDINGS and hasattr(progress, "findings"):
+        progress.findings(event["findings"])
     elif kind == Event.VERDICT:  # `memory TARGET`: the traced Verdict
         outcome.verdict = decode_verdict(event["verdict"])
     elif kind == Event.DONE:
@@ -369,3 +399,19 @@ def _kill(proc) -> None:
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
+
+
+def report_of(outcome, target: str, strict: bool):
+    """The Report from what the worker delivered; None when a run cut short finished no check."""
+    from tfdoctor.result import Report, Result, Status
+
+    if outcome.ended != Ended.DONE and not outcome.results:
+        return None
+    report = Report(target, list(outcome.results), strict=strict, sandbox=outcome.sandbox)
+    if outcome.ended != Ended.DONE:
+        report.stopped = outcome.message
+        if outcome.phase not in ("", Phase.LOADING):  # the check that was cut short is reported as such
+            cut = Result(Status.ERROR, outcome.message, "see the line on stderr; fix it or raise the budget",
+                         id=outcome.phase)
+            report.results.append(cut)
+    return report

@@ -153,6 +153,40 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
     return True
 
 
+def _serve_without_ranks(request: dict, channel: Channel, listener, progress) -> None:
+    """`memory TARGET` and `watch`, which need no rank session: run it and send what it found."""
+    if request["command"] == "memory":
+        channel.send(Event.PHASE, name=Phase.MEMORY)
+        channel.send(Event.VERDICT, verdict=encode_verdict(run_memory_request(request, progress=progress)))
+        return
+    channel.send(Event.PHASE, name=Phase.WATCH)
+    report = run_watch_request(request, listener=listener, send=channel.send if request.get("progress") else None)
+    channel.send(Event.DISCOVERED, facts={**report.discovered, "series": report.series})
+
+
+def run_watch_request(request: dict, listener=None, send=None) -> None:
+    """`tfdoctor watch`: run the script watched to its end (or --max-steps / --max-time), then judge the
+    whole run. With `send(event, **data)` (a terminal shows the live view) the finalised steps go out
+    a few times a second, with the findings of the run so far."""
+    from tfdoctor.watching.judging import judge_run, watched_report
+    from tfdoctor.watching.live import LiveFeed
+    from tfdoctor.watching.script import watch_script
+
+    if request.get("seed") is not None:
+        import torch
+
+        torch.manual_seed(request["seed"])
+    feed = LiveFeed(send, judge=lambda series: judge_run(series, request.get("only"), request.get("skip"))) \
+        if send is not None else None
+    run = watch_script(request.get("script"), request.get("module"), tuple(request.get("args", ())),
+                       max_steps=request.get("max_steps"), max_time=request.get("max_time"),
+                       on_row=feed.row if feed is not None else None, on_monitor=feed.bind if feed else None)
+    if feed is not None:
+        feed.flush()
+    report = watched_report(run, request.get("only"), request.get("skip"), listener=listener)
+    return report
+
+
 def _unreadable_output(subject):
     """Why the model checks cannot read the audited model's output as logits [B, T, V] (a model that
     returns its loss, rows tfdoctor could not place), or None when they can, or when there is no
@@ -234,7 +268,11 @@ def _move(subject, device: str):
 def main(argv: list[str]) -> None:
     channel = Channel(int(argv[1]))
     request = json.loads(os.environ.pop(REQUEST_ENV))
-    # The user's prints, Python's and C's alike, go to stderr: stdout is the report's alone.
+    # The user's prints, Python's and C's alike, go to stderr: stdout is the report's alone. Under
+    # `watch`'s live view stderr is a pipe to the supervisor, which prints them above the view.
+    if request.get("output_fd") is not None:
+        os.dup2(request["output_fd"], 2)
+        os.close(request["output_fd"])
     os.dup2(2, 1)
     sys.stdout = sys.stderr = output = _LineEnds(sys.stderr)
     sys.argv = [request.get("target", "tfdoctor")]  # the user's module sees no tfdoctor arguments
@@ -265,10 +303,8 @@ def main(argv: list[str]) -> None:
     try:
         channel.send(Event.PHASE, name=Phase.LOADING)
         progress = progress_over(channel) if request.get("progress") else None
-        if request.get("command") == "memory":
-            channel.send(Event.PHASE, name=Phase.MEMORY)
-            verdict = run_memory_request(request, progress=progress)
-            channel.send(Event.VERDICT, verdict=encode_verdict(verdict))
+        if request.get("command") in ("memory", "watch"):
+            _serve_without_ranks(request, channel, listener, progress)
         elif request.get("command") == "run":
             channel.send(Event.PHASE, name=Phase.SCRIPT)
             session = _rank_session(request)

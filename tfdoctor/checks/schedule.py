@@ -61,6 +61,17 @@ def _describe(group: dict) -> str:
     return f"{group['optimizer']} group {group['group']} ({_holds(group)}) {group['peak_lr']:.2g}{rising}"
 
 
+# The schedule kept as evidence (the HTML report draws it): at most this many [step, rate] points, as a
+# projection runs to 40,000 steps and a JSON report should stay small.
+SCHEDULE_POINTS = 400
+
+
+def _thinned(rates: list[float]) -> list[list]:
+    stride = max(1, math.ceil(len(rates) / SCHEDULE_POINTS))
+    kept = [[step, rates[step]] for step in range(0, len(rates), stride)]
+    return kept if kept[-1][0] == len(rates) - 1 else kept + [[len(rates) - 1, rates[-1]]]
+
+
 def _main_group(groups: list[dict]) -> tuple[dict, dict]:
     """The param group that holds the most tensors (the highest peak among equals), and the evidence:
     its schedule, then every group's."""
@@ -70,6 +81,7 @@ def _main_group(groups: list[dict]) -> tuple[dict, dict]:
                "start_lr": main["start_lr"], "optimizer": main["optimizer"], "base_lr": main["base_lr"],
                "betas": main["betas"], "eps": main["eps"], "weight_decay": main["weight_decay"],
                "schedule_sparkline": sparkline(main["rates"]), "schedule_head": main["rates"][:5],
+               "schedule": _thinned(main["rates"]),
                "groups": [{k: v for k, v in g.items() if k != "rates"} | {"rates_head": g["rates"][:5]}
                           for g in groups]}
     return main, details

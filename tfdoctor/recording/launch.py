@@ -41,8 +41,8 @@ LOOPBACK_DEVICE = "lo"  # Linux's; where it does not exist gloo picks its device
 LISTEN_BACKLOG = 128
 
 
-def launch(nproc: int, run_args: list[str]) -> int:
-    """Run `tfdoctor run RUN_ARGS` (less any --nproc) as an nproc-rank torchrun job; returns the job's
+def launch(nproc: int, run_args: list[str], command: str = "run") -> int:
+    """Run `tfdoctor COMMAND RUN_ARGS` (`run` or `watch`, less any --nproc) as an nproc-rank torchrun job; returns the job's
     exit code (rank 0's). RankError when a rank ended on its own (killed, crashed) and took the job
     down; Stopped (a KeyboardInterrupt) when a signal stopped the job, every rank ended."""
     from torch.distributed.elastic.multiprocessing import SignalException
@@ -51,7 +51,7 @@ def launch(nproc: int, run_args: list[str]) -> int:
 
     args = parse_args([f"--nproc-per-node={nproc}", "--nnodes=1", "--max-restarts=0", "--rdzv-backend=c10d",
                        f"--rdzv-endpoint={LOOPBACK}:0", f"--rdzv-id={uuid.uuid4()}", f"--local-addr={LOOPBACK}",
-                       "--module", "tfdoctor", "run", *without_nproc(run_args)])
+                       "--module", "tfdoctor", command, *without_nproc(run_args)])
     with signals_stop(), Descendants(), _private_temp() as folder, _environment(folder), _quiet(), \
             _loopback_stores():
         try:

@@ -16,9 +16,9 @@ from typing import TextIO
 from tfdoctor.report.text import clean_report
 from tfdoctor.result import Report
 
-FORMATS = ("rich", "json", "junit", "sarif")
+FORMATS = ("rich", "json", "junit", "sarif", "html")
 _MODULES = {"rich": "tfdoctor.report.console", "json": "tfdoctor.report.json_format",
-            "junit": "tfdoctor.report.junit", "sarif": "tfdoctor.report.sarif"}
+            "junit": "tfdoctor.report.junit", "sarif": "tfdoctor.report.sarif", "html": "tfdoctor.report.html"}
 
 
 def render(report: Report, fmt: str, out: TextIO, width: int | None = None) -> None:

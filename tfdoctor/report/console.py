@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tfdoctor.drawing import sparkline
+from tfdoctor.report.watched import watched_lines
 from tfdoctor.report.theme import THEME
 from tfdoctor.result import Report, Result, Status
 from tfdoctor.versions import describe
@@ -195,7 +196,8 @@ def render(report: Report, out: TextIO, width: int | None = None) -> None:
     console.print(Text.assemble(("tfdoctor ", "bold"), report.target))
     if report.versions:
         console.print(Text("versions: " + describe(report.versions), style="evidence"))
-    for line in discovered_lines(getattr(report, "discovered", {})) + sandbox_lines(report.sandbox):
+    header = watched_lines(report) if report.series else discovered_lines(getattr(report, "discovered", {}))
+    for line in header + sandbox_lines(report.sandbox):
         console.print(line)
     console.print(summary_table(report))
     for line in skipped_lines(report):

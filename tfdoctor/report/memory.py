@@ -265,5 +265,18 @@ def _limits(verdict: Verdict) -> list[str]:
 def render(verdict: Verdict, fmt: str, out: TextIO, width: int | None = None) -> None:
     if fmt == "json":
         render_json(verdict, out)
+    elif fmt == "html":
+        from tfdoctor.report.html import render as render_html
+
+        render_html({**to_dict(verdict), "heading": _heading(verdict),
+                     "notes": [MODEL_NOTE, ANALYTIC_NOTE if verdict.traced is None else TRACED_NOTE]}, out, width)
     else:
         render_rich(verdict, out, width)
+
+
+def _heading(verdict: Verdict) -> str:
+    if verdict.traced is None:
+        return f"tfdoctor memory (analytic): {verdict.estimate.config.describe()}"
+    traced = verdict.traced
+    return (f"tfdoctor memory (traced): {clean(traced['target'])} at batch {traced['batch']} x seq {traced['seq']}, "
+            f"{traced['dtype']}, optimizer {traced['optimizer']}")

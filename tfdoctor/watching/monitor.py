@@ -235,6 +235,11 @@ class Monitor:
             self._finalise(self.pending)
             self.pending = None
         self._resolve_eval_rows()
+        return self.view(ended)
+
+    def view(self, ended: str = "running") -> RunSeries:
+        """The series of the steps finalised so far, facts filled in, without finalising the last one
+        (safe inside `on_row`)."""
         facts = self.series.facts
         facts.update(ended=ended, seconds=time.perf_counter() - self.started, max_steps=self.max_steps,
                      vocab=self.vocab, schedulers=self.schedulers, scaler=self.scaler_seen,

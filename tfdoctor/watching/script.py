@@ -32,10 +32,12 @@ class WatchedRun:
 
 def watch_script(path: Optional[str] = None, module: Optional[str] = None, args: tuple = (),
                  max_steps: Optional[int] = None, max_time: Optional[float] = None,
-                 on_row: Optional[Callable[[StepRow], None]] = None) -> WatchedRun:
+                 on_row: Optional[Callable[[StepRow], None]] = None,
+                 on_monitor: Optional[Callable] = None) -> WatchedRun:
     """Run the script (a file `path` or a module `module`) with `args`, watched, and return its series.
     Raises WatchError when it cannot start or takes no optimizer step; a KeyboardInterrupt propagates
-    (the series so far is lost: the supervisor reports the interruption)."""
+    (the series so far is lost: the supervisor reports the interruption). `on_row(row)` hears each
+    step as it is finalised; `on_monitor(monitor)` is handed the Monitor before the script starts."""
     import torch  # noqa: F401 - before the hooks: the script's own import must find it loaded
 
     from tfdoctor.watching.hooks import watching
@@ -56,6 +58,8 @@ def watch_script(path: Optional[str] = None, module: Optional[str] = None, args:
         if found is None:
             raise WatchError(f"module not found: {module}", "run from the folder that holds it, or give a path")
     monitor = Monitor(on_row=on_row, max_steps=max_steps, max_time=max_time)
+    if on_monitor is not None:
+        on_monitor(monitor)
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [path if path is not None else module, *args]
     if path is not None:  # `python train.py` puts the script's folder first on sys.path

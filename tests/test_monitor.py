@@ -1,0 +1,189 @@
+"""The watch monitor records what the loop really did, step by step: each row against the value the
+loop itself computed (its loss, its clip's norm, its optimizer's rate, its GradScaler's skips), and
+the process left as it was found."""
+
+import math
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from tfdoctor.watching.hooks import watching
+from tfdoctor.watching.monitor import Monitor, StopWatching
+
+V = 16
+
+
+def tiny():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Embedding(V, 8), nn.Linear(8, V))
+
+
+def batch(g, rows=4, T=6):
+    return torch.randint(0, V, (rows, T), generator=g)
+
+
+def lm_loss(model, x, reduction="mean"):
+    return F.cross_entropy(model(x).reshape(-1, V), x.reshape(-1), reduction=reduction)
+
+
+def test_rows_are_optimizer_steps_and_the_loss_is_the_mean_of_the_micro_batches():
+    model, g = tiny(), torch.Generator().manual_seed(1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    seen = []
+    monitor = Monitor()
+    with watching(monitor):
+        for _ in range(3):
+            micro = []
+            for _ in range(4):  # accumulation over 4 micro-batches, divided as it should be
+                loss = lm_loss(model, batch(g))
+                micro.append(loss.item())
+                (loss / 4).backward()
+            opt.step()
+            opt.zero_grad()
+            seen.append(micro)
+    series = monitor.finish("finished")
+    assert len(series) == 3
+    for row, micro in zip(series.steps, seen):
+        assert row.micro_losses == pytest.approx(micro, rel=1e-6)
+        assert row.loss == pytest.approx(sum(micro) / 4, rel=1e-6)
+        assert row.lrs == [1e-3]
+        assert row.tokens == 4 * 4 * 6 or row.step == 0  # the model is bound at the first step
+
+
+def test_the_gradient_norm_is_the_clip_s_pre_clip_norm_and_otherwise_the_gradient_s():
+    model, g = tiny(), torch.Generator().manual_seed(2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    norms = []
+    monitor = Monitor()
+    with watching(monitor):
+        for step in range(4):
+            opt.zero_grad()
+            lm_loss(model, batch(g)).backward()
+            if step % 2:
+                norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)))
+            else:
+                norms.append(float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))))
+            opt.step()
+    rows = monitor.finish("finished").steps
+    assert [r.grad_norm for r in rows] == pytest.approx(norms, rel=1e-5)
+    assert norms[1] > 1e-2  # the clip cut it: the row holds the norm before it
+    assert rows[1].group_norms == pytest.approx([norms[1]], rel=1e-4)
+
+
+def test_a_summed_loss_is_read_per_token_as_a_hugging_face_model_divides_it():
+    model, g = tiny(), torch.Generator().manual_seed(3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = batch(g)
+    monitor = Monitor()
+    with watching(monitor):
+        total = lm_loss(model, x, reduction="sum")
+        (total / x.numel()).backward()
+        opt.step()
+    (row,) = monitor.finish("finished").steps
+    assert row.loss == pytest.approx(total.item() / x.numel(), rel=1e-6)
+
+
+def test_a_grad_scaler_that_overflows_skips_real_steps_and_the_scale_falls():
+    model, g = tiny(), torch.Generator().manual_seed(4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 40)  # far above what float16 holds
+    monitor = Monitor()
+    with watching(monitor):
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.float16):
+                logits = model(batch(g))
+            loss = F.cross_entropy(logits.float().reshape(-1, V), torch.zeros(logits.shape[0] * logits.shape[1],
+                                                                              dtype=torch.long))
+            opt.zero_grad()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    rows = monitor.finish("finished").steps
+    assert [r.skipped for r in rows] == [True, True, True]
+    assert all(math.isinf(r.grad_norm) for r in rows)
+    assert rows[0].scale > rows[1].scale > rows[2].scale
+    assert all(math.isfinite(r.loss) for r in rows)  # the loss, not the scaled loss
+
+
+class SlowRows(Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        time.sleep(0.005)
+        return torch.full((6,), i % V)
+
+
+def test_time_waiting_for_the_data_loader_is_measured():
+    model = tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(SlowRows(), batch_size=4)
+    monitor = Monitor()
+    with watching(monitor):
+        for x in loader:
+            opt.zero_grad()
+            lm_loss(model, x).backward()
+            opt.step()
+    series = monitor.finish("finished")
+    assert len(series) == 16
+    assert all(r.data_wait >= 4 * 0.005 * 0.9 for r in series.steps[1:])
+    assert series.facts["loader"]["num_workers"] == 0 and series.facts["loader"]["batch_size"] == 4
+
+
+def test_an_evaluation_on_trained_rows_is_told_from_one_on_held_out_rows():
+    model, g = tiny(), torch.Generator().manual_seed(5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train, held_out = batch(g, rows=8), batch(g, rows=8)
+    monitor = Monitor()
+    with watching(monitor):
+        for step in range(4):
+            opt.zero_grad()
+            lm_loss(model, train).backward()
+            opt.step()
+            model.eval()
+            with torch.no_grad():
+                evaluated = lm_loss(model, train[:4] if step == 1 else held_out).item()
+            model.train()
+    series = monitor.finish("finished")
+    assert [e.step for e in series.evals] == [1, 2, 3, 4]
+    assert [e.trained_rows for e in series.evals] == [0, 4, 0, 0]
+    assert all(e.rows in (4, 8) for e in series.evals)
+    assert series.evals[-1].loss == pytest.approx(evaluated, rel=1e-6)
+
+
+def test_max_steps_stops_the_loop_out_of_its_optimizer_step():
+    model, g = tiny(), torch.Generator().manual_seed(6)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = Monitor(max_steps=5)
+    steps = 0
+    with pytest.raises(StopWatching), watching(monitor):
+        while True:
+            opt.zero_grad()
+            lm_loss(model, batch(g)).backward()
+            opt.step()
+            steps += 1
+    assert len(monitor.finish("max-steps")) == 5 and steps == 4  # the 5th step raised
+
+
+def test_the_process_is_left_as_found_also_when_the_loop_raises():
+    originals = (torch.Tensor.backward, F.cross_entropy, F.nll_loss, torch.nn.utils.clip_grad_norm_,
+                 torch.amp.GradScaler.step, torch.utils.data.DataLoader.__iter__,
+                 torch.optim.lr_scheduler.LRScheduler.__init__)
+    model = tiny()
+    with pytest.raises(RuntimeError, match="the loop's own"):
+        with watching(Monitor()):
+            lm_loss(model, torch.zeros(2, 3, dtype=torch.long)).backward()
+            raise RuntimeError("the loop's own error")
+    after = (torch.Tensor.backward, F.cross_entropy, F.nll_loss, torch.nn.utils.clip_grad_norm_,
+             torch.amp.GradScaler.step, torch.utils.data.DataLoader.__iter__,
+             torch.optim.lr_scheduler.LRScheduler.__init__)
+    assert after == originals
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+    from torch.optim import optimizer
+
+    assert not optimizer._global_optimizer_pre_hooks and not optimizer._global_optimizer_post_hooks
+    assert not model._forward_pre_hooks

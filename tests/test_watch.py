@@ -1,0 +1,83 @@
+"""`tfdoctor watch` as a user runs it: the whole run recorded and judged, JSON carrying every series,
+--max-steps / --max-time, bad input (one line, exit 2), a script that dies mid-run, and the live view
+on a terminal with the script's own output above it."""
+
+import json
+
+import pytest
+
+from helpers import E2E, final_screen, run_in_terminal, tfdoctor
+
+pytestmark = E2E
+
+HEALTHY = "fixtures/watch/healthy.py"
+
+
+@pytest.fixture(scope="module")
+def healthy_json():
+    done = tfdoctor("watch", HEALTHY, "--max-steps", "120", "--format", "json")
+    return done, json.loads(done.stdout)
+
+
+def test_json_carries_every_series_and_every_judge(healthy_json):
+    from tfdoctor.registry import select
+
+    done, report = healthy_json
+    assert [c["id"] for c in report["checks"]] == [spec.id for spec in select(run_judges=True)]
+    steps = report["series"]["steps"]
+    assert len(steps["step"]) == 120 and steps["step"] == list(range(120))
+    for column in ("loss", "micro_losses", "grad_norm", "group_norms", "lrs", "scale", "skipped", "wall",
+                   "data_wait", "tokens", "rss", "batches"):
+        assert len(steps[column]) == 120, column
+    assert steps["loss"][0] > steps["loss"][-1]  # it learns
+    assert report["series"]["evals"]["step"] == [50, 100]  # healthy.py evaluates every 50 steps
+    assert report["series"]["facts"]["loader"]["batch_size"] == 16
+    assert report["discovered"]["ended"] == "max-steps"
+    assert "step 50 train" in done.stderr and "step 50" not in done.stdout  # the script's prints: stderr
+
+
+def test_the_healthy_run_is_quiet_under_every_judge(healthy_json):
+    done, report = healthy_json
+    assert report["summary"]["fail"] == report["summary"]["warn"] == report["summary"]["error"] == 0, \
+        [c for c in report["checks"] if c["status"] != "pass" and c["status"] != "skip"]
+    assert done.code == 0
+
+
+def test_max_time_stops_the_run():
+    done = tfdoctor("watch", HEALTHY, "--max-time", "1", "--format", "json")
+    report = json.loads(done.stdout)
+    assert report["discovered"]["ended"] == "max-time"
+    assert 0 < len(report["series"]["steps"]["step"]) < 300
+
+
+@pytest.mark.parametrize("args, said", [
+    (("fixtures/watch/missing.py",), "script not found"),
+    ((HEALTHY, "--max-steps", "0"), "--max-steps must be at least 1"),
+    ((HEALTHY, "--only", "future-leak"), "'future-leak' is not judged here"),
+    ((HEALTHY, "--only", "no-such-judge"), "unknown check id"),
+    ((), "give the script to watch"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, said):
+    done = tfdoctor("watch", *args)
+    assert done.code == 2 and done.stdout == ""
+    assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_script_that_dies_midway_is_reported_with_the_steps_it_took():
+    done = tfdoctor("watch", "fixtures/watch/raises_midway.py", "--format", "json")
+    report = json.loads(done.stdout)
+    assert len(report["series"]["steps"]["step"]) == 30
+    assert report["discovered"]["ended"] == "raised"
+    assert "KeyError" in report["discovered"]["error"] and "raises_midway.py:20" in report["discovered"]["error"]
+    assert done.code == 2 and "the watched script raised KeyError" in done.stderr
+
+
+def test_the_live_view_on_a_terminal_keeps_the_script_s_output_above_it():
+    code, raw, piped = run_in_terminal("watch", HEALTHY, "--max-steps", "120", stdout_is_terminal=False)
+    assert "tfdoctor watch fixtures/watch/healthy.py" in raw and "grad norm" in raw  # the view, on stderr
+    assert "step 100 train" in raw  # the script's own line, printed through
+    screen = final_screen(raw)
+    assert "Traceback" not in raw and "internal error" not in raw
+    assert piped.startswith("tfdoctor watch") and "120 optimizer step(s)" in piped  # stdout: the report only
+    assert "grad norm" not in piped and "step 100 train" not in piped
+    assert code == 0, screen[-2000:]

@@ -1,0 +1,95 @@
+"""The command-line flags' validation, before anything runs: each raises UsageError with the line
+the CLI prints (exit 2)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+from tfdoctor.errors import UsageError
+
+
+def positive(name: str, value: Optional[int], minimum: int = 1, maximum: Optional[int] = None) -> None:
+    if value is not None and value < minimum:
+        raise UsageError(f"{name} must be at least {minimum}, got {value}")
+    if value is not None and maximum is not None and value > maximum:
+        raise UsageError(f"{name} must be at most {maximum:,}, got {value:,}")
+
+
+# Probe sizes beyond these are typos, not probes: the checks need a few rows of a few dozen tokens.
+MAX_PROBE_BATCH = 4096
+MAX_PROBE_SEQ = 1 << 16
+
+
+# More ranks than this on one machine is a typo (torchrun starts every one as a process here).
+MAX_NPROC = 64
+
+
+def nproc_in_range(nproc: Optional[int]) -> None:
+    positive("--nproc", nproc, 1, MAX_NPROC)
+    if nproc is not None and nproc > 1 and os.environ.get("WORLD_SIZE"):
+        raise UsageError("--nproc under torchrun: this process is already one rank of a job",
+                         "give --nproc-per-node to torchrun, or drop torchrun and keep --nproc")
+
+
+def seed_in_range(seed: int) -> None:
+    if not 0 <= seed < 2 ** 63:  # torch.manual_seed takes a 64-bit seed
+        raise UsageError(f"--seed must be between 0 and 2**63 - 1, got {seed}")
+
+
+def budget_in_range(name: str, seconds: float) -> None:
+    if not 0 < seconds <= 7 * 24 * 3600:
+        raise UsageError(f"{name} must be a number of seconds above 0 (and at most a week), got {seconds:g}")
+
+
+def format_ready(fmt) -> None:
+    """--format html draws with matplotlib, an optional extra: missing, it is a usage error up front."""
+    if fmt.value == "html":
+        from tfdoctor.report.html import require_plotting  # imports no matplotlib
+
+        require_plotting()
+
+
+def writable(output: Optional[Path]) -> None:
+    """--output is checked before anything runs: a report nobody can write is a wasted battery."""
+    if output is None:
+        return
+    if output.is_dir():
+        raise UsageError(f"--output {output} is a folder", "give a file path")
+    folder = output.parent if str(output.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"--output {output}: the folder {folder} does not exist")
+    existed = output.exists()
+    try:  # root passes os.access everywhere; only opening it tells (/proc files refuse writers)
+        with open(output, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"--output {output} is not writable ({exc.strerror or exc})") from exc
+    if not existed:
+        output.unlink(missing_ok=True)
+
+
+def check_battery_flags(vocab, seq_len, batch, pad_id, seed, timeout, timeout_per_check, only, skip) -> None:
+    """The flags `check` and `run` share, validated before anything is loaded (UsageError)."""
+    positive("--vocab", vocab)
+    positive("--seq-len", seq_len, 2, MAX_PROBE_SEQ)
+    positive("--batch", batch, 1, MAX_PROBE_BATCH)
+    positive("--pad-id", pad_id, 0)
+    seed_in_range(seed)
+    budget_in_range("--timeout", timeout)
+    budget_in_range("--timeout-per-check", timeout_per_check)
+    from tfdoctor.registry import select
+
+    # Unknown ids are a usage error here; so is a selection that leaves nothing to run.
+    if (only is not None and not only.replace(",", "").strip()) or not select(only, skip):
+        raise UsageError("the selection is empty: --only/--skip leave no check to run",
+                         "run `tfdoctor checks` for the ids")
+
+
+def model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id=None) -> dict:
+    """The Subject fields the flags give (the ones left out are the Subject's or discovered)."""
+    fields = dict(vocab_size=vocab, seq_len=seq_len, batch_size=batch, pad_id=pad_id, eos_id=eos_id,
+                  kind=kind.value if kind else None, padding_side=padding_side.value if padding_side else None,
+                  packing=packing.value if packing else None)
+    return {k: v for k, v in fields.items() if v is not None}
