@@ -358,6 +358,8 @@ def test_bad_settings_are_refused_at_once():
         LiveWatch(judge_every=0)
     with pytest.raises(UsageError, match="no-such-judge"):
         LiveWatch(only="no-such-judge")
+    with pytest.raises(UsageError, match="does not exist"):
+        LiveWatch(report=ROOT / "no-such-folder" / "run.html")
 
 
 def test_lightning_that_raises_takes_the_hooks_off():

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from tfdoctor.errors import UsageError
 from tfdoctor.registry import select
 from tfdoctor.result import Report, Result, Status
 from tfdoctor.watching.judging import judge_run, watched_report
@@ -30,6 +31,14 @@ _STOPPING = {"fail": {Status.FAIL}, "warn": {Status.FAIL, Status.WARN}}
 # suffix (.txt, .log) gets the rich text report
 SUFFIX_FORMATS = {".json": "json", ".xml": "junit", ".sarif": "sarif", ".html": "html"}
 DEFAULT_JUDGE_EVERY = 50
+# The judges read the whole series, so a judgement costs more the longer the run (the four curve
+# judges: ~14 us a step, 0.14 s at 10k steps, 1.4 s at 100k; the first call 0.1 s with its imports).
+# A judgement that took over JUDGE_COST_FLOOR puts the next due one off until the time since it is at
+# least its cost over MAX_JUDGE_SHARE: live judging then takes at most 1% of the run's wall time (the
+# issue allows the monitor 3% of step time). Cheaper judgements (runs of up to ~15k steps) are never
+# put off: a stop comes at the judge_every step asked for.
+MAX_JUDGE_SHARE = 0.01
+JUDGE_COST_FLOOR = 0.25
 
 
 class LiveWatch:
@@ -49,12 +58,15 @@ class LiveWatch:
         select(only, skip, run_judges=True)  # an unknown id is the user's error now, not at the first judgement
         self.only, self.skip = only, skip
         self.path = Path(report) if report is not None else None
+        if self.path is not None:
+            _writable(self.path)  # now, not after a run of days
         self.stack: Optional[contextlib.ExitStack] = None
         self.monitor: Any = None
         self.report: Optional[Report] = None
         self.logged: set[tuple[str, str]] = set()  # (id, status) of the findings logged in this run
         self.stopped_by: list[Result] = []  # the findings that met stop_on, when the run was stopped
-        self.judged_at = 0  # the optimizer step of the last live judgement
+        self.judged_at = 0  # the optimizer step of the last live judgement (due or not)
+        self.judged_time, self.judge_cost = 0.0, 0.0  # when the last judgement ended, and what it took
         self.started = time.perf_counter()
 
     @property
@@ -66,6 +78,7 @@ class LiveWatch:
         the framework made before the hooks were in place (the monitor hears only later ones)."""
         self.close()  # the hooks of an earlier run of this callback, if it was never ended
         self.name, self.report, self.logged, self.stopped_by, self.judged_at = name, None, set(), [], 0
+        self.judged_time, self.judge_cost = 0.0, 0.0
         self.started = time.perf_counter()
         if not main:
             return
@@ -87,13 +100,20 @@ class LiveWatch:
             return False
         self.judged_at = step
         stop = False
-        if self.watching:
+        if self.watching and not self._put_off():
+            began = time.perf_counter()
             results = judge_run(self.monitor.so_far(), self.only, self.skip)
             self._log_new(results)
             stop = self._meets_stop_on(results, step)
+            self.judged_time = time.perf_counter()
+            self.judge_cost = self.judged_time - began
         if self.stop_on is not None:
             stop = _agreed(stop)
         return stop
+
+    def _put_off(self) -> bool:
+        return self.judge_cost > JUDGE_COST_FLOOR and \
+            time.perf_counter() - self.judged_time < self.judge_cost / MAX_JUDGE_SHARE
 
     def finish(self, ended: str, error: Optional[BaseException] = None) -> Optional[Report]:
         """The run ended (`ended`: finished | stopped | raised): take the hooks off, judge the whole run,
@@ -171,6 +191,17 @@ def write_report(report: Report, path: str | Path) -> str:
     with open(path, "w", encoding="utf-8") as out:
         render(report, fmt, out, width=100)
     return fmt
+
+
+def _writable(path: Path) -> None:
+    if path.is_dir():
+        raise UsageError(f"report={str(path)!r} is a folder", "give a file path, e.g. report='run.html'")
+    if not path.parent.is_dir():
+        raise UsageError(f"report={str(path)!r}: the folder {str(path.parent)!r} does not exist", "make it first")
+    if report_format(path) == "html":
+        from tfdoctor.report.html import require_plotting  # imports no matplotlib
+
+        require_plotting()
 
 
 def _agreed(stop: bool) -> bool:
