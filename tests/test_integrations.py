@@ -4,7 +4,8 @@ on the CPU, a few seconds per run.
 The healthy runs are correct code (no planted bug): a 2-layer GPT2LMHeadModel built from a local
 config, and a LightningModule around fixtures/watch/watchlm.py's TinyLM, both on watchlm's Markov
 corpus. The planted bugs: a learning rate of 100 (the loss diverges: loss-divergence must fail and
-stop the run), and a dataset / training_step that raises mid-run (the hooks must come off anyway).
+stop the run), an evaluation set drawn from the training rows (eval-gap, logged while the run goes
+on), and a dataset / training_step that raises mid-run (the hooks must come off anyway).
 """
 
 import importlib.util
@@ -216,6 +217,25 @@ def test_trainer_stops_on_a_failure_and_logs_it(tmp_path, caplog):
     logged = [r for r in caplog.records if r.name == "tfdoctor" and "loss-divergence FAIL" in r.getMessage()]
     assert len(logged) == 1 and logged[0].levelno == logging.ERROR  # logged once, not at every judgement
     assert_unhooked()
+
+
+def test_trainer_evaluating_on_training_rows_is_named_live(tmp_path, caplog):
+    """Planted: the eval_dataset is 64 of the training rows. eval-gap fails on the evaluation at step 20;
+    it is logged once, at the next judgement (step 40), and the run goes on to its end."""
+    from tfdoctor.integrations.huggingface import TfdoctorCallback
+
+    callback = TfdoctorCallback(judge_every=20)
+    trainer = hf_trainer(tmp_path, callback)
+    trainer.eval_dataset = Rows(trainer.train_dataset.rows[:64])
+    with caplog.at_level(logging.WARNING, logger="tfdoctor"):
+        trainer.train()
+    assert trainer.state.global_step == 100  # no stop_on: the run is not stopped
+    gap = callback.report["eval-gap"]
+    assert gap.status == Status.FAIL and gap.details["step"] == 20
+    series = RunSeries.from_dict(callback.report.series)
+    assert sum(point.trained_rows for point in series.evals) > 0
+    logged = [r.getMessage() for r in caplog.records if r.name == "tfdoctor" and "eval-gap FAIL" in r.getMessage()]
+    assert len(logged) == 1 and "at step 20" in logged[0]
 
 
 def test_trainer_that_raises_takes_the_hooks_off(tmp_path):
