@@ -11,6 +11,7 @@ on), and a dataset / training_step that raises mid-run (the hooks must come off 
 import importlib.util
 import logging
 import math
+import os
 import subprocess
 import sys
 
@@ -392,6 +393,41 @@ def test_lightning_that_raises_takes_the_hooks_off():
     assert_unhooked()
     series = RunSeries.from_dict(callback.report.series)
     assert series.facts["ended"] == "raised" and len(series) == 30
+
+
+# ---------------------------------------------------------------------------------- two ranks
+
+RANK_SCRIPT = """
+import os, sys, tempfile, torch
+torch.set_num_threads(1)
+import test_integrations as t
+from tfdoctor.integrations.huggingface import TfdoctorCallback
+callback = TfdoctorCallback(judge_every=10, stop_on="fail")
+trainer = t.hf_trainer(tempfile.mkdtemp(), callback, max_steps=200, lr=100.0)
+trainer.train()
+rows = len(callback.report.series["steps"]["loss"]) if callback.report is not None else None
+print("RANK", os.environ["RANK"], trainer.args.world_size, trainer.state.global_step, rows,
+      hasattr(torch.Tensor.backward, "__wrapped__"))
+"""
+
+
+@pytest.mark.e2e
+def test_trainer_on_two_ranks_stops_both_and_rank_0_alone_watches(tmp_path):
+    """Planted: the rate of 100 under torchrun --nproc_per_node 2 (gloo, CPU). Rank 0 judges and stops;
+    rank 1 records nothing and stops at the same step (else it would wait in its next all-reduce)."""
+    script = tmp_path / "two_ranks.py"
+    script.write_text(RANK_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = sorted(line.split()[1:] for line in done.stdout.splitlines() if line.startswith("RANK "))
+    assert len(ranks) == 2
+    (rank0, world0, steps0, rows0, hooked0), (rank1, world1, steps1, rows1, hooked1) = ranks
+    assert (world0, world1) == ("2", "2") and steps0 == steps1 and int(steps0) < 200
+    assert rows0 == steps0 and rows1 == "None"
+    assert hooked0 == hooked1 == "False"
 
 
 # ---------------------------------------------------------------------------------- imports
