@@ -73,11 +73,13 @@ class LiveWatch:
     def watching(self) -> bool:
         return self.stack is not None
 
-    def start(self, name: str, main: bool = True, max_steps: Optional[int] = None, schedulers: Iterable[Any] = ()) -> None:
-        """Training starts: on the main process, install the hooks. `schedulers` are the rate schedulers
-        the framework made before the hooks were in place (the monitor hears only later ones)."""
+    def start(self, name: str, main: bool = True, max_steps: Optional[int] = None, schedulers: Iterable[Any] = (),
+              step: int = 0) -> None:
+        """Training starts, at optimizer step `step` (a resumed run's): on the main process, install the
+        hooks. `schedulers` are the rate schedulers the framework made before the hooks were in place
+        (the monitor hears only later ones)."""
         self.close()  # the hooks of an earlier run of this callback, if it was never ended
-        self.name, self.report, self.logged, self.stopped_by, self.judged_at = name, None, set(), [], 0
+        self.name, self.report, self.logged, self.stopped_by, self.judged_at = name, None, set(), [], step
         self.judged_time, self.judge_cost = 0.0, 0.0
         self.started = time.perf_counter()
         if not main:
@@ -120,7 +122,7 @@ class LiveWatch:
         log what was not logged yet and write the report. None on a process that did not watch."""
         if not self.watching:
             return self.report
-        monitor = self.monitor
+        monitor, self.monitor = self.monitor, None  # the report keeps the series; the model goes free
         self.close()  # first: nothing below may leave the hooks on
         from tfdoctor.sites import raised_at
         from tfdoctor.watching.script import WatchedRun

@@ -12,6 +12,7 @@ and writes; with stop_on, every rank stops at the same step. Uses `lightning.pyt
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -53,9 +54,12 @@ class TfdoctorCallback(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         self.stopping = False
         schedulers = [config.scheduler for config in getattr(trainer, "lr_scheduler_configs", [])]
-        max_steps = trainer.max_steps if trainer.max_steps is not None and trainer.max_steps > 0 else None
+        # the planned length: max_steps, else what max_epochs of the loader make (inf without either)
+        planned = trainer.max_steps if trainer.max_steps is not None and trainer.max_steps > 0 \
+            else trainer.estimated_stepping_batches
+        max_steps = int(planned) if math.isfinite(planned) else None
         self.live.start(f"Lightning {type(pl_module).__name__}", main=trainer.global_rank == 0,
-                        max_steps=max_steps, schedulers=schedulers)
+                        max_steps=max_steps, schedulers=schedulers, step=trainer.global_step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         # called per batch, so per micro-batch under accumulate_grad_batches: LiveWatch judges once per
