@@ -67,6 +67,7 @@ class LiveWatch:
         self.stopped_by: list[Result] = []  # the findings that met stop_on, when the run was stopped
         self.judged_at = 0  # the optimizer step of the last live judgement (due or not)
         self.judged_time, self.judge_cost = 0.0, 0.0  # when the last judgement ended, and what it took
+        self.live = True  # judging while the run goes on (off after a judgement crashed)
         self.started = time.perf_counter()
 
     @property
@@ -80,7 +81,7 @@ class LiveWatch:
         (the monitor hears only later ones)."""
         self.close()  # the hooks of an earlier run of this callback, if it was never ended
         self.name, self.report, self.logged, self.stopped_by, self.judged_at = name, None, set(), [], step
-        self.judged_time, self.judge_cost = 0.0, 0.0
+        self.judged_time, self.judge_cost, self.live = 0.0, 0.0, True
         self.started = time.perf_counter()
         if not main:
             return
@@ -102,9 +103,15 @@ class LiveWatch:
             return False
         self.judged_at = step
         stop = False
-        if self.watching and not self._put_off():
+        if self.watching and self.live and not self._put_off():
             began = time.perf_counter()
-            results = judge_run(self.monitor.so_far(), self.only, self.skip)
+            try:
+                results = judge_run(self.monitor.so_far(), self.only, self.skip)
+            except Exception:  # noqa: BLE001 - tfdoctor's own bug must not end a run of days: said, and left
+                logger.exception("tfdoctor: judging the run so far failed (a bug in tfdoctor); the run goes on, "
+                                 "recorded, and is judged at its end")
+                self.live = False
+                results = []
             self._log_new(results)
             stop = self._meets_stop_on(results, step)
             self.judged_time = time.perf_counter()
@@ -124,6 +131,14 @@ class LiveWatch:
             return self.report
         monitor, self.monitor = self.monitor, None  # the report keeps the series; the model goes free
         self.close()  # first: nothing below may leave the hooks on
+        try:
+            return self._judged(monitor, ended, error)
+        except Exception:  # noqa: BLE001 - the run itself is over and fine: its end must not raise for us
+            logger.exception("tfdoctor: judging or writing the finished run failed (a bug in tfdoctor, or the "
+                             "report path)")
+            return None
+
+    def _judged(self, monitor, ended: str, error: Optional[BaseException]) -> Report:
         from tfdoctor.sites import raised_at
         from tfdoctor.watching.script import WatchedRun
 

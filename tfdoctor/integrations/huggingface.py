@@ -69,13 +69,9 @@ class TfdoctorCallback(TrainerCallback):
         self.live.finish("stopped" if self.stopping else "finished")
 
     def raised(self, error: BaseException) -> None:
-        """train() raised: judge and write what was recorded, the hooks off whatever happens."""
-        try:
-            self.live.finish("raised", error)
-        except Exception:  # noqa: BLE001 - the run's own error is the one to propagate
-            logger.exception("tfdoctor: could not judge the run that raised")
-        finally:
-            self.live.close()
+        """train() raised: the hooks off, and what was recorded judged and written (the run's own error
+        then goes on up)."""
+        self.live.finish("raised", error)
 
 
 def _calling_trainer() -> Optional[Trainer]:

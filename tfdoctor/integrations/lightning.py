@@ -21,7 +21,7 @@ try:
 except ImportError:  # the standalone package of Lightning 1.x/2.x
     from pytorch_lightning import Callback
 
-from tfdoctor.integrations.common import DEFAULT_JUDGE_EVERY, LiveWatch, logger
+from tfdoctor.integrations.common import DEFAULT_JUDGE_EVERY, LiveWatch
 from tfdoctor.result import Report
 
 
@@ -71,9 +71,4 @@ class TfdoctorCallback(Callback):
         self.live.finish("stopped" if self.stopping else "finished")
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        try:
-            self.live.finish("raised", exception)
-        except Exception:  # noqa: BLE001 - the run's own error is the one Lightning goes on to raise
-            logger.exception("tfdoctor: could not judge the run that raised")
-        finally:
-            self.live.close()
+        self.live.finish("raised", exception)  # the hooks off; Lightning then raises the run's own error
