@@ -433,6 +433,44 @@ def test_trainer_on_two_ranks_stops_both_and_rank_0_alone_watches(tmp_path):
 # ---------------------------------------------------------------------------------- imports
 
 
+FALLBACK_SCRIPT = """
+import sys
+sys.modules["lightning"] = sys.modules["lightning.pytorch"] = None  # as if only pytorch_lightning were there
+import torch, torch.nn.functional as F
+import pytorch_lightning as pl
+from torch.utils.data import DataLoader, TensorDataset
+from tfdoctor.integrations.lightning import TfdoctorCallback
+
+class Bigram(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(64, 64)
+
+    def training_step(self, batch, batch_idx):
+        rows = batch[0]
+        return F.cross_entropy(self.table(rows[:, :-1]).reshape(-1, 64), rows[:, 1:].reshape(-1))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+callback = TfdoctorCallback()
+trainer = pl.Trainer(max_steps=20, accelerator="cpu", enable_progress_bar=False, logger=False,
+                     enable_checkpointing=False, enable_model_summary=False, callbacks=[callback])
+trainer.fit(Bigram(), DataLoader(TensorDataset(torch.randint(0, 64, (256, 9))), batch_size=8))
+print("RESULT", type(callback).__mro__[1].__module__.split(".")[0], trainer.global_step,
+      len(callback.report.series["steps"]["loss"]))
+"""
+
+
+@pytest.mark.e2e
+def test_lightning_callback_falls_back_to_pytorch_lightning():
+    pytest.importorskip("pytorch_lightning")
+    done = subprocess.run([sys.executable, "-c", FALLBACK_SCRIPT], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("RESULT")[-1].split() == ["pytorch_lightning", "20", "20"]
+
+
 @pytest.mark.e2e
 def test_importing_tfdoctor_imports_no_framework():
     code = ("import sys, tfdoctor, tfdoctor.integrations, tfdoctor.integrations.common; "
