@@ -139,7 +139,7 @@ def assert_agrees_with_trainer_log(series: RunSeries, trainer) -> None:
     assert len(logged) == trainer.state.global_step  # logging_steps=1: one training loss per step
     for entry in logged:
         row = series.steps[entry["step"] - 1]
-        assert row.loss == pytest.approx(entry["loss"], rel=1e-3), entry
+        assert row.loss == pytest.approx(entry["loss"], rel=1e-5), entry
 
 
 @pytest.mark.parametrize("run", ["hf_healthy", "hf_accumulating"])
