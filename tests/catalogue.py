@@ -132,4 +132,9 @@ PLANTED = {
     "rank-uniform": ([(ranks("rank0_clip"), "fail")], [(ranks("correct"), "pass")]),
     "rank-equivalence": ([(ranks("clip_before_all_reduce"), "fail"), (ranks("mean_of_means"), "warn")],
                          [(ranks("correct"), "pass"), (ranks("global_token_mean"), "pass")]),
+    "loss-spike": ([(watch("lr_spike"), "fail")], [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
+    "loss-divergence": ([(watch("diverges"), "fail")], [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
+    "loss-plateau": ([(watch("plateau"), "fail")], [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
+    "grad-norm-trend": ([(watch("grad_growth"), "warn")],
+                        [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
 }

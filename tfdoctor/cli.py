@@ -428,7 +428,7 @@ def list_checks(
     console = Console()
     if check_id is not None:
         try:
-            (spec,) = select(only=check_id)
+            (spec,) = select(only=check_id, run_judges=check_id in {s.id for s in all_checks() if s.judges_run})
         except (TfdoctorError, ValueError) as error:
             _fail_usage(error if isinstance(error, TfdoctorError) else UsageError("give one check id"))
         render_check(spec, console)

@@ -22,8 +22,9 @@ def render_catalogue(specs, console: Console) -> None:
 
 def render_check(spec, console: Console) -> None:
     console.print(Text.assemble((spec.id, "bold"), f": {spec.title}"), highlight=False)
-    console.print(f"applies to: {', '.join(spec.kinds)} models" + (f"; needs {', '.join(spec.needs)}" if spec.needs else ""),
-                  highlight=False, markup=False)
+    applies = ("a whole watched run (tfdoctor watch, TfdoctorCallback)" if spec.judges_run
+               else f"{', '.join(spec.kinds)} models" + (f"; needs {', '.join(spec.needs)}" if spec.needs else ""))
+    console.print(f"applies to: {applies}", highlight=False, markup=False)
     for paragraph in spec.doc.split("\n\n"):  # reflowed to the terminal's width
         console.print()
         console.print(" ".join(paragraph.split()), highlight=False, markup=False)

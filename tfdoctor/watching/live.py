@@ -14,8 +14,11 @@ from tfdoctor.watching.series import StepRow, row_dict
 # Rows go out at most this often: the view redraws a few times a second, and a step of a tiny model
 # takes milliseconds, so one message per step would cost more than the step.
 SEND_SECONDS = 0.25
-# The judges read the whole series: every few seconds is enough for findings a person reads.
+# The judges read the whole series: every few seconds is enough for findings a person reads. On a long
+# run judging grows with the series (about 1 s at 100,000 steps), so the wait after each judging is
+# at least JUDGE_WAIT_FACTOR times what it took: judging stays under 2% of the run's time.
 JUDGE_SECONDS = 3.0
+JUDGE_WAIT_FACTOR = 50
 
 
 class LiveFeed:
@@ -24,6 +27,7 @@ class LiveFeed:
         self.rows: list[dict] = []
         self.monitor = None
         self.sent_at = self.judged_at = time.monotonic()
+        self.judge_wait = JUDGE_SECONDS
 
     def bind(self, monitor) -> None:
         self.monitor = monitor
@@ -33,10 +37,10 @@ class LiveFeed:
         now = time.monotonic()
         if now - self.sent_at >= SEND_SECONDS:
             self.flush(now)
-        if self.monitor is not None and now - self.judged_at >= JUDGE_SECONDS:
-            self.judged_at = now
+        if self.monitor is not None and now - self.judged_at >= self.judge_wait:
             self.send(Event.FINDINGS, findings=findings(self.judge(self.monitor.view())))
-            self.judged_at = time.monotonic()  # the judging time does not count towards the next wait
+            self.judged_at = time.monotonic()
+            self.judge_wait = max(JUDGE_SECONDS, JUDGE_WAIT_FACTOR * (self.judged_at - now))
 
     def flush(self, now: Optional[float] = None) -> None:
         if self.rows:
