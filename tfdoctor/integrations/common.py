@@ -21,6 +21,7 @@ from tfdoctor.errors import UsageError
 from tfdoctor.registry import select
 from tfdoctor.result import Report, Result, Status
 from tfdoctor.watching.judging import judge_run, watched_report
+from tfdoctor.watching.live import JUDGE_WAIT_FACTOR
 
 logger = logging.getLogger("tfdoctor")
 
@@ -33,11 +34,10 @@ SUFFIX_FORMATS = {".json": "json", ".xml": "junit", ".sarif": "sarif", ".html": 
 DEFAULT_JUDGE_EVERY = 50
 # The judges read the whole series, so a judgement costs more the longer the run (the four curve
 # judges: ~14 us a step, 0.14 s at 10k steps, 1.4 s at 100k; the first call 0.1 s with its imports).
-# A judgement that took over JUDGE_COST_FLOOR puts the next due one off until the time since it is at
-# least its cost over MAX_JUDGE_SHARE: live judging then takes at most 1% of the run's wall time (the
-# issue allows the monitor 3% of step time). Cheaper judgements (runs of up to ~15k steps) are never
-# put off: a stop comes at the judge_every step asked for.
-MAX_JUDGE_SHARE = 0.01
+# A judgement that took over JUDGE_COST_FLOOR puts the next due one off until JUDGE_WAIT_FACTOR times
+# its cost has passed, as `tfdoctor watch`'s live feed does: live judging stays under 2% of the run's
+# time. Cheaper judgements (runs of up to ~15k steps) are never put off: a stop comes at the
+# judge_every step asked for.
 JUDGE_COST_FLOOR = 0.25
 
 
@@ -122,7 +122,7 @@ class LiveWatch:
 
     def _put_off(self) -> bool:
         return self.judge_cost > JUDGE_COST_FLOOR and \
-            time.perf_counter() - self.judged_time < self.judge_cost / MAX_JUDGE_SHARE
+            time.perf_counter() - self.judged_time < JUDGE_WAIT_FACTOR * self.judge_cost
 
     def finish(self, ended: str, error: Optional[BaseException] = None) -> Optional[Report]:
         """The run ended (`ended`: finished | stopped | raised): take the hooks off, judge the whole run,
