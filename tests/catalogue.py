@@ -137,4 +137,9 @@ PLANTED = {
     "loss-plateau": ([(watch("plateau"), "fail")], [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
     "grad-norm-trend": ([(watch("grad_growth"), "warn")],
                         [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
+    "scaler-overflow": ([(watch("fp16_overflow"), "fail")], [(watch("fp16_healthy"), "pass")]),
+    "lr-trajectory": ([(watch("lr_zero_halfway"), "fail")], [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
+    "data-wait": ([(watch("slow_loader"), "warn")], [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
+    "memory-growth": ([(watch("leaky_total_loss"), "fail")], [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
+    "eval-gap": ([(watch("eval_on_train"), "fail")], [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
 }

@@ -94,8 +94,8 @@ def rank_digests(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def watch_audit(tmp_path_factory):
-    """audit(name, *args): the Report of a watched run of fixtures/watch/NAME.py with ARGS, made in this
-    process (watch_script, then every run judge), once per session whichever worker asks first.
+    """audit(name, *args): the Report of a watched run of fixtures/watch/NAME.py with ARGS (the command,
+    --format json), made once per session whichever worker asks first.
     `RunSeries.from_dict(report.series)` is the run's series."""
     folder, cache = _session_folder(tmp_path_factory), {}
 
@@ -110,10 +110,17 @@ def watch_audit(tmp_path_factory):
 
 
 def watched(name: str, *args: str):
-    from tfdoctor.watching.judging import watched_report
-    from tfdoctor.watching.script import watch_script
+    """`tfdoctor watch fixtures/watch/NAME.py -- ARGS --format json` as a Report: a process of its own,
+    as a user runs it (a run's memory curve is its own process's, not a test worker's reused heap)."""
+    import json
 
-    return watched_report(watch_script(str(ROOT / "fixtures" / "watch" / f"{name}.py"), args=tuple(args)))
+    from tfdoctor.result import Report, Result
+
+    done = tfdoctor("watch", f"fixtures/watch/{name}.py", "--format", "json", *(("--", *args) if args else ()))
+    assert done.code in (0, 1), done.stderr[-3000:]
+    data = json.loads(done.stdout)
+    return Report(data["target"], [Result.from_dict(check) for check in data["checks"]],
+                  discovered=data.get("discovered", {}), series=data["series"])
 
 
 @pytest.fixture(scope="session")

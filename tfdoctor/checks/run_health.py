@@ -1,1 +1,469 @@
-"""Placeholder: filled by the judges of issue 21."""
+"""Run health judges: what a whole watched run did besides its loss and gradients. The GradScaler's
+skipped steps and scale (scaler-overflow), the rate the optimizer really used (lr-trajectory), time
+spent waiting for batches (data-wait), memory that rises step after step (memory-growth), and the
+evaluations the script ran (eval-gap). Each is a pure function of the RunSeries that `tfdoctor watch`
+or a callback recorded (tfdoctor/watching/series.py); no torch here.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from tfdoctor.registry import check
+from tfdoctor.result import Result
+from tfdoctor.watching.series import RunSeries
+
+MIB = 2 ** 20
+
+# scaler-overflow. Watched, fp16_healthy.py (init_scale 2**24, growth_interval 50, 200 CPU steps)
+# skipped steps 0-3 while it calibrated, then 3 of its next 196 (1.5%); a GPU run with the default
+# growth_interval=2000 skips one step in 2000 after its first few. fp16_overflow.py (growth_interval=1)
+# skipped 98 of 200 steps, 50% after its first 40.
+CALM_STEPS = 10  # calibration is over once this many steps in a row went through
+CALIBRATION_MAX_STEPS = 40  # each skip halves the scale: 40 halvings take any init_scale below 1
+SKIP_WARN_SHARE = 0.05  # skipped steps after calibration: 5x the healthy fixture's 1%
+SKIP_FAIL_SHARE = 0.20  # one step in five thrown away
+GIVEN_UP_STEPS = 10  # the run ended on this many skipped steps in a row: the scale never recovered
+SCALE_FLOOR = 1.0  # a scale below 1 shrinks the loss: the gradients overflow even unscaled
+
+# lr-trajectory. A cosine decay to exactly 0 spends its last 6% of steps below 1% of its peak (cos
+# schedule: 1 - 2/pi * asin(0.1)), a linear decay to 0 its last 1%; healthy.py's floor of 0.1 none.
+MIN_RATE_STEPS = 20  # fewer steps say nothing about a schedule
+NEAR_ZERO = 0.01  # a rate below this share of the run's peak is "about 0"
+# The run's peak is the highest rate held this many steps in a row: a rate spike of a step or two (the
+# curves fixture lr_spike.py: x50 for two steps) is loss-spike's to judge, not a new peak to decay from.
+PEAK_SPAN = 5
+DECAY_WARN_SHARE = 0.10  # the run's last 10% at about 0: more than any decay that ends at the run's end
+DECAY_FAIL_SHARE = 0.25  # a quarter of the run's steps changed (almost) nothing
+RISING_TAIL = 0.2  # warm-up never finished: the rate still rising over the run's last 20%
+RISING_MIN_RATIO = 1.05  # by at least 5% (a rate flat within float rounding is not rising)
+# A shorter run is a smoke test (the shipped fixtures/scripts/lightning_correct.py: 20 steps of a
+# 100-step warm-up): a warm-up longer than it is expected there, not a fault.
+WARMUP_MIN_STEPS = 100
+
+# data-wait. Watched, the healthy runs (TensorDataset, num_workers=0, tiny model on a CPU) wait 1-4%
+# of a typical step for their batch, also on a loaded machine; slow_loader.py (8 ms per row in
+# __getitem__) 66-79%. A GPU idle a fifth of the time is worth knowing about.
+DATA_WAIT_SHARE = 0.20
+MIN_TIMED_STEPS = 10
+
+# memory-growth. Watched, healthy.py's RSS rises over its first steps (allocator, AdamW state), then
+# its window medians stay within 2 MiB (321-322 MiB over 300 steps, 1000 steps alike); that of
+# leaky_total_loss.py rises in every window, 348 -> 405 MiB, about 450 KiB per step.
+MEMORY_SETTLE_SHARE = 0.2  # the first 20% of the run (at least MEMORY_SETTLE_STEPS) is not judged
+MEMORY_SETTLE_STEPS = 10
+MEMORY_WINDOWS = 5  # the judged steps in 5 windows, each summed up by its median (robust to spikes)
+GROWTH_MIN_SHARE = 0.05  # a rise of at least 5% of the level after settling ...
+GROWTH_MIN_BYTES = 16 * MIB  # ... and at least 16 MiB (allocator arenas come in MiB-sized steps)
+SLOWING_RATIO = 0.5  # the last window rose less than half the average: levelling off (warn, not fail)
+
+# eval-gap. Watched, healthy.py evaluates held-out rows (0 of 768 trained on) and its evaluation loss
+# is below the training loss around it at none of its 5 comparable evaluations; eval_on_train.py's
+# 768 evaluation rows were all trained on.
+# An EvalPoint sums every loss computed between two steps, and nanoGPT's estimate_loss evaluates the
+# train split (rows the loop trains on, by design) beside the val split: the shipped nanogpt_train.py
+# evaluates on its training stream, 17% of its rows trained on over 300 iterations; nanoGPT on
+# shakespeare_char would show about half. Only an evaluation with (nearly) nothing held out is a leak
+# the sums can prove; a partial overlap is reported in the pass.
+LEAK_SHARE = 0.9
+TRAIN_WINDOW = 10  # the training loss around an evaluation: the median of the steps within +-10
+BELOW_MARGIN = 0.05  # evaluation loss more than 5% below that median ...
+BELOW_SHARE = 0.5  # ... at half the evaluations or more (and at least BELOW_MIN_POINTS of them)
+BELOW_MIN_POINTS = 2
+
+
+def _scaler_calibration(skipped: list[bool]) -> tuple[int, bool]:
+    """How many leading steps the GradScaler spent finding its ceiling: the steps before the first
+    CALM_STEPS in a row that went through (then True: it settled), else CALIBRATION_MAX_STEPS (False)."""
+    clean = 0
+    for i, skip in enumerate(skipped[:CALIBRATION_MAX_STEPS + CALM_STEPS]):
+        clean = 0 if skip else clean + 1
+        if clean == CALM_STEPS:
+            return i + 1 - CALM_STEPS, True
+    return min(CALIBRATION_MAX_STEPS, len(skipped)), False
+
+
+def _scale(value: float | None) -> str:
+    return "none" if value is None else f"{value:.0f}" if value >= 1 else f"{value:.3g}"
+
+
+def _trailing(flags: list[bool]) -> int:
+    count = 0
+    for flag in reversed(flags):
+        if not flag:
+            break
+        count += 1
+    return count
+
+
+@check("scaler-overflow", title="The GradScaler settles: few skipped float16 steps", inputs=("series",))
+def scaler_overflow(series: RunSeries) -> Result:
+    """Catches a float16 run whose GradScaler keeps skipping optimizer steps: the gradients overflow
+    (inf/NaN) again and again, and each skipped step throws a batch away. Two shapes: a scale that
+    keeps growing back into overflow (a short growth_interval, a high growth_factor), and a scale that
+    falls and never recovers (gradients inf/NaN at any scale: a float16 overflow in the forward).
+
+    The scaler's first steps are its calibration (from init_scale 65536 it halves until the gradients
+    fit) and one skip every growth_interval is it probing for a higher scale: both are healthy.
+
+    Fix: keep GradScaler's defaults (growth_interval=2000, backoff_factor=0.5); if the scale collapses,
+    find the op that overflows float16 in the forward, or train in bfloat16 (no scaler needed).
+    """
+    rows = [row for row in series.steps if row.scale is not None or row.skipped]
+    if not rows:
+        return Result.skipped("the run used no GradScaler (no loss scale recorded)")
+    if len(rows) < CALM_STEPS * 2:
+        return Result.skipped(f"only {len(rows)} steps with a GradScaler: too few to tell calibration "
+                              f"from overflow (needs {CALM_STEPS * 2})")
+    skipped = [row.skipped for row in rows]
+    scales = [row.scale for row in rows if row.scale is not None]
+    calibration, settled = _scaler_calibration(skipped)
+    after = skipped[calibration:]
+    share = sum(after) / len(after) if after else 1.0
+    tail = _trailing(skipped)
+    details = {"steps": len(rows), "skipped": sum(skipped), "calibration_steps": calibration, "settled": settled,
+               "calm_steps": CALM_STEPS, "calibration_skipped": sum(skipped[:calibration]),
+               "skipped_after_calibration": sum(after), "share_after_calibration": share,
+               "warn_share": SKIP_WARN_SHARE, "fail_share": SKIP_FAIL_SHARE, "trailing_skipped": tail,
+               "given_up_steps": GIVEN_UP_STEPS, "scale_first": scales[0] if scales else None,
+               "scale_last": scales[-1] if scales else None, "scale_min": min(scales) if scales else None,
+               "scale_max": max(scales) if scales else None, "scale_floor": SCALE_FLOOR}
+    low = next((row for row in rows if row.scale is not None and row.scale < SCALE_FLOOR), None)
+    if tail >= GIVEN_UP_STEPS or low is not None:
+        first = rows[len(rows) - tail] if tail >= GIVEN_UP_STEPS else low
+        details["step"] = first.step
+        return Result.failed(
+            f"the GradScaler's scale fell without recovering: from {_scale(details['scale_max'])} to "
+            f"{_scale(details['scale_last'])}, the last {tail} of {len(rows)} steps skipped (from step "
+            f"{first.step}): the gradients are inf/NaN whatever the scale, so the model stopped training",
+            "the overflow is not a scaling problem: find the op that overflows float16 in the forward (large "
+            "activations, exp or a sum of squares under autocast: compute it in float32), or train in "
+            "torch.bfloat16, which needs no GradScaler", details)
+    return _skip_share_verdict(series, rows, skipped, calibration, settled, details)
+
+
+def _skip_share_verdict(series: RunSeries, rows, skipped, calibration: int, settled: bool, details) -> Result:
+    after, share = skipped[calibration:], details["share_after_calibration"]
+    if settled:  # the first skip once the scaler had settled
+        first = next((rows[calibration + i].step for i, s in enumerate(after) if s), None)
+        seen = (f"the GradScaler skipped {sum(after)} of {len(after)} steps after its calibration ({share:.0%}; "
+                f"{details['calibration_skipped']} skipped in its first {calibration} steps)")
+    else:  # never settled: the first skip after a step that went through (the start's streak is calibration)
+        first = next((row.step for i, row in enumerate(rows) if row.skipped and i and not skipped[i - 1]), None)
+        seen = (f"the GradScaler skipped {sum(skipped)} of {len(rows)} steps and never went {CALM_STEPS} in a "
+                f"row without a skip ({share:.0%} after its first {calibration} steps)")
+    details["step"] = first if first is not None else rows[-1].step
+    if share < SKIP_WARN_SHARE:
+        return Result.passed(f"{seen}: it settled (threshold {SKIP_WARN_SHARE:.0%})", details)
+    message = (f"{seen}, from step {details['step']}: each skipped step throws its batch away; the scale went "
+               f"back up into overflow again and again (between {_scale(details['scale_min'])} and "
+               f"{_scale(details['scale_max'])}){_scaler_settings(series)}")
+    hint = ("let the scaler wait before it probes a higher scale: GradScaler(growth_interval=2000) (the "
+            "default) and growth_factor=2.0; or train in torch.bfloat16, which needs no GradScaler")
+    if share >= SKIP_FAIL_SHARE:
+        return Result.failed(message, hint, details)
+    return Result.warned(message, hint, details)
+
+
+def _scaler_settings(series: RunSeries) -> str:
+    """The scaler's settings as the monitor saw them, for the message (", growth_interval=1")."""
+    scaler = (series.facts.get("amp") or {}).get("scaler")
+    if not isinstance(scaler, dict):
+        return ""
+    said = [f"{key}={scaler[key]:g}" for key in ("growth_interval", "growth_factor", "backoff_factor")
+            if isinstance(scaler.get(key), (int, float))]
+    return f"; GradScaler({', '.join(said)})" if said else ""
+
+
+def _schedulers(series: RunSeries) -> str:
+    """The schedulers the run stepped, for the message: " (schedulers seen: LambdaLR)"."""
+    seen = series.facts.get("schedulers") or []
+    names = [s.get("name", "?") if isinstance(s, dict) else str(s) for s in seen]
+    return f" (schedulers seen: {', '.join(names)})" if names else " (no scheduler seen)"
+
+
+def _scheduler_names(series: RunSeries) -> set[str]:
+    return {s.get("name", "") if isinstance(s, dict) else str(s) for s in series.facts.get("schedulers") or []}
+
+
+@check("lr-trajectory", title="The learning rate the optimizer used follows a sane schedule", inputs=("series",))
+def lr_trajectory(series: RunSeries) -> Result:
+    """Catches a learning rate that wastes the run, judged on the rate the optimizer really used at
+    each step: stuck at 0 (nothing trains), a decay that reached about 0 long before the run's end (a
+    schedule told half the run's length: its second half changes nothing), and a warm-up still rising
+    when the run finished on its own (the model never trained at its intended rate).
+
+    Fix: give the schedule the run's real number of optimizer steps (len(loader) * epochs //
+    accumulation), and a warm-up of a few percent of it.
+    """
+    rated = [(row.step, max(row.lrs)) for row in series.steps if row.lrs]
+    if len(rated) < MIN_RATE_STEPS:
+        return Result.skipped(f"{len(rated)} steps with a recorded learning rate: too few to judge a "
+                              f"schedule (needs {MIN_RATE_STEPS})")
+    rates = [rate for _, rate in rated]
+    peak = max(min(rates[i:i + PEAK_SPAN]) for i in range(len(rates) - PEAK_SPAN + 1))
+    seen = _schedulers(series)
+    details = {"steps": len(rated), "peak": peak, "first": rates[0], "last": rates[-1],
+               "near_zero": NEAR_ZERO * peak, "schedulers": series.facts.get("schedulers") or []}
+    if peak <= 0:
+        details["step"] = rated[0][0]
+        return Result.failed(f"the optimizer's learning rate was 0 at every one of {len(rated)} steps: no step "
+                             f"changed the weights{seen}",
+                             "set the optimizer's lr (a scheduler's factor multiplies it), and check the "
+                             "scheduler's lambda at step 0", details)
+    zero_tail = _near_zero_tail(rates, NEAR_ZERO * peak)
+    if zero_tail:
+        return _decay_verdict(series, rated, zero_tail, details, seen)
+    return _warmup_verdict(series, rated, details, seen)
+
+
+def _near_zero_tail(rates: list[float], near_zero: float) -> int:
+    """How many of the last steps ran at about 0, after the rate had been above it."""
+    tail = _trailing([rate <= near_zero for rate in rates])
+    return tail if tail < len(rates) else 0
+
+
+def _decay_verdict(series: RunSeries, rated, zero_tail: int, details: dict, seen: str) -> Result:
+    share = zero_tail / len(rated)
+    step = rated[len(rated) - zero_tail][0]
+    details.update({"step": step, "steps_at_zero": zero_tail, "share_at_zero": share,
+                    "warn_share": DECAY_WARN_SHARE, "fail_share": DECAY_FAIL_SHARE})
+    if share < DECAY_WARN_SHARE:
+        return Result.passed(f"the rate peaked at {details['peak']:.3g} and decayed to about 0 over the last "
+                             f"{zero_tail} of {len(rated)} steps{seen}", details)
+    message = (f"the learning rate reached about 0 (below {NEAR_ZERO:.0%} of its peak {details['peak']:.3g}) "
+               f"at step {step} and stayed there: the last {zero_tail} of {len(rated)} steps ({share:.0%}) "
+               f"changed (almost) nothing{seen}")
+    hint = ("the schedule was told a shorter run than the loop trains: pass the real number of optimizer "
+            "steps (len(loader) * epochs // accumulation steps) as its total (num_training_steps, T_max, "
+            "total_iters)")
+    # ReduceLROnPlateau cuts the rate on purpose when the loss stalls: a rate it took near 0 is its min_lr.
+    if share >= DECAY_FAIL_SHARE and "ReduceLROnPlateau" not in _scheduler_names(series):
+        return Result.failed(message, hint, details)
+    return Result.warned(message, hint, details)
+
+
+def _warmup_verdict(series: RunSeries, rated, details: dict, seen: str) -> Result:
+    rates = [rate for _, rate in rated]
+    start = rates[int(len(rates) * (1 - RISING_TAIL))]
+    never_fell = all(b >= a * (1 - 1e-6) for a, b in zip(rates, rates[1:]))
+    rising = never_fell and rates[-1] >= start * RISING_MIN_RATIO
+    ended = series.facts.get("ended")
+    details.update({"step": rated[-1][0], "rising_at_end": rising, "tail_start_rate": start,
+                    "rising_min_ratio": RISING_MIN_RATIO, "ended": ended})
+    if not rising:
+        brief = (f", {max(rates):.3g} for fewer than {PEAK_SPAN} steps in a row" if max(rates) > details["peak"]
+                 else "")
+        ran = (f"the rate held at {details['peak']:.3g}" if min(rates) == details["peak"] else
+               f"the rate ran between {min(rates):.3g} and {details['peak']:.3g}")
+        return Result.passed(f"{ran}{brief}, and ended at {rates[-1]:.3g}{seen}", details)
+    if len(rates) < WARMUP_MIN_STEPS:
+        return Result.passed(f"the rate was still rising at the end of this {len(rates)}-step run ({rates[-1]:.3g}): "
+                             f"a run this short is a smoke test, its warm-up is not judged (from "
+                             f"{WARMUP_MIN_STEPS} steps){seen}", details)
+    if ended != "finished":
+        how = ended or "how, unknown"
+        return Result.passed(f"the rate was still rising when the run was stopped ({how}) at {rates[-1]:.3g}: "
+                             f"its warm-up may finish later, not judged{seen}", details)
+    return Result.warned(
+        f"the learning rate was still rising when the run finished: {rates[0]:.3g} at its first step, "
+        f"{start:.3g} at {1 - RISING_TAIL:.0%} of the run, {rates[-1]:.3g} at its last; the warm-up never "
+        f"finished, so the model never trained at its intended rate{seen}",
+        "make the warm-up a few percent of the run's optimizer steps (counted in optimizer steps, not "
+        "samples or micro-batches), or train for longer", details)
+
+
+@check("data-wait", title="Training steps do not wait on the data loader", inputs=("series",))
+def data_wait(series: RunSeries) -> Result:
+    """Catches an input pipeline that starves the training step: a large share of each step's wall
+    time spent waiting for the DataLoader's next batch, with the likely cause: the batches built in
+    the training process (num_workers=0), too few workers for a slow __getitem__, and on a GPU
+    pageable host memory (pin_memory=False). Judged on the typical step (medians), so the workers'
+    start-up at each epoch does not count.
+
+    Fix: `DataLoader(..., num_workers=4, pin_memory=True, persistent_workers=True)`, and per-row work
+    (tokenizing) done once ahead of training rather than in __getitem__.
+    """
+    loader = series.facts.get("loader")
+    if loader is None:
+        return Result.skipped("no DataLoader was seen: the time to build batches the script makes itself "
+                              "is not measured")
+    timed = [row for row in series.steps if row.wall > 0]
+    if len(timed) < MIN_TIMED_STEPS:
+        return Result.skipped(f"{len(timed)} timed steps: too few to judge (needs {MIN_TIMED_STEPS})")
+    wait = statistics.median(row.data_wait for row in timed)
+    wall = statistics.median(row.wall for row in timed)
+    share = wait / wall
+    total = sum(row.data_wait for row in timed) / sum(row.wall for row in timed)
+    first = next((row.step for row in timed if row.data_wait >= DATA_WAIT_SHARE * row.wall), timed[0].step)
+    details = {"step": first, "share": share, "threshold": DATA_WAIT_SHARE, "total_share": total,
+               "median_wait_s": wait, "median_step_s": wall, "loader": loader,
+               "device": series.facts.get("device")}
+    seen = (f"a typical step waited {wait * 1e3:.1f} ms of its {wall * 1e3:.1f} ms for the next batch "
+            f"({share:.0%}; over the whole run {total:.0%})")
+    if share < DATA_WAIT_SHARE:
+        return Result.passed(f"{seen}: threshold {DATA_WAIT_SHARE:.0%}", details)
+    cause, hint = _loader_cause(loader, str(series.facts.get("device") or ""))
+    return Result.warned(f"{seen}, from step {first}: the model sits idle while {cause}", hint, details)
+
+
+def _loader_cause(loader: dict, device: str) -> tuple[str, str]:
+    """The likely cause of a starved step, from the DataLoader's settings, and its fix."""
+    workers = loader.get("num_workers") or 0
+    gpu = device.startswith("cuda")
+    pin = "" if not gpu or loader.get("pin_memory") else (
+        "; pin_memory=False also makes each copy to the GPU wait on pageable memory")
+    pin_fix = ", pin_memory=True" if gpu and not loader.get("pin_memory") else ""
+    if workers == 0:
+        return (f"the DataLoader builds every batch in the training process (num_workers=0){pin}",
+                f"load in worker processes: DataLoader(..., num_workers=4{pin_fix}, persistent_workers=True); "
+                "if __getitem__ does per-row work (tokenizing, decoding), do it once ahead of training")
+    return (f"its {workers} workers cannot keep up with the step{pin}",
+            f"more workers (num_workers={workers * 2}){pin_fix}, prefetch_factor=4, or a cheaper "
+            "__getitem__: tokenize or decode once ahead of training")
+
+
+def _memory_signals(series: RunSeries) -> dict[str, list[tuple[int, int]]]:
+    """The memory series to judge, CUDA allocated first where the run used a GPU (live tensors only: the
+    cleaner signal), then the process's RSS, which also holds what lives on the host: the autograd
+    graph's nodes that `total_loss += loss` keeps (backward() already freed the activations they saved,
+    so on a GPU that leak shows in RSS, not in CUDA memory)."""
+    cuda = [(row.step, row.cuda_allocated) for row in series.steps if row.cuda_allocated]
+    rss = [(row.step, row.rss) for row in series.steps if row.rss]
+    signals = {"cuda_allocated": cuda} if cuda and len(cuda) * 2 >= len(series.steps) else {}
+    return {**signals, "rss": rss} if rss else signals
+
+
+def _memory_trend(kind: str, points: list[tuple[int, int]]) -> dict | None:
+    """The evidence of one memory series after it settled: MEMORY_WINDOWS window medians, whether each
+    rose over the last, by how much, and where the rise first passed the threshold; None if too short."""
+    settle = max(MEMORY_SETTLE_STEPS, int(len(points) * MEMORY_SETTLE_SHARE))
+    judged = points[settle:]
+    if len(judged) < MEMORY_WINDOWS * 4:
+        return None
+    size = len(judged) // MEMORY_WINDOWS
+    windows = [judged[i * size:(i + 1) * size] for i in range(MEMORY_WINDOWS)]
+    levels = [statistics.median(value for _, value in window) for window in windows]
+    rise = levels[-1] - levels[0]
+    needed = max(GROWTH_MIN_BYTES, GROWTH_MIN_SHARE * levels[0])
+    steady = all(b > a for a, b in zip(levels, levels[1:]))
+    per_step = rise / max(1, windows[-1][size // 2][0] - windows[0][size // 2][0])
+    return {"signal": kind, "step": next((step for step, value in judged if value > levels[0] + needed), judged[-1][0]),
+            "from_step": judged[0][0], "to_step": judged[-1][0], "settled_after_steps": settle,
+            "settled_mib": levels[0] / MIB, "window_levels_mib": [round(level / MIB, 1) for level in levels],
+            "rise_mib": rise / MIB, "needed_mib": needed / MIB, "min_share": GROWTH_MIN_SHARE,
+            "per_step_kib": per_step / 1024, "rising_every_window": steady, "growing": steady and rise >= needed,
+            # levelling off: the last window rose less than SLOWING_RATIO of the average window's rise
+            "slowing": levels[-1] - levels[-2] < SLOWING_RATIO * rise / (MEMORY_WINDOWS - 1)}
+
+
+@check("memory-growth", title="Memory stays level from step to step", inputs=("series",))
+def memory_growth(series: RunSeries) -> Result:
+    """Catches memory that rises step after step for the whole run, the way a leak does: most often a
+    tensor kept across steps that holds its autograd graph (`total_loss += loss` without `.item()`,
+    a list of losses or logits kept for logging), so every step's graph stays alive until the run
+    runs out of memory. Judged after the first steps (allocator, optimizer state) have settled, on CUDA
+    allocated memory where the run uses a GPU and on the process's resident memory (the graph's nodes
+    live on the host).
+
+    Fix: keep numbers, not tensors, across steps: `total_loss += loss.item()` (or `loss.detach()`).
+    """
+    signals = _memory_signals(series)
+    trends = [trend for trend in (_memory_trend(kind, points) for kind, points in signals.items()) if trend]
+    if not trends:
+        counted = max((len(points) for points in signals.values()), default=0)
+        return Result.skipped(f"{counted} steps with memory recorded: too few to judge a trend once the first "
+                              f"steps settled (needs {MEMORY_SETTLE_STEPS + MEMORY_WINDOWS * 4})")
+    # the first growing signal (CUDA before RSS), else the first one
+    details = next((trend for trend in trends if trend["growing"]), trends[0])
+    details["signals"] = [trend["signal"] for trend in trends]
+    name = ("CUDA allocated memory" if details["signal"] == "cuda_allocated"
+            else "the process's resident memory (RSS)")
+    levels = details["window_levels_mib"]
+    seen = (f"{name} went {levels[0]:.0f} -> {levels[-1]:.0f} MiB over steps {details['from_step']}-"
+            f"{details['to_step']} (window medians {', '.join(f'{v:.0f}' for v in levels)} MiB)")
+    if not details["growing"]:
+        return Result.passed(f"{seen}: level (a steady rise of {details['needed_mib']:.0f} MiB would be flagged)",
+                             details)
+    per_step = details["per_step_kib"]
+    message = (f"{seen}: it rose in every window, about {per_step:.0f} KiB per step ({per_step * 1e4 / 2 ** 20:.1f} "
+               f"GiB per 10,000 steps), {details['needed_mib']:.0f} MiB above its settled level by step "
+               f"{details['step']}")
+    hint = ("a tensor kept across steps keeps its graph alive, most often `total_loss += loss`: accumulate "
+            "`loss.item()` (or `loss.detach()`), and the same for metrics, logits or outputs kept in lists")
+    if details["slowing"]:
+        return Result.warned(message + "; the rise is slowing, so it may level off", hint, details)
+    return Result.failed(message, hint, details)
+
+
+def _train_loss_near(series: RunSeries, step: int) -> float | None:
+    """The median training loss of the steps within TRAIN_WINDOW of `step`: an evaluation after
+    `step` optimizer steps used the weights the training step numbered `step` (0-based) used, and a
+    centred window cancels the loss's downward trend as well as one batch's noise."""
+    near = [loss for s, loss in series.finite_losses() if abs(s - step) <= TRAIN_WINDOW]
+    return statistics.median(near) if len(near) > TRAIN_WINDOW else None
+
+
+@check("eval-gap", title="Evaluation is held out and does not beat training", inputs=("series",))
+def eval_gap(series: RunSeries) -> Result:
+    """Catches an evaluation that does not measure generalisation: evaluation rows the loop also
+    trained on (a validation split drawn from the training rows: a leak), and an evaluation loss
+    persistently below the training loss measured around the same step, with no dropout to explain
+    it (an easier validation set, a leak the fingerprints miss, an evaluation that averages
+    differently). Dropout raises the training loss (it is measured in train mode), so with active
+    dropout an evaluation below training is expected and not judged.
+
+    Fix: hold out the validation rows before training (split once, by index, with no overlap), and
+    compute the evaluation loss the way the training loss is computed.
+    """
+    evals = series.evals
+    if not evals:
+        return Result.skipped("the script evaluated nothing (no loss computed under no_grad or eval() on "
+                              "batches it did not train on)")
+    rows = sum(e.rows for e in evals)
+    trained = sum(e.trained_rows for e in evals)
+    share = trained / rows if rows else 0.0
+    compared = [(e, _train_loss_near(series, e.step)) for e in evals]
+    compared = [(e, train) for e, train in compared if train is not None]
+    below = [(e, train) for e, train in compared if e.loss < train * (1 - BELOW_MARGIN)]
+    dropout = bool(series.facts.get("dropout"))
+    details = {"evaluations": len(evals), "rows": rows, "trained_rows": trained, "leak_share": share,
+               "leak_threshold": LEAK_SHARE, "compared": len(compared), "below": len(below),
+               "below_margin": BELOW_MARGIN, "dropout": dropout,
+               "points": [{"step": e.step, "eval": e.loss, "train": train} for e, train in compared]}
+    if share >= LEAK_SHARE:
+        leaked = next(e for e in evals if e.trained_rows)
+        details["step"] = leaked.step
+        return Result.failed(
+            f"{trained} of the {rows} evaluation rows ({share:.0%}) are rows the loop also trained on, from the "
+            f"evaluation at step {leaked.step}: nothing is held out, so the evaluation measures memorisation, "
+            "not generalisation",
+            "hold the validation rows out before training: split once by index (torch.utils.data.random_split "
+            "or a fixed slice) and train only on the other part", details)
+    return _below_verdict(series, evals, compared, below, details)
+
+
+def _below_verdict(series: RunSeries, evals, compared, below, details: dict) -> Result:
+    held = ("the evaluation rows were not fingerprinted" if not details["rows"] else
+            f"none of the {details['rows']} evaluation rows were trained on" if not details["trained_rows"] else
+            f"{details['trained_rows']} of the {details['rows']} evaluation rows ({details['leak_share']:.0%}) were "
+            f"also trained on, the rest never (a training-loss estimate beside a validation one does this; "
+            f"a leak is judged from {LEAK_SHARE:.0%})")
+    persistent = len(below) >= BELOW_MIN_POINTS and len(below) >= BELOW_SHARE * len(compared)
+    details["step"] = below[0][0].step if below else evals[-1].step
+    if not persistent:
+        return Result.passed(f"{held}; the evaluation loss was below the training loss around it at "
+                             f"{len(below)} of {len(compared)} evaluations", details)
+    worst = max(below, key=lambda pair: (pair[1] - pair[0].loss) / pair[1])
+    seen = (f"the evaluation loss sat more than {BELOW_MARGIN:.0%} below the training loss around it at "
+            f"{len(below)} of {len(compared)} evaluations, from step {below[0][0].step} (at step "
+            f"{worst[0].step}: {worst[0].loss:.3f} against {worst[1]:.3f})")
+    if details["dropout"]:
+        return Result.passed(f"{held}; {seen}, as dropout explains: the training loss is measured with "
+                             "dropout active", details)
+    return Result.warned(
+        f"{held}, but {seen} with no dropout to explain it: the evaluation set is easier than the "
+        "training data, or leaks in a way row fingerprints miss, or its loss is averaged differently",
+        "check that the validation rows come from the same distribution, share no documents with the "
+        "training rows (near-duplicates, overlapping windows), and that its loss averages over tokens the "
+        "way the training loss does", details)

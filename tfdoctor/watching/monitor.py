@@ -27,11 +27,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from tfdoctor.watching.fingerprints import TrainedRows, fingerprints
 from tfdoctor.watching.series import EvalPoint, RunSeries, StepRow
 
-# Fingerprints of trained rows kept to tell an evaluation on training rows: ~70 bytes each in a set,
-# so a run of any length holds at most ~70 MB for them. Past it, later rows are not remembered.
-MAX_TRAIN_FINGERPRINTS = 1 << 20
 
 
 class StopWatching(BaseException):
@@ -61,8 +59,8 @@ class Monitor:
         self.eval_losses: list[torch.Tensor] = []
         self.eval_at = 0
         self.eval_prints: list[torch.Tensor] = []
-        self.eval_rows: list[tuple[int, list[torch.Tensor]]] = []  # (eval point index, fingerprints)
-        self.trained: set[int] = set()
+        self.eval_rows: list[tuple[int, torch.Tensor]] = []  # (eval point index, its rows' fingerprints)
+        self.trained = TrainedRows()
         self.train_prints: list[torch.Tensor] = []
         self.scaled: dict[int, float] = {}  # id of a tensor scaler.scale() returned -> the scale then
         self.scaler_seen = False
@@ -171,6 +169,10 @@ class Monitor:
     last_scale: Optional[float] = None
 
     def scale_called(self, scaler: Any, out: Any) -> None:
+        if not self.scaler_seen and getattr(scaler, "_enabled", False):  # its settings, for scaler-overflow
+            self.series.facts["amp"] = {"scaler": {"growth_interval": scaler.get_growth_interval(),
+                                                   "growth_factor": scaler.get_growth_factor(),
+                                                   "backoff_factor": scaler.get_backoff_factor()}}
         self.scaler_seen = True
         if isinstance(out, torch.Tensor) and getattr(scaler, "_enabled", False):
             self.last_scale = float(scaler.get_scale())
@@ -182,8 +184,8 @@ class Monitor:
         if self.main is None or (optimizer is not self.main and len(self.series) + bool(self.pending) < 3
                                  and _count(optimizer) > _count(self.main)):
             self.main = optimizer
-            if self.model is None:
-                self._bind(optimizer)
+        if self.model is None and optimizer is self.main:  # also when a GradScaler skip set main first
+            self._bind(optimizer)
         if optimizer is not self.main:
             return False
         self.lrs = [float(group["lr"]) for group in optimizer.param_groups]
@@ -270,8 +272,7 @@ class Monitor:
                       cuda_reserved=reserved, batches=closed["batches"])
         self.series.steps.append(row)
         for prints in self.train_prints:
-            if len(self.trained) < MAX_TRAIN_FINGERPRINTS:
-                self.trained.update(prints.tolist())
+            self.trained.add(prints)
         self.train_prints = []
         if self.on_row is not None:
             self.on_row(row)
@@ -285,18 +286,17 @@ class Monitor:
         finite = [v for v in values if v is not None and math.isfinite(v)]
         point = EvalPoint(step=self.eval_at, loss=sum(finite) / len(finite) if finite else math.nan, calls=len(values))
         self.series.evals.append(point)
-        if self.eval_prints:
-            self.eval_rows.append((len(self.series.evals) - 1, self.eval_prints))
+        if self.eval_prints:  # on the CPU now: an evaluation's prints must not hold accelerator memory
+            self.eval_rows.append((len(self.series.evals) - 1, torch.cat([p.cpu() for p in self.eval_prints])))
         self.eval_losses, self.eval_prints = [], []
 
     def _resolve_eval_rows(self) -> None:
         for prints in self.train_prints:
-            self.trained.update(prints.tolist())
+            self.trained.add(prints)
         self.train_prints = []
         for index, prints in self.eval_rows:
-            rows = [p for tensor in prints for p in tensor.tolist()]
             point = self.series.evals[index]
-            point.rows, point.trained_rows = len(rows), sum(1 for p in rows if p in self.trained)
+            point.rows, point.trained_rows = prints.numel(), self.trained.trained(prints)
 
     # ------------------------------------------------------------------ helpers
 
@@ -328,14 +328,11 @@ class Monitor:
             self.busy = False
 
     def _fingerprints(self, ids: torch.Tensor) -> torch.Tensor:
-        """One int64 per row of `ids` (B, T): a random linear hash computed where the ids live."""
-        with torch.no_grad():
-            rows = ids.reshape(ids.shape[0], -1) if ids.dim() > 1 else ids.reshape(1, -1)
-            T = rows.shape[1]
-            if self._weights is None or self._weights.numel() < T or self._weights.device != rows.device:
-                g = torch.Generator().manual_seed(20261202)
-                self._weights = torch.randint(1, 2 ** 31, (max(T, 256),), generator=g, dtype=torch.int64).to(rows.device)
-            return (rows.long() * self._weights[:T]).sum(-1) * 31 + T
+        T = ids.shape[-1] if ids.dim() > 1 else ids.numel()
+        if self._weights is None or self._weights.numel() < T or self._weights.device != ids.device:
+            g = torch.Generator().manual_seed(20261202)  # fixed: the same row has the same print all run
+            self._weights = torch.randint(1, 2 ** 31, (max(T, 256),), generator=g, dtype=torch.int64).to(ids.device)
+        return fingerprints(ids, self._weights)
 
     def _check_stop(self, now: float) -> None:
         if not self.stop or self.stopped:

@@ -1,0 +1,370 @@
+"""The run health judges (tfdoctor/checks/run_health.py): scaler-overflow, lr-trajectory, data-wait,
+memory-growth and eval-gap. Edge cases on RunSeries built here from numbers the fixtures' runs showed
+(skipped steps, scales, rates, step times, memory), then each judge on a whole watched run of its
+bad fixture in fixtures/watch/ (right status, right step) and quiet on the healthy runs."""
+
+import math
+
+import pytest
+
+from tfdoctor.result import Status
+from tfdoctor.watching.judging import judge_run
+from tfdoctor.watching.series import EvalPoint, RunSeries, StepRow
+
+MIB = 2 ** 20
+HEALTH = ("scaler-overflow", "lr-trajectory", "data-wait", "memory-growth", "eval-gap")
+
+
+def judge(series: RunSeries, check_id: str):
+    (result,) = judge_run(series, only=[check_id])
+    return result
+
+
+def rows(n: int, **columns) -> list[StepRow]:
+    """n StepRows; each keyword is a function of the step giving that field."""
+    return [StepRow(**{"step": i, "loss": None, **{name: f(i) for name, f in columns.items()}}) for i in range(n)]
+
+
+# ---------------------------------------------------------------------------------- empty series
+
+@pytest.mark.parametrize("check_id", HEALTH)
+def test_an_empty_series_is_skipped_with_a_reason(check_id):
+    result = judge(RunSeries(facts={"loader": {"num_workers": 0}}), check_id)
+    assert result.status == Status.SKIP
+    assert result.message
+
+
+# ---------------------------------------------------------------------------------- scaler-overflow
+
+def scaler_run(n: int, skipped_steps, init: float = 2.0 ** 24, growth_interval: int = 2000) -> RunSeries:
+    """The GradScaler's own arithmetic (halve on a skip, double after growth_interval clean steps) over
+    the skipped steps a real run showed."""
+    skipped, out, scale, clean = set(skipped_steps), [], init, 0
+    for i in range(n):
+        if i in skipped:
+            scale, clean = scale * 0.5, 0
+        else:
+            clean += 1
+            if clean == growth_interval:
+                scale, clean = scale * 2, 0
+        out.append(StepRow(step=i, loss=None, scale=scale, skipped=i in skipped))
+    return RunSeries(out)
+
+
+def test_scaler_calibrating_then_probing_now_and_then_passes():
+    # fp16_healthy.py's pattern on a CPU (init_scale 2**24, growth_interval 50): steps 0-3 and 6 while
+    # it found its ceiling, then one probe every hundred steps or so
+    result = judge(scaler_run(300, [0, 1, 2, 3, 6, 107, 153, 254, 268], growth_interval=50), "scaler-overflow")
+    assert result.status == Status.PASS, result.message
+    assert result.details["calibration_skipped"] == 5
+    assert result.details["share_after_calibration"] < 0.05
+
+
+def test_scaler_skipping_every_other_step_fails_at_its_first_overflow():
+    # fp16_overflow.py (growth_interval=1): from step 5 on, every other step overflows again
+    skipped = [5, 6] + list(range(8, 200, 2))
+    series = scaler_run(200, skipped, init=65536.0, growth_interval=1)
+    series.facts["amp"] = {"scaler": {"growth_interval": 1, "growth_factor": 2.0, "backoff_factor": 0.5}}
+    result = judge(series, "scaler-overflow")
+    assert result.status == Status.FAIL
+    assert "GradScaler(growth_interval=1, growth_factor=2, backoff_factor=0.5)" in result.message
+    assert not result.details["settled"]
+    assert result.details["share_after_calibration"] > 0.4
+    assert result.details["step"] == 5
+
+
+def test_scaler_collapsing_to_the_end_fails_where_the_skipping_began():
+    # a float16 overflow in the forward: inf at any scale, every step from 120 on skipped
+    result = judge(scaler_run(200, range(120, 200), init=65536.0), "scaler-overflow")
+    assert result.status == Status.FAIL
+    assert result.details["step"] == 120
+    assert result.details["scale_last"] < 1.0
+    assert "fell without recovering" in result.message
+
+
+def test_scaler_some_skipping_warns():
+    skipped = [0, 1, 2] + list(range(20, 300, 12))  # one step in 12 after calibration
+    result = judge(scaler_run(300, skipped, growth_interval=11), "scaler-overflow")
+    assert result.status == Status.WARN, result.message
+    assert result.details["step"] == 20
+
+
+def test_scaler_skips_without_a_scaler_or_with_too_few_steps():
+    assert judge(RunSeries(rows(100)), "scaler-overflow").status == Status.SKIP
+    assert judge(scaler_run(12, [0]), "scaler-overflow").status == Status.SKIP
+
+
+# ---------------------------------------------------------------------------------- lr-trajectory
+
+def warmup_cosine(step: int, warmup: int, total: int, floor: float = 0.1) -> float:
+    """watchlm.warmup_cosine: the healthy runs' schedule."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def rated(n: int, factor, ended: str = "finished", schedulers=None, base: float = 3e-3) -> RunSeries:
+    return RunSeries(rows(n, lrs=lambda i: [base * factor(i)]),
+                     facts={"ended": ended, "schedulers": schedulers or [{"name": "LambdaLR"}]})
+
+
+@pytest.mark.parametrize("floor", [0.1, 0.0])
+def test_lr_warmup_then_cosine_passes_even_to_zero(floor):
+    result = judge(rated(300, lambda s: warmup_cosine(s, 20, 300, floor)), "lr-trajectory")
+    assert result.status == Status.PASS, result.message
+
+
+def test_lr_linear_decay_to_zero_at_half_the_run_fails_where_it_reached_zero():
+    # lr_zero_halfway.py: linear warm-up over 10 steps, decay to 0 at 128 of 256 steps
+    def linear(s):
+        return (s + 1) / 10 if s < 10 else max(0.0, (128 - s) / 118)
+
+    result = judge(rated(256, linear), "lr-trajectory")
+    assert result.status == Status.FAIL
+    assert result.details["step"] == next(s for s in range(256) if linear(s) <= 0.01)
+    assert 0.45 < result.details["share_at_zero"] < 0.55
+    assert "LambdaLR" in result.message
+
+
+def test_lr_at_zero_for_a_tenth_of_the_run_warns_and_plateau_scheduler_only_warns():
+    assert judge(rated(300, lambda s: max(0.0, 1 - s / 255)), "lr-trajectory").status == Status.WARN
+    plateau = rated(300, lambda s: 1.0 if s < 100 else 1e-3, schedulers=[{"name": "ReduceLROnPlateau"}])
+    assert judge(plateau, "lr-trajectory").status == Status.WARN
+
+
+def test_lr_spike_of_two_steps_is_not_the_peak_the_decay_is_measured_from():
+    # lr_spike.py's schedule: healthy.py's with a factor of 50 for two steps at 150
+    result = judge(rated(300, lambda s: warmup_cosine(s, 20, 300) * (50 if s in (150, 151) else 1)), "lr-trajectory")
+    assert result.status == Status.PASS, result.message
+    assert result.details["peak"] == pytest.approx(3e-3, rel=0.01)
+
+
+def test_lr_stuck_at_zero_fails_at_step_zero():
+    result = judge(rated(100, lambda s: 0.0), "lr-trajectory")
+    assert result.status == Status.FAIL
+    assert result.details["step"] == 0
+
+
+def test_lr_warmup_never_finishing_warns_only_on_a_run_that_ended_on_its_own():
+    never = lambda s: (s + 1) / 4000  # noqa: E731 - a warm-up of 4000 steps in a 300-step run
+    result = judge(rated(300, never), "lr-trajectory")
+    assert result.status == Status.WARN
+    assert result.details["step"] == 299
+    assert judge(rated(300, never, ended="max-steps"), "lr-trajectory").status == Status.PASS
+    assert judge(rated(20, never), "lr-trajectory").status == Status.PASS  # a smoke test's 20 steps
+
+
+def test_lr_constant_passes_and_too_few_steps_skip():
+    assert judge(rated(300, lambda s: 1.0), "lr-trajectory").status == Status.PASS
+    assert judge(rated(10, lambda s: 1.0), "lr-trajectory").status == Status.SKIP
+
+
+# ---------------------------------------------------------------------------------- data-wait
+
+def timed(n: int, wait, wall, loader=None, device: str = "cpu") -> RunSeries:
+    return RunSeries(rows(n, data_wait=wait, wall=wall),
+                     facts={"loader": loader or {"num_workers": 0, "pin_memory": False, "batch_size": 16},
+                            "device": device})
+
+
+def test_data_wait_of_a_tensor_dataset_passes():
+    # healthy.py: about 0.2 ms of a 120 ms step
+    assert judge(timed(300, lambda i: 2e-4, lambda i: 0.12), "data-wait").status == Status.PASS
+
+
+def test_data_wait_of_a_sleeping_dataset_warns_with_num_workers_zero():
+    # slow_loader.py: about 60 ms of a 220 ms step on a loaded CPU
+    result = judge(timed(200, lambda i: 0.06, lambda i: 0.22), "data-wait")
+    assert result.status == Status.WARN
+    assert "num_workers=0" in result.message and "num_workers=4" in result.hint
+    assert result.details["step"] == 0
+
+
+def test_data_wait_names_workers_and_pinning_on_a_gpu():
+    loader = {"num_workers": 2, "pin_memory": False, "batch_size": 16}
+    result = judge(timed(200, lambda i: 0.05, lambda i: 0.1, loader, "cuda:0"), "data-wait")
+    assert result.status == Status.WARN
+    assert "2 workers" in result.message and "pin_memory=True" in result.hint
+
+
+def test_data_wait_at_epoch_starts_only_passes():
+    # workers started again at every epoch (128 steps): one long wait per epoch is not starvation
+    result = judge(timed(300, lambda i: 1.5 if i % 128 == 0 else 1e-3, lambda i: 0.03 + (1.5 if i % 128 == 0 else 0)),
+                   "data-wait")
+    assert result.status == Status.PASS, result.message
+
+
+def test_data_wait_skips_without_a_loader():
+    series = timed(300, lambda i: 0.1, lambda i: 0.12)
+    del series.facts["loader"]
+    assert judge(series, "data-wait").status == Status.SKIP
+
+
+# ---------------------------------------------------------------------------------- memory-growth
+
+def test_memory_rising_then_level_passes():
+    # healthy.py: RSS from 300 MiB to 319 MiB over the first steps, then within a MiB
+    series = RunSeries(rows(300, rss=lambda i: int((300 + min(i, 40) * 0.5 + (i % 3) * 0.3) * MIB)))
+    assert judge(series, "memory-growth").status == Status.PASS
+
+
+def test_memory_rising_every_step_fails_where_the_rise_passed_the_threshold():
+    # leaky_total_loss.py: about 300 KiB a step on top of 336 MiB
+    series = RunSeries(rows(200, rss=lambda i: int(336 * MIB + i * 300 * 1024)))
+    result = judge(series, "memory-growth")
+    assert result.status == Status.FAIL
+    crossed, threshold = result.details["step"], result.details["settled_mib"] + result.details["needed_mib"]
+    assert series.steps[crossed].rss / MIB > threshold >= series.steps[crossed - 1].rss / MIB
+
+
+def test_memory_levelling_off_warns():
+    series = RunSeries(rows(300, rss=lambda i: int(400 * MIB * (1 - math.exp(-i / 80)) + 300 * MIB)))
+    assert judge(series, "memory-growth").status == Status.WARN
+
+
+def test_memory_judges_cuda_allocated_first():
+    # RSS noisy and level, CUDA allocated rising 1 MiB a step: a GPU leak
+    series = RunSeries(rows(200, rss=lambda i: (2000 + (i % 7)) * MIB, cuda_allocated=lambda i: (500 + i) * MIB))
+    result = judge(series, "memory-growth")
+    assert result.status == Status.FAIL
+    assert result.details["signal"] == "cuda_allocated"
+    assert result.details["signals"] == ["cuda_allocated", "rss"]
+
+
+def test_memory_on_a_gpu_still_sees_a_host_leak():
+    # `total_loss += loss` on a GPU: backward() freed the saved activations (CUDA memory level), the
+    # graph's nodes pile up on the host (RSS rises)
+    series = RunSeries(rows(1000, rss=lambda i: (800 * MIB + i * 300 * 1024), cuda_allocated=lambda i: 500 * MIB))
+    result = judge(series, "memory-growth")
+    assert result.status == Status.FAIL
+    assert result.details["signal"] == "rss"
+
+
+def test_memory_too_few_steps_skip():
+    assert judge(RunSeries(rows(20, rss=lambda i: (300 + i) * MIB)), "memory-growth").status == Status.SKIP
+
+
+# ---------------------------------------------------------------------------------- eval-gap
+
+def trained(n: int = 300, evals=(), dropout: bool = False) -> RunSeries:
+    """A training loss falling from ln 64 to 1.8 with batch noise, as healthy.py's."""
+    def loss(i):
+        return 1.8 + (math.log(64) - 1.8) * math.exp(-i / 60) + 0.08 * math.sin(i * 2.3)
+
+    return RunSeries(rows(n, loss=loss), list(evals), facts={"dropout": dropout})
+
+
+def test_eval_held_out_and_above_training_passes():
+    series = trained(evals=[EvalPoint(s, 1.8 + (math.log(64) - 1.8) * math.exp(-s / 60) + 0.1, rows=128)
+                            for s in (50, 100, 150, 200, 250, 300)])
+    result = judge(series, "eval-gap")
+    assert result.status == Status.PASS, result.message
+
+
+def test_eval_on_trained_rows_fails_at_the_first_evaluation_with_them():
+    # the first evaluation's batches had no token ids to fingerprint (rows=0): the finding dates from 100
+    evals = [EvalPoint(s, 2.0, rows=128 if s >= 100 else 0, trained_rows=128 if s >= 100 else 0)
+             for s in (50, 100, 150)]
+    result = judge(trained(evals=evals), "eval-gap")
+    assert result.status == Status.FAIL
+    assert result.details["step"] == 100
+
+
+def test_eval_partly_on_trained_rows_passes_with_the_overlap_said():
+    # nanoGPT's estimate_loss: the train split (trained rows, by design) beside the val split (none)
+    evals = [EvalPoint(s, 2.5, rows=256, trained_rows=120) for s in (50, 100, 150)]
+    result = judge(trained(evals=evals), "eval-gap")
+    assert result.status == Status.PASS
+    assert "360 of the 768 evaluation rows (47%)" in result.message
+
+
+def test_eval_below_training_warns_without_dropout_and_passes_with_it():
+    def below(s):
+        return 0.8 * (1.8 + (math.log(64) - 1.8) * math.exp(-s / 60))
+
+    evals = [EvalPoint(s, below(s), rows=128) for s in (50, 100, 150, 200, 250)]
+    result = judge(trained(evals=evals), "eval-gap")
+    assert result.status == Status.WARN
+    assert result.details["step"] == 50
+    assert judge(trained(evals=evals, dropout=True), "eval-gap").status == Status.PASS
+
+
+# ---------------------------------------------------------------------------------- whole watched runs
+
+# fixture -> the judge its planted bug must trip and with what status (tests/catalogue.py has the same)
+PLANTED_RUNS = {
+    "fp16_overflow": ("scaler-overflow", Status.FAIL),
+    "lr_zero_halfway": ("lr-trajectory", Status.FAIL),
+    "slow_loader": ("data-wait", Status.WARN),
+    "leaky_total_loss": ("memory-growth", Status.FAIL),
+    "eval_on_train": ("eval-gap", Status.FAIL),
+}
+
+
+def watched(watch_audit, name: str):
+    report = watch_audit(name)
+    return report, RunSeries.from_dict(report.series)
+
+
+@pytest.mark.parametrize("name", ["healthy", "healthy_accum", "fp16_healthy", *PLANTED_RUNS])
+def test_a_watched_run_trips_only_its_own_judge(name, watch_audit):
+    report, _ = watched(watch_audit, name)
+    tripped = {r.id: r.status for r in report if r.id in HEALTH and r.status not in (Status.PASS, Status.SKIP)}
+    expected = dict([PLANTED_RUNS[name]]) if name in PLANTED_RUNS else {}
+    assert tripped == expected, {r.id: r.message for r in report if r.id in HEALTH}
+
+
+def test_fp16_healthy_scaler_calibrates_and_passes(watch_audit):
+    report, series = watched(watch_audit, "fp16_healthy")
+    result = report["scaler-overflow"]
+    assert result.status == Status.PASS
+    assert result.details["calibration_skipped"] >= 1  # the start really overflowed (init_scale 2**24)
+    assert any(row.skipped for row in series.steps[result.details["calibration_steps"]:])  # and the probes
+
+
+def test_fp16_overflow_fires_at_its_first_overflow_after_a_clean_step(watch_audit):
+    report, series = watched(watch_audit, "fp16_overflow")
+    result = report["scaler-overflow"]
+    steps = series.steps
+    first = next(row.step for i, row in enumerate(steps) if row.skipped and i and not steps[i - 1].skipped)
+    assert result.details["step"] == first
+    assert result.details["share_after_calibration"] >= 0.2
+    assert sum(row.skipped for row in steps) == result.details["skipped"]
+    assert "growth_interval=1" in result.message  # the setting that re-overflows, as the monitor read it
+
+
+def test_lr_zero_halfway_fires_where_the_rate_reached_zero_half_way(watch_audit):
+    report, series = watched(watch_audit, "lr_zero_halfway")
+    result = report["lr-trajectory"]
+    peak = max(max(row.lrs) for row in series.steps)
+    zero = [row.step for row in series.steps if max(row.lrs) <= 0.01 * peak]
+    assert result.details["step"] == zero[0]
+    assert abs(result.details["step"] - len(series) / 2) <= 2  # total passed as one epoch of two
+    assert "LambdaLR" in result.message
+
+
+def test_slow_loader_fires_from_the_first_starved_step_and_names_num_workers(watch_audit):
+    report, series = watched(watch_audit, "slow_loader")
+    result = report["data-wait"]
+    first = next(row.step for row in series.steps if row.data_wait >= 0.2 * row.wall)
+    assert result.details["step"] == first <= 2
+    assert "num_workers=0" in result.message
+    assert series.facts["loader"]["num_workers"] == 0
+
+
+def test_leaky_total_loss_fires_where_memory_passed_its_settled_level(watch_audit):
+    report, series = watched(watch_audit, "leaky_total_loss")
+    result = report["memory-growth"]
+    crossed = result.details["step"]
+    limit = (result.details["settled_mib"] + result.details["needed_mib"]) * MIB
+    assert series.steps[crossed].rss > limit
+    assert crossed < series.steps[-1].step  # found while the run went on, not at its end
+    assert "total_loss += loss" in result.hint
+
+
+def test_eval_on_train_fires_at_the_first_evaluation(watch_audit):
+    report, series = watched(watch_audit, "eval_on_train")
+    result = report["eval-gap"]
+    assert result.details["step"] == series.evals[0].step == 50
+    assert all(e.trained_rows == e.rows > 0 for e in series.evals)
