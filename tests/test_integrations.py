@@ -221,15 +221,14 @@ def test_trainer_stops_on_a_failure_and_logs_it(tmp_path, caplog):
 
 
 def test_trainer_evaluating_on_training_rows_is_named_live(tmp_path, caplog):
-    """Planted: the eval_dataset is 64 of the training rows. eval-gap fails on the evaluation at step 20;
-    it is logged once, at the next judgement (step 40), and the run goes on to its end."""
+    """Planted: the eval_dataset is 64 of the 256 training rows (an epoch is 16 steps, so by the first
+    evaluation at step 20 every one was trained on). eval-gap fails on the evaluation at step 20; it
+    is logged once, at the next judgement (step 40), and the run goes on to its end."""
     from tfdoctor.integrations.huggingface import TfdoctorCallback
-    from tfdoctor.registry import all_checks
 
-    if "eval-gap" not in {spec.id for spec in all_checks()}:
-        pytest.skip("eval-gap is not registered yet (helper B's run_health judges)")
     callback = TfdoctorCallback(judge_every=20)
     trainer = hf_trainer(tmp_path, callback)
+    trainer.train_dataset = Rows(watchlm.corpus(256, seed=1))
     trainer.eval_dataset = Rows(trainer.train_dataset.rows[:64])
     with caplog.at_level(logging.WARNING, logger="tfdoctor"):
         trainer.train()
@@ -237,7 +236,7 @@ def test_trainer_evaluating_on_training_rows_is_named_live(tmp_path, caplog):
     gap = callback.report["eval-gap"]
     assert gap.status == Status.FAIL and gap.details["step"] == 20
     series = RunSeries.from_dict(callback.report.series)
-    assert sum(point.trained_rows for point in series.evals) > 0
+    assert [(point.rows, point.trained_rows) for point in series.evals] == [(64, 64)] * 5
     logged = [r.getMessage() for r in caplog.records if r.name == "tfdoctor" and "eval-gap FAIL" in r.getMessage()]
     assert len(logged) == 1 and "at step 20" in logged[0]
 
