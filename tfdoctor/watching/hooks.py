@@ -37,12 +37,32 @@ def watching(monitor: Monitor) -> Iterator[Monitor]:
 
     stepping: list = []  # the optimizer steps under way: a post hook closes the watched one's row
 
-    def pre(optimizer, args, kwargs) -> None:
-        stepping.append(monitor.step_begins(optimizer))
+    def begin(optimizer) -> bool:
+        watched = monitor.step_begins(optimizer)
         if monitor.model is not None and everything in handles:  # just bound: hook the model alone from now
             handles.remove(everything)
             everything.remove()
             handles.append(monitor.model.register_forward_pre_hook(monitor.forward_called, with_kwargs=True))
+        return watched
+
+    def pre(optimizer, args, kwargs):
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")  # args[0] is the optimizer itself
+        if closure is None:
+            stepping.append(begin(optimizer))
+            return None
+        # optimizer.step(closure) (Lightning, LBFGS): the forward and backward run inside the step, so
+        # the step begins, for the monitor, when the closure has returned (the gradients are there)
+        slot = len(stepping)
+        stepping.append(False)
+
+        def closure_then_begin(*a, **k):
+            loss = closure(*a, **k)
+            stepping[slot] = begin(optimizer)
+            return loss
+
+        if len(args) > 1:
+            return (args[0], closure_then_begin, *args[2:]), kwargs
+        return args, {**kwargs, "closure": closure_then_begin}
 
     def post(optimizer, args, kwargs) -> None:
         if stepping and stepping.pop():
