@@ -50,7 +50,8 @@ def watched_lines(report) -> list[Text]:
 def _ended(ended) -> str:
     return {"finished": "the script ran to its end", "max-steps": "stopped at --max-steps",
             "max-time": "stopped at --max-time", "exit": "the script exited with an error code",
-            "raised": "the script raised"}.get(ended, str(ended))
+            "raised": "the script raised", "stopped": "stopped by tfdoctor (stop_on)",
+            "running": "still running"}.get(ended, str(ended))
 
 
 def _throughput(series: dict) -> str:

@@ -378,9 +378,17 @@ def _token_ids(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
 
 
 def _loader_facts(loader) -> dict:
-    return {"num_workers": int(getattr(loader, "num_workers", 0) or 0),
-            "pin_memory": bool(getattr(loader, "pin_memory", False)),
-            "batch_size": getattr(loader, "batch_size", None), "name": type(loader).__name__}
+    """num_workers, pin_memory and batch_size of a DataLoader, or of its iterator when the iterator was
+    made before the hooks (Lightning makes it before on_train_start): the iterator keeps them private."""
+    def read(name: str, default=None):
+        value = getattr(loader, name, None)
+        return getattr(loader, "_" + name, default) if value is None else value
+
+    sampler = getattr(loader, "_index_sampler", None)
+    batch_size = read("batch_size")
+    return {"num_workers": int(read("num_workers", 0) or 0), "pin_memory": bool(read("pin_memory", False)),
+            "batch_size": batch_size if batch_size is not None else getattr(sampler, "batch_size", None),
+            "name": type(loader).__name__}
 
 
 def _cuda_memory() -> tuple[Optional[int], Optional[int]]:
