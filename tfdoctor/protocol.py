@@ -8,9 +8,12 @@ and not each other. No torch here.
 
 Events, in the order a worker sends them:
 - hello (pid, main_thread): the worker runs; the main thread's id names its frame on a timeout.
-- phase (name): what runs now, a Phase ("loading", "memory", "script", "ranks") or a check id.
+- phase (name): what runs now, a Phase ("loading", "memory", "script", "watch", "ranks") or a check id.
 - progress (task, description, total) / advance (task, n): a long task, drawn by the supervisor.
-- discovered (facts): what `tfdoctor run` read off the script, sent before any check.
+- discovered (facts): what `tfdoctor run` read off the script, sent before any check; for `tfdoctor
+  watch`, how the run ended and its series (facts["series"]), after the judges' results.
+- rows (rows, eval) / findings (findings): `watch` on a terminal, while the run goes on: the steps
+  finalised since the last rows and the latest evaluation; the judges' warn/fail findings so far.
 - result (result): one Result record (encode_result).
 - verdict (verdict): `tfdoctor memory TARGET`'s traced Verdict (encode_verdict).
 - the last word, one of: done; usage-error (message, quiet); exit (code, where: the user's code raised
