@@ -9,6 +9,9 @@ PATH (run on a synthetic character corpus written into a temporary copy: no down
 
 Modes: bare (python SCRIPT), monitor (the hooks of `tfdoctor watch --format json`), live (the hooks
 plus what the live view adds in the worker: rows sent a few times a second, the judges every 3 s).
+Two processes of the same script differ by several percent on a shared machine, more than the
+monitor costs, so the monitor run also sums the time spent inside the monitor's own methods (the
+hooks' Python wrappers around them are not counted: about a microsecond per call).
 In every mode the same optimizer step post-hook timestamps the steps; a step's time is the time
 between two ends of steps, so whatever the monitor does at a step's end is counted in the next one.
 The first WARMUP steps are left out (allocator and thread-pool warm-up).
@@ -42,6 +45,9 @@ def child(mode: str, script: str, args: list[str]) -> None:
     ends: list[float] = []
     register_optimizer_step_post_hook(lambda *a: ends.append(time.perf_counter()))
     stack = contextlib.ExitStack()
+    own = [0.0]
+    if mode == "monitor":
+        _time_monitor_methods(own)
     if mode != "bare":
         from tfdoctor.watching.hooks import watching
         from tfdoctor.watching.monitor import Monitor
@@ -63,7 +69,29 @@ def child(mode: str, script: str, args: list[str]) -> None:
     with contextlib.redirect_stdout(sys.stderr), stack:
         runpy.run_path(script, run_name="__main__")
     deltas = [b - a for a, b in zip(ends[WARMUP:], ends[WARMUP + 1:])]
-    print(json.dumps({"steps": len(ends), "median": statistics.median(deltas), "mean": statistics.fmean(deltas)}))
+    print(json.dumps({"steps": len(ends), "median": statistics.median(deltas), "mean": statistics.fmean(deltas),
+                      "own": own[0] / max(1, len(ends)), "wall": ends[-1] - ends[0]}))
+
+
+def _time_monitor_methods(own: list) -> None:
+    """The time spent inside the monitor's own methods, summed: what the hooks cost a step, measured in
+    the run itself, free of the noise between two processes."""
+    import functools
+
+    from tfdoctor.watching.monitor import Monitor
+
+    for name in ("loss_called", "backward_called", "forward_called", "batch_waited", "clip_returned",
+                 "scale_called", "step_begins", "step_ended", "scale_updated"):
+        method = getattr(Monitor, name)
+
+        def timed(*args, _method=method, **kwargs):
+            started = time.perf_counter()
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                own[0] += time.perf_counter() - started
+
+        setattr(Monitor, name, functools.wraps(method)(timed))
 
 
 def measure(mode: str, script: str, args: list[str], cwd: str) -> dict:
@@ -115,16 +143,20 @@ def main(argv: list[str]) -> None:
     print(f"{'script':28} {'mode':8} {'steps':>6} {'median step':>12} {'ratio':>7}   (median of {rounds} rounds)")
     for label, script, args, cwd in runs:
         times = {mode: [] for mode in ("bare", "monitor", "live")}
-        steps = {}
+        steps, own = {}, []
         for _ in range(rounds):
             for mode in times:  # alternating: a slow spell of the machine hits every mode alike
                 result = measure(mode, script, args, cwd)
                 times[mode].append(result["median"])
                 steps[mode] = result["steps"]
+                if mode == "monitor":
+                    own.append(result["own"] / result["median"])
         bare = statistics.median(times["bare"])
         for mode, values in times.items():
             value = statistics.median(values)
             print(f"{label:28} {mode:8} {steps[mode]:>6} {value * 1e3:>10.2f}ms {value / bare:>7.3f}")
+        print(f"{label:28} the monitor's own methods: {100 * statistics.median(own):.2f}% of the median step "
+              f"(min {100 * min(own):.2f}%, max {100 * max(own):.2f}%)")
 
 
 if __name__ == "__main__":

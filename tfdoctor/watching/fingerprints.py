@@ -25,7 +25,8 @@ class TrainedRows:
         if self.count >= self.limit:
             self.full = True
             return
-        self.chunks.append(prints.detach().to("cpu", torch.int64).reshape(-1))
+        on_cpu = prints.device.type == "cpu" and prints.dtype == torch.int64
+        self.chunks.append(prints if on_cpu else prints.detach().to("cpu", torch.int64))
         self.count += self.chunks[-1].numel()
         if len(self.chunks) >= MERGE_EVERY:
             self._merge()
@@ -43,9 +44,8 @@ class TrainedRows:
 
 
 def fingerprints(ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """One int64 per row of `ids` (B, T, or (T,) as one row); `weights` at least T long, on the ids'
-    device. int64 products wrap around, which a hash may do."""
+    """One int64 per row of `ids` (B, T; more dimensions are more rows; (T,) is one row); `weights`: T random int64 drawn for that
+    length, on the ids' device. int64 products wrap around, which a hash may do."""
     with torch.no_grad():
-        rows = ids.reshape(ids.shape[0], -1) if ids.dim() > 1 else ids.reshape(1, -1)
-        T = rows.shape[1]
-        return (rows.long() * weights[:T]).sum(-1) * 31 + T
+        rows = ids.reshape(-1, ids.shape[-1]) if ids.dim() > 1 else ids.reshape(1, -1)
+        return (rows * weights).sum(-1)  # integer ids promote to int64 with the weights

@@ -21,15 +21,20 @@ is not made to wait for its own queue at every step.
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Any, Callable, Optional
 
 import torch
 
+from tfdoctor.watching.resident import close_reader, rss_reader
 from tfdoctor.watching.fingerprints import TrainedRows, fingerprints
 from tfdoctor.watching.series import EvalPoint, RunSeries, StepRow
 
+
+
+# Trained ids held before they are fingerprinted together: one hash per this many forwards, not one
+# each (three tensor ops a forward cost a tiny model's step about 1%).
+HASH_EVERY = 16
 
 
 class StopWatching(BaseException):
@@ -43,12 +48,10 @@ class Monitor:
 
     def __init__(self, on_row: Optional[Callable[[StepRow], None]] = None, max_steps: Optional[int] = None,
                  max_time: Optional[float] = None, stop: bool = True) -> None:
-        import psutil
-
         self.series = RunSeries()
         self.on_row = on_row
         self.max_steps, self.max_time, self.stop = max_steps, max_time, stop
-        self.process = psutil.Process(os.getpid())
+        self.rss = rss_reader()
         self.started = self.last_close = time.perf_counter()
         self.stopped: Optional[str] = None  # "max-steps" | "max-time" once the stop was raised
         self.main: Optional[torch.optim.Optimizer] = None  # the optimizer whose steps are the rows
@@ -61,7 +64,8 @@ class Monitor:
         self.eval_prints: list[torch.Tensor] = []
         self.eval_rows: list[tuple[int, torch.Tensor]] = []  # (eval point index, its rows' fingerprints)
         self.trained = TrainedRows()
-        self.train_prints: list[torch.Tensor] = []
+        self.train_ids: list[tuple[torch.Tensor, int]] = []  # trained ids not fingerprinted yet
+        self.refilled = 0  # trained rows whose buffer changed before they were fingerprinted
         self.scaled: dict[int, float] = {}  # id of a tensor scaler.scale() returned -> the scale then
         self.scaler_seen = False
         self.unscaled = False  # scaler.unscale_ ran since the last step
@@ -69,7 +73,7 @@ class Monitor:
         self.last_loader: Optional[int] = None
         self.schedulers: list[dict] = []
         self.vocab: Optional[int] = None
-        self._weights: Optional[torch.Tensor] = None  # the fingerprint's random weights, per device
+        self._weights: dict = {}  # (row length, device) -> the fingerprint's random weights
         self.busy = False  # our own tensor work is not the loop's
 
     def _reset_step(self) -> None:
@@ -89,13 +93,13 @@ class Monitor:
             return
         self.busy = True
         try:
-            with torch.no_grad():
-                mean = value.detach().float()
-                if reduction != "mean" and isinstance(target, torch.Tensor) and not target.is_floating_point():
-                    counted = (target != ignore_index).sum().clamp(min=1)
-                    mean = mean.sum() / counted
-                elif mean.dim() > 0:
-                    mean = mean.mean()
+            mean = value.detach()  # the usual mean: one cheap op now, read (as a float) a step later
+            if reduction != "mean" or mean.dim() > 0:
+                with torch.no_grad():
+                    if reduction != "mean" and isinstance(target, torch.Tensor) and not target.is_floating_point():
+                        mean = mean.float().sum() / (target != ignore_index).sum().clamp(min=1)
+                    else:
+                        mean = mean.float().mean()
             if logits.dim() >= 2 and self.vocab is None:
                 self.vocab = int(logits.shape[1])
             if value.requires_grad:
@@ -136,18 +140,19 @@ class Monitor:
         if ids is None:
             return
         training = torch.is_grad_enabled() and module.training
-        self.busy = True
-        try:
-            prints = self._fingerprints(ids)
-        finally:
-            self.busy = False
         if training:
             self.tokens += ids.numel()
-            self.train_prints.append(prints)
+            # fingerprinted in batches (_hash_trained): a reference now, and its version, which tells
+            # a buffer the loop refilled in place before it was hashed
+            self.train_ids.append((ids, ids._version))
             if self.last_loader in self.loaders:
                 self.loaders[self.last_loader]["trains"] = True
         else:
-            self.eval_prints.append(prints)
+            self.busy = True
+            try:
+                self.eval_prints.append(self._fingerprints(ids))
+            finally:
+                self.busy = False
 
     def batch_waited(self, loader: Any, seconds: float) -> None:
         key = id(loader)
@@ -203,7 +208,7 @@ class Monitor:
                   "skipped": skipped, "wall": now - self.last_close, "tokens": self.tokens,
                   "wait": sum(s for key, s in self.wait.items() if key in trains or not trains and key == self.last_loader),
                   "batches": sum(held["batches"] for key, held in self.loaders.items() if key in trains),
-                  "rss": self.process.memory_info().rss, "cuda": _cuda_memory(),
+                  "rss": self.rss(), "cuda": _cuda_memory(),
                   "scale": None, "index": len(self.series) + (self.pending is not None)}
         self.last_close = now
         self._reset_step()
@@ -228,7 +233,9 @@ class Monitor:
         """The run ended (`ended`: finished | max-steps | max-time | exit | raised): finalise the last
         step, resolve which evaluated rows were trained on, and fill in the facts."""
         self._close_eval()
-        return self.so_far(ended)
+        series = self.so_far(ended)
+        close_reader(self.rss)
+        return series
 
     def so_far(self, ended: str = "running") -> RunSeries:
         """The series up to the last step that ended, its facts filled in: a callback judges the run
@@ -246,6 +253,9 @@ class Monitor:
         facts.update(ended=ended, seconds=time.perf_counter() - self.started, max_steps=self.max_steps,
                      vocab=self.vocab, schedulers=self.schedulers, scaler=self.scaler_seen,
                      device=_device_of(self.main), dropout=_has_dropout(self.model))
+        if self.refilled or self.trained.full:  # the eval-gap evidence is partial: say so
+            facts["fingerprints"] = {"refilled_rows": self.refilled, "trained_rows_kept": self.trained.count,
+                                     "full": self.trained.full}
         trains = [held for held in self.loaders.values() if held["trains"]]
         if trains:
             facts["loader"] = max(trains, key=lambda held: held["batches"])["facts"]
@@ -271,9 +281,8 @@ class Monitor:
                       tokens=closed["tokens"] or None, rss=closed["rss"], cuda_allocated=allocated,
                       cuda_reserved=reserved, batches=closed["batches"])
         self.series.steps.append(row)
-        for prints in self.train_prints:
-            self.trained.add(prints)
-        self.train_prints = []
+        if len(self.train_ids) >= HASH_EVERY:
+            self._hash_trained()
         if self.on_row is not None:
             self.on_row(row)
 
@@ -291,9 +300,7 @@ class Monitor:
         self.eval_losses, self.eval_prints = [], []
 
     def _resolve_eval_rows(self) -> None:
-        for prints in self.train_prints:
-            self.trained.add(prints)
-        self.train_prints = []
+        self._hash_trained()
         for index, prints in self.eval_rows:
             point = self.series.evals[index]
             point.rows, point.trained_rows = prints.numel(), self.trained.trained(prints)
@@ -312,27 +319,45 @@ class Monitor:
         self.candidates = []
 
     def _group_norms(self, optimizer: torch.optim.Optimizer) -> list:
+        """Each parameter group's gradient norm now (after any clip: _finalise rescales them). With one
+        group and a clip that has measured the norm already, that norm is the group's: no second pass."""
+        if self.clip_norm is not None and len(optimizer.param_groups) == 1:
+            return [self.clip_norm]
         self.busy = True
         try:
             norms = []
             with torch.no_grad():
                 for group in optimizer.param_groups:
                     grads = [p.grad for p in group["params"] if p.grad is not None and not p.grad.is_sparse]
-                    if not grads:
-                        norms.append(0.0)
-                        continue
-                    per = torch._foreach_norm(grads) if hasattr(torch, "_foreach_norm") else [g.norm() for g in grads]
-                    norms.append(torch.linalg.vector_norm(torch.stack([n.float().to(per[0].device) for n in per])))
+                    norms.append(_norm_of(grads) if grads else 0.0)
             return norms
         finally:
             self.busy = False
 
+    def _hash_trained(self) -> None:
+        """Fingerprint the trained ids held so far, all rows of one length and device at once."""
+        groups: dict = {}
+        for ids, version in self.train_ids:
+            if ids._version != version:
+                self.refilled += ids.shape[0] if ids.dim() > 1 else 1
+                continue
+            rows = ids.reshape(-1, ids.shape[-1]) if ids.dim() > 1 else ids.reshape(1, -1)
+            groups.setdefault((rows.shape[1], rows.device), []).append(rows)
+        self.train_ids = []
+        self.busy = True
+        try:
+            for rows in groups.values():
+                self.trained.add(self._fingerprints(torch.cat(rows) if len(rows) > 1 else rows[0]))
+        finally:
+            self.busy = False
+
     def _fingerprints(self, ids: torch.Tensor) -> torch.Tensor:
-        T = ids.shape[-1] if ids.dim() > 1 else ids.numel()
-        if self._weights is None or self._weights.numel() < T or self._weights.device != ids.device:
-            g = torch.Generator().manual_seed(20261202)  # fixed: the same row has the same print all run
-            self._weights = torch.randint(1, 2 ** 31, (max(T, 256),), generator=g, dtype=torch.int64).to(ids.device)
-        return fingerprints(ids, self._weights)
+        key = (ids.shape[-1] if ids.dim() > 1 else ids.numel(), ids.device)
+        weights = self._weights.get(key)
+        if weights is None:  # fixed per length: the same row has the same print all run
+            g = torch.Generator().manual_seed(20261202 + key[0])
+            self._weights[key] = weights = torch.randint(1, 2 ** 31, (key[0],), generator=g).to(ids.device)
+        return fingerprints(ids, weights)
 
     def _check_stop(self, now: float) -> None:
         if not self.stop or self.stopped:
@@ -344,6 +369,15 @@ class Monitor:
             self.stopped = "max-time"
         if self.stopped:
             raise StopWatching(self.stopped)
+
+
+def _norm_of(grads: list) -> torch.Tensor:
+    """The L2 norm of all `grads` together: one foreach pass, then the norm of the per-tensor norms."""
+    per = torch._foreach_norm(grads)
+    try:
+        return torch.linalg.vector_norm(torch.stack(per))
+    except RuntimeError:  # mixed dtypes or devices (a model split across devices)
+        return torch.linalg.vector_norm(torch.stack([n.float().to(per[0].device) for n in per]))
 
 
 def _count(optimizer) -> int:
@@ -392,7 +426,7 @@ def _loader_facts(loader) -> dict:
 
 
 def _cuda_memory() -> tuple[Optional[int], Optional[int]]:
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    if not torch.cuda.is_initialized():  # a flag: is_available() would ask the driver every step
         return None, None
     return int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())
 

@@ -9,7 +9,7 @@ is judged wherever it lands (a callback inside the user's own process, the worke
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 
@@ -86,9 +86,10 @@ class RunSeries:
 
 
 def row_dict(row: StepRow) -> dict[str, Any]:
+    """One step as JSON data (asdict's deep copy would cost a tiny model's step a few percent)."""
     from tfdoctor.result import json_safe
 
-    return json_safe(asdict(row))
+    return json_safe(dict(row.__dict__))
 
 
 def row_of(data: dict[str, Any]) -> StepRow:
