@@ -19,13 +19,12 @@ the facts the report shows under "discovered" and the Subject the model checks r
 from __future__ import annotations
 
 import os
-import runpy
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from tfdoctor.as_main import as_main, run_main, script_name
 from tfdoctor.errors import InternalError, LoadError, first_line
 from tfdoctor.recording.binding import ScriptRecorder
 from tfdoctor.recording.ranks import RankRecorder
@@ -66,36 +65,16 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
 
     `session` (a RankSession) makes it one rank of a distributed run: the rank's own digest is
     recorded beside the trace and gathered to rank 0 at the stop point (Trace.ranks there)."""
-    if (path is None) == (module is None):
-        raise ValueError("give a path or a module")
-    if path is not None and not os.path.isfile(path):
-        raise ScriptError(f"script not found: {path}", "give the path of a Python file, or -m package.module")
-    name = path if path is not None else f"-m {module}"
-    if module is not None:
-        import importlib.util
-
-        try:
-            found = importlib.util.find_spec(module)
-        except (ImportError, ValueError):
-            found = None
-        if found is None:
-            raise ScriptError(f"module not found: {module}", "run from the folder that holds it, or give a path")
+    name = script_name(path, module, ScriptError)
     recorder = ScriptRecorder(steps, model)
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = [path if path is not None else module, *args]
-    if path is not None:  # `python train.py` puts the script's folder first on sys.path
-        sys.path[0:1] = [os.path.dirname(os.path.abspath(path))]
     ended, error = "finished", None
     started = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         try:
-            with recorder.installed_process_wide(), _rank_recording(recorder, session):
+            with as_main(path, module, args), recorder.installed_process_wide(), _rank_recording(recorder, session):
                 try:
-                    if path is not None:
-                        runpy.run_path(path, run_name="__main__")
-                    else:
-                        runpy.run_module(module, run_name="__main__", alter_sys=True)
+                    run_main(path, module)
                     recorder._manual_update()  # a hand-written update after the last backward
                 except _StopScript:
                     ended = "stopped"
@@ -113,7 +92,6 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
                                     f"ran: {first_line(exc)}; not your script's fault") from exc
         finally:
             recorder.stopper.disarm()
-            sys.argv, sys.path[:] = saved_argv, saved_path
     seconds = time.perf_counter() - started
     if recorder.stopper.raised and ended != "stopped":  # caught by the script, which ran on or raised after
         ended, error = "stopped", None

@@ -70,6 +70,7 @@ class Monitor:
         self.scaler_seen = False
         self.unscaled = False  # scaler.unscale_ ran since the last step
         self.loaders: dict[int, dict] = {}  # DataLoader id -> {facts, batches, wait, trains}
+        self.training_loaders: set[int] = set()  # the loaders whose batches the model trained on
         self.last_loader: Optional[int] = None
         self.schedulers: list[dict] = []
         self.vocab: Optional[int] = None
@@ -145,8 +146,9 @@ class Monitor:
             # fingerprinted in batches (_hash_trained): a reference now, and its version, which tells
             # a buffer the loop refilled in place before it was hashed
             self.train_ids.append((ids, ids._version))
-            if self.last_loader in self.loaders:
+            if self.last_loader in self.loaders and self.last_loader not in self.training_loaders:
                 self.loaders[self.last_loader]["trains"] = True
+                self.training_loaders.add(self.last_loader)
         else:
             self.busy = True
             try:
@@ -203,11 +205,11 @@ class Monitor:
         if skipped:
             self.lrs = [float(group["lr"]) for group in self.main.param_groups] if self.main else []
             self.group_norms = []
-        trains = {key for key, held in self.loaders.items() if held["trains"]}
+        trains = self.training_loaders  # before any is known (the first step), the latest loader's wait
+        wait = sum(s for key, s in self.wait.items() if key in trains) if trains else self.wait.get(self.last_loader, 0.0)
         closed = {"micro": self.micro, "clip": self.clip_norm, "groups": self.group_norms, "lrs": self.lrs,
-                  "skipped": skipped, "wall": now - self.last_close, "tokens": self.tokens,
-                  "wait": sum(s for key, s in self.wait.items() if key in trains or not trains and key == self.last_loader),
-                  "batches": sum(held["batches"] for key, held in self.loaders.items() if key in trains),
+                  "skipped": skipped, "wall": now - self.last_close, "tokens": self.tokens, "wait": wait,
+                  "batches": sum(self.loaders[key]["batches"] for key in trains),
                   "rss": self.rss(), "cuda": _cuda_memory(),
                   "scale": None, "index": len(self.series) + (self.pending is not None)}
         self.last_close = now
@@ -265,8 +267,9 @@ class Monitor:
         self._close_eval()
         micro = [_number(m) for m in closed["micro"]]
         finite = [m for m in micro if m is not None]
-        groups = [_number(g) for g in closed["groups"]]
-        norm = _number(closed["clip"]) if closed["clip"] is not None else (
+        clip = _number(closed["clip"])
+        groups = [clip if g is closed["clip"] else _number(g) for g in closed["groups"]]
+        norm = clip if clip is not None else (
             math.sqrt(sum(g * g for g in groups)) if groups and all(math.isfinite(g) for g in groups)
             else (math.inf if groups else None))
         if closed["clip"] is not None and groups and all(math.isfinite(g) for g in groups):

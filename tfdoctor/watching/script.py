@@ -5,12 +5,11 @@ installed, to its end or to --max-steps / --max-time, and hand back the run's se
 from __future__ import annotations
 
 import os
-import runpy
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from tfdoctor.as_main import as_main, run_main, script_name
 from tfdoctor.errors import InternalError, LoadError, first_line
 from tfdoctor.sites import raised_at, raised_in_tfdoctor
 from tfdoctor.watching.series import RunSeries, StepRow
@@ -38,40 +37,18 @@ def watch_script(path: Optional[str] = None, module: Optional[str] = None, args:
     Raises WatchError when it cannot start or takes no optimizer step; a KeyboardInterrupt propagates
     (the series so far is lost: the supervisor reports the interruption). `on_row(row)` hears each
     step as it is finalised; `on_monitor(monitor)` is handed the Monitor before the script starts."""
-    import torch  # noqa: F401 - before the hooks: the script's own import must find it loaded
-
     from tfdoctor.watching.hooks import watching
     from tfdoctor.watching.monitor import Monitor, StopWatching
 
-    if (path is None) == (module is None):
-        raise ValueError("give a path or a module")
-    if path is not None and not os.path.isfile(path):
-        raise WatchError(f"script not found: {path}", "give the path of a Python file, or -m package.module")
-    name = path if path is not None else f"-m {module}"
-    if module is not None:
-        import importlib.util
-
-        try:
-            found = importlib.util.find_spec(module)
-        except (ImportError, ValueError):
-            found = None
-        if found is None:
-            raise WatchError(f"module not found: {module}", "run from the folder that holds it, or give a path")
+    name = script_name(path, module, WatchError)
     monitor = Monitor(on_row=on_row, max_steps=max_steps, max_time=max_time)
     if on_monitor is not None:
         on_monitor(monitor)
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = [path if path is not None else module, *args]
-    if path is not None:  # `python train.py` puts the script's folder first on sys.path
-        sys.path[0:1] = [os.path.dirname(os.path.abspath(path))]
     ended, error = "finished", None
     started = time.perf_counter()
     try:
-        with watching(monitor):
-            if path is not None:
-                runpy.run_path(path, run_name="__main__")
-            else:
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
+        with as_main(path, module, args), watching(monitor):
+            run_main(path, module)
     except StopWatching as stop:
         ended = str(stop)
     except SystemExit as exc:
@@ -84,8 +61,6 @@ def watch_script(path: Optional[str] = None, module: Optional[str] = None, args:
             raise InternalError(f"at {ours}, while {os.path.basename(path or module)} ran: {first_line(exc)}; "
                                 "not your script's fault") from exc
         ended, error = "raised", exc
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
     if monitor.stopped and ended != monitor.stopped:  # the script caught the stop and ended on its own
         ended = monitor.stopped
     series = monitor.finish(ended)
