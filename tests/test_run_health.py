@@ -209,6 +209,40 @@ def test_memory_rising_then_level_passes():
     assert judge(series, "memory-growth").status == Status.PASS
 
 
+def test_memory_of_tfdoctor_s_own_records_is_not_a_leak_of_the_run():
+    # 40,000 healthy steps of a small CPU run: the series and fingerprints tfdoctor keeps grow ~0.8 KB
+    # a step (32 MB in all), which the process's RSS holds too; judged less them, it is level
+    own = lambda i: (i + 1) * 800  # noqa: E731
+    grown = rows(40_000, rss=lambda i: int(320 * MIB) + own(i), own_bytes=own)
+    assert judge(RunSeries(grown), "memory-growth").status == Status.PASS
+    unaccounted = rows(40_000, rss=lambda i: int(320 * MIB) + own(i))
+    assert judge(RunSeries(unaccounted), "memory-growth").status == Status.FAIL
+
+
+def test_the_monitor_counts_its_own_records():
+    import sys
+
+    import torch
+
+    from tfdoctor.watching.hooks import watching
+    from tfdoctor.watching.monitor import Monitor
+
+    model = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = Monitor()
+    with watching(monitor):
+        for _ in range(40):
+            x = torch.randint(0, 8, (2, 5))
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x).reshape(-1, 8), x.reshape(-1)).backward()
+            opt.step()
+    steps = monitor.finish("finished").steps
+    first = steps[0]
+    one_row = sys.getsizeof(first) + sys.getsizeof(first.__dict__)
+    assert steps[-1].own_bytes >= 40 * one_row  # every row counted, and the trained rows' prints
+    assert steps[-1].own_bytes - steps[-2].own_bytes < 4096
+
+
 def test_memory_rising_every_step_fails_where_the_rise_passed_the_threshold():
     # leaky_total_loss.py: about 300 KiB a step on top of 336 MiB
     series = RunSeries(rows(200, rss=lambda i: int(336 * MIB + i * 300 * 1024)))

@@ -329,7 +329,9 @@ def _memory_signals(series: RunSeries) -> dict[str, list[tuple[int, int]]]:
     graph's nodes that `total_loss += loss` keeps (backward() already freed the activations they saved,
     so on a GPU that leak shows in RSS, not in CUDA memory)."""
     cuda = [(row.step, row.cuda_allocated) for row in series.steps if row.cuda_allocated]
-    rss = [(row.step, row.rss) for row in series.steps if row.rss]
+    # less what tfdoctor's own records held (the series and the trained rows' fingerprints grow with
+    # the run, ~0.8 KB a step): a long healthy run must not read as a leak of the user's
+    rss = [(row.step, row.rss - (row.own_bytes or 0)) for row in series.steps if row.rss]
     signals = {"cuda_allocated": cuda} if cuda and len(cuda) * 2 >= len(series.steps) else {}
     return {**signals, "rss": rss} if rss else signals
 
@@ -378,7 +380,7 @@ def memory_growth(series: RunSeries) -> Result:
     details = next((trend for trend in trends if trend["growing"]), trends[0])
     details["signals"] = [trend["signal"] for trend in trends]
     name = ("CUDA allocated memory" if details["signal"] == "cuda_allocated"
-            else "the process's resident memory (RSS)")
+            else "the process's resident memory (RSS, less tfdoctor's own records)")
     levels = details["window_levels_mib"]
     seen = (f"{name} went {levels[0]:.0f} -> {levels[-1]:.0f} MiB over steps {details['from_step']}-"
             f"{details['to_step']} (window medians {', '.join(f'{v:.0f}' for v in levels)} MiB)")

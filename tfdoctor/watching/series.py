@@ -32,6 +32,7 @@ class StepRow:
     cuda_allocated: Optional[int] = None  # bytes, where the run uses a GPU
     cuda_reserved: Optional[int] = None
     batches: int = 0  # DataLoader batches drawn so far (the batch this step ended on)
+    own_bytes: Optional[int] = None  # what the monitor's own records held then (part of rss)
 
 
 @dataclass
