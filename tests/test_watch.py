@@ -81,3 +81,26 @@ def test_the_live_view_on_a_terminal_keeps_the_script_s_output_above_it():
     assert piped.startswith("tfdoctor watch") and "120 optimizer step(s)" in piped  # stdout: the report only
     assert "grad norm" not in piped and "step 100 train" not in piped
     assert code == 0, screen[-2000:]
+
+
+def test_ctrl_c_ends_the_run_and_the_steps_it_took_are_judged():
+    import signal
+    import subprocess
+
+    from helpers import ROOT, TFDOCTOR
+
+    proc = subprocess.Popen([TFDOCTOR, "watch", HEALTHY, "--format", "json", "--", "--steps", "100000"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:  # the script's own progress: it has trained 100 steps by then
+        seen.append(line)
+        if line.startswith("step 100 train"):
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    report = json.loads(out)
+    steps = len(report["series"]["steps"]["step"])
+    assert report["discovered"]["ended"] == "interrupted" and 100 <= steps < 100000
+    assert err.strip().splitlines()[-1] == (f"tfdoctor: interrupted (Ctrl-C) after {steps} optimizer step(s), "
+                                            "judged above")
+    assert proc.returncode == 130, "".join(seen)[-2000:]

@@ -317,6 +317,11 @@ def watch(
     if report is not None:
         report.series = outcome.discovered.pop("series", {})
         report.discovered = dict(outcome.discovered)
+        if report.discovered.get("ended") == "interrupted":  # Ctrl-C: the steps it took are judged
+            _emit(report, fmt, output)
+            typer.echo(f"tfdoctor: interrupted (Ctrl-C) after {report.discovered.get('steps')} optimizer step(s), "
+                       "judged above", err=True)
+            raise typer.Exit(130)
         if report.discovered.get("error"):  # judged on the steps it took, but the run itself failed
             _emit(report, fmt, output)
             how = "raised" if report.discovered["ended"] == "raised" else "exited with"

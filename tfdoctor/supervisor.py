@@ -97,7 +97,8 @@ def _supervised(request: dict, timeout: float, timeout_per_check: float, progres
             for fd in (write_end, release_read, output_write):
                 if fd is not None:
                     os.close(fd)
-        outcome = _watch(outcome, proc, read_end, dump, timeout, timeout_per_check, progress, output_read)
+        outcome = _watch(outcome, proc, read_end, dump, timeout, timeout_per_check, progress, output_read,
+                         forward_ctrl_c=request.get("command") == "watch")
         outcome.sandbox = sandbox.report()
         _first_failure(outcome)
         if hold is not None and proc.poll() is None and outcome.ended in (Ended.DONE, Ended.USAGE_ERROR,
@@ -218,8 +219,12 @@ class _Budgets:
         return ""
 
 
+# `watch`: after Ctrl-C, how long the worker gets to judge the steps it recorded and send the report.
+CTRL_C_GRACE_SECONDS = 60.0
+
+
 def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float, per_check: float,
-           progress, output_read: Optional[int] = None) -> Outcome:
+           progress, output_read: Optional[int] = None, forward_ctrl_c: bool = False) -> Outcome:
     budgets = _Budgets(timeout, per_check)
     state = {"main_thread": None, "finished": False}
     tasks: dict[int, Callable] = {}
@@ -229,7 +234,17 @@ def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float
         which = budgets.overrun(outcome.phase)
         if which:
             return _timed_out(outcome, which, proc, dump_path, state["main_thread"])
-        ready, _, _ = select.select(watched, [], [], min(POLL_SECONDS, *budgets.left(outcome.phase)))
+        try:
+            ready, _, _ = select.select(watched, [], [], min(POLL_SECONDS, *budgets.left(outcome.phase)))
+        except KeyboardInterrupt as interrupt:
+            # `watch`: the first Ctrl-C ends the script, not tfdoctor: the worker (its own session, which
+            # the terminal's signal misses) gets it and judges the steps recorded; a second one stops all
+            if not forward_ctrl_c or stopped_by(interrupt).signum != signal.SIGINT or proc.poll() is not None:
+                raise
+            forward_ctrl_c, state["forwarded"] = False, True
+            os.kill(proc.pid, signal.SIGINT)
+            budgets = _Budgets(CTRL_C_GRACE_SECONDS, CTRL_C_GRACE_SECONDS)
+            continue
         if output_read is not None and output_read in ready:
             _relay_output(output_read, progress, watched)
         if read_end not in ready:
@@ -261,6 +276,10 @@ def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float
             break
         except subprocess.TimeoutExpired:
             continue
+    if state.get("forwarded") and code in (130, -signal.SIGINT):  # Ctrl-C before the run had a step
+        outcome.ended, outcome.code = Ended.INTERRUPTED, 130
+        outcome.message = f"interrupted (Ctrl-C) during {phase_name(outcome.phase)}"
+        return outcome
     outcome.ended = Ended.VANISHED
     if code == CHANNEL_LOST_EXIT:
         outcome.message = (f"your code closed tfdoctor's report pipe (a file descriptor above 2, closed below "

@@ -51,6 +51,7 @@ def _ended(ended) -> str:
     return {"finished": "the script ran to its end", "max-steps": "stopped at --max-steps",
             "max-time": "stopped at --max-time", "exit": "the script exited with an error code",
             "raised": "the script raised", "stopped": "stopped by tfdoctor (stop_on)",
+            "interrupted": "interrupted (Ctrl-C)",
             "running": "still running"}.get(ended, str(ended))
 
 

@@ -34,8 +34,8 @@ def watch_script(path: Optional[str] = None, module: Optional[str] = None, args:
                  on_row: Optional[Callable[[StepRow], None]] = None,
                  on_monitor: Optional[Callable] = None) -> WatchedRun:
     """Run the script (a file `path` or a module `module`) with `args`, watched, and return its series.
-    Raises WatchError when it cannot start or takes no optimizer step; a KeyboardInterrupt propagates
-    (the series so far is lost: the supervisor reports the interruption). `on_row(row)` hears each
+    Raises WatchError when it cannot start or takes no optimizer step. A KeyboardInterrupt (the
+    supervisor forwards the first Ctrl-C) ends the run as "interrupted", judged on its steps. `on_row(row)` hears each
     step as it is finalised; `on_monitor(monitor)` is handed the Monitor before the script starts."""
     from tfdoctor.watching.hooks import watching
     from tfdoctor.watching.monitor import Monitor, StopWatching
@@ -53,8 +53,8 @@ def watch_script(path: Optional[str] = None, module: Optional[str] = None, args:
         ended = str(stop)
     except SystemExit as exc:
         ended, error = ("finished", None) if exc.code in (None, 0) else ("exit", exc)
-    except KeyboardInterrupt:
-        raise
+    except KeyboardInterrupt:  # Ctrl-C (forwarded by the supervisor): the run so far is judged
+        ended = "interrupted"
     except Exception as exc:  # the script's own error: named in the report, never a traceback
         ours = raised_in_tfdoctor(exc)
         if ours is not None:
@@ -80,5 +80,7 @@ def _refuse_unwatched(run: WatchedRun) -> None:
     if run.ended == "exit":
         raise WatchError(f"{run.name} called sys.exit({run.error.code!r}){where} before its first optimizer step",
                          "check the script's arguments (give them after --)") from run.error
+    if run.ended == "interrupted":
+        raise WatchError(f"{run.name} was interrupted (Ctrl-C) before its first optimizer step")
     raise WatchError(f"{run.name} ended without an optimizer step, so there is no run to watch",
                      "give it arguments that make it train (after --)")
