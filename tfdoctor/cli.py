@@ -17,10 +17,9 @@ import typer
 
 from tfdoctor.errors import TfdoctorError, UsageError
 from tfdoctor.flags import (budget_in_range, check_battery_flags, format_ready, model_fields, nproc_in_range,
-                            positive, seed_in_range, writable)
+                            positive, script_argument, seed_in_range, selection_nonempty, writable)
 from tfdoctor.protocol import Ended
 from tfdoctor.result import ExitCode
-from tfdoctor.supervisor import report_of
 
 app = typer.Typer(
     name="tfdoctor",
@@ -210,14 +209,10 @@ def run(
     """
     argv = list(argv or [])
     try:
-        if module is None and not argv:
-            raise UsageError("give the script to run", "tfdoctor run train.py -- ARGS, or tfdoctor run -m pkg.mod")
+        script = script_argument(argv, module, "run")
         positive("--steps", steps, MIN_RUN_STEPS)
         check_battery_flags(vocab, seq_len, batch, pad_id, seed, timeout, timeout_per_check, only, skip)
         positive("--eos-id", eos_id, 0)
-        script = None if module is not None else argv.pop(0)
-        if script is not None and not Path(script).is_file():
-            raise UsageError(f"script not found: {script}", "give the path of a Python file, or -m package.module")
         writable(output)
         format_ready(fmt)
         nproc_in_range(nproc)
@@ -274,8 +269,7 @@ def watch(
     """
     argv = list(argv or [])
     try:
-        if module is None and not argv:
-            raise UsageError("give the script to watch", "tfdoctor watch train.py -- ARGS, or tfdoctor watch -m pkg.mod")
+        script = script_argument(argv, module, "watch")
         positive("--max-steps", max_steps)
         if max_time is not None:
             budget_in_range("--max-time", max_time)
@@ -283,14 +277,7 @@ def watch(
             budget_in_range("--timeout", timeout)
         if seed is not None:
             seed_in_range(seed)
-        from tfdoctor.registry import select
-
-        if (only is not None and not only.replace(",", "").strip()) or not select(only, skip, run_judges=True):
-            raise UsageError("the selection is empty: --only/--skip leave no judge to run",
-                             "run `tfdoctor checks` for the ids")
-        script = None if module is not None else argv.pop(0)
-        if script is not None and not Path(script).is_file():
-            raise UsageError(f"script not found: {script}", "give the path of a Python file, or -m package.module")
+        selection_nonempty(only, skip, run_judges=True)
         writable(output)
         format_ready(fmt)
         nproc_in_range(nproc)
@@ -327,6 +314,12 @@ def watch(
             how = "raised" if report.discovered["ended"] == "raised" else "exited with"
             _fail_usage(UsageError(f"the watched script {how} {report.discovered['error']}"))
     _finish(outcome, report, fmt, output)
+
+
+def report_of(outcome, target: str, strict: bool):
+    from tfdoctor.supervisor import report_of as made  # here, not at start-up: --help stays fast
+
+    return made(outcome, target, strict)
 
 
 def _watch_view(live: bool, target: str):

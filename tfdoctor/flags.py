@@ -79,12 +79,28 @@ def check_battery_flags(vocab, seq_len, batch, pad_id, seed, timeout, timeout_pe
     seed_in_range(seed)
     budget_in_range("--timeout", timeout)
     budget_in_range("--timeout-per-check", timeout_per_check)
+    selection_nonempty(only, skip)
+
+
+def selection_nonempty(only, skip, run_judges: bool = False) -> None:
+    """Unknown ids are a usage error (registry.select); so is a selection that leaves nothing to run."""
     from tfdoctor.registry import select
 
-    # Unknown ids are a usage error here; so is a selection that leaves nothing to run.
-    if (only is not None and not only.replace(",", "").strip()) or not select(only, skip):
-        raise UsageError("the selection is empty: --only/--skip leave no check to run",
+    if (only is not None and not only.replace(",", "").strip()) or not select(only, skip, run_judges=run_judges):
+        what = "judge" if run_judges else "check"
+        raise UsageError(f"the selection is empty: --only/--skip leave no {what} to run",
                          "run `tfdoctor checks` for the ids")
+
+
+def script_argument(argv: list, module: Optional[str], command: str) -> Optional[str]:
+    """`run` / `watch`: the script, taken off the front of `argv` (None under -m, which takes them all)."""
+    if module is None and not argv:
+        raise UsageError(f"give the script to {command}",
+                         f"tfdoctor {command} train.py -- ARGS, or tfdoctor {command} -m pkg.mod")
+    script = None if module is not None else argv.pop(0)
+    if script is not None and not Path(script).is_file():
+        raise UsageError(f"script not found: {script}", "give the path of a Python file, or -m package.module")
+    return script
 
 
 def model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id=None) -> dict:

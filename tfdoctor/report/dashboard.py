@@ -16,6 +16,8 @@ import time
 from collections import deque
 from typing import Iterator, Optional
 
+from tfdoctor.report.watched import number_of
+
 SPARK_WIDTH = 48  # the steps a sparkline shows: the latest ones
 REFRESH_PER_SECOND = 4
 
@@ -54,8 +56,8 @@ class Dashboard:
             self.steps += 1
             self.skipped += bool(row.get("skipped"))
             if self.steps > 1:  # the first step's wall time holds the script's start
-                self.wall += _float(row.get("wall")) or 0.0
-                self.wait += _float(row.get("data_wait")) or 0.0
+                self.wall += number_of(row.get("wall")) or 0.0
+                self.wait += number_of(row.get("data_wait")) or 0.0
         if latest_eval is not None:
             self.eval = latest_eval
 
@@ -91,13 +93,13 @@ class Dashboard:
         table.add_column()
         rows = list(self.recent)
         last = rows[-1] if rows else {}
-        losses = [_float(r.get("loss")) for r in rows]
-        norms = [_float(r.get("grad_norm")) for r in rows]
+        losses = [number_of(r.get("loss")) for r in rows]
+        norms = [number_of(r.get("grad_norm")) for r in rows]
         eval_text = f"  eval {self.eval['loss']:.4g} at step {self.eval['step']}" if self.eval else ""
         table.add_row("loss", sparkline(losses), _num(last.get("loss")) + eval_text)
         table.add_row("grad norm", sparkline(norms), _num(last.get("grad_norm")))
         lrs = last.get("lrs") or []
-        table.add_row("rate", sparkline([(_float((r.get("lrs") or [None])[0])) for r in rows]),
+        table.add_row("rate", sparkline([(number_of((r.get("lrs") or [None])[0])) for r in rows]),
                       ", ".join(_num(v) for v in lrs[:3]) + (" ..." if len(lrs) > 3 else ""))
         if last.get("scale") is not None or self.skipped:
             table.add_row("loss scale", "", f"{_num(last.get('scale'))}   skipped {self.skipped} of {self.steps} steps")
@@ -113,23 +115,14 @@ class Dashboard:
 
     def _throughput(self, rows: list[dict]) -> str:
         tokens = [r.get("tokens") for r in rows[1:] if r.get("tokens")]
-        walls = [_float(r.get("wall")) or 0.0 for r in rows[1:] if r.get("tokens")]
+        walls = [number_of(r.get("wall")) or 0.0 for r in rows[1:] if r.get("tokens")]
         rate = f"{sum(tokens) / sum(walls):,.0f} tokens/s" if tokens and sum(walls) > 0 else "tokens/s unknown"
         share = f"data wait {100 * self.wait / self.wall:.0f}% of the step time" if self.wall > 0 else ""
         return f"{rate}   {share}"
 
 
-def _float(value) -> Optional[float]:
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def _num(value) -> str:
-    value = _float(value)
+    value = number_of(value)
     return "-" if value is None else f"{value:.4g}"
 
 

@@ -56,8 +56,8 @@ def _ended(ended) -> str:
 
 
 def _throughput(series: dict) -> str:
-    walls = [_number(w) or 0.0 for w in series.get("wall", [])[1:]]  # the first step holds the start
-    waits = [_number(w) or 0.0 for w in series.get("data_wait", [])[1:]]
+    walls = [number_of(w) or 0.0 for w in series.get("wall", [])[1:]]  # the first step holds the start
+    waits = [number_of(w) or 0.0 for w in series.get("data_wait", [])[1:]]
     tokens = [t or 0 for t in series.get("tokens", [])[1:]]
     wall = sum(walls)
     parts = [f"{sum(tokens) / wall:,.0f} tokens/s" if wall > 0 and sum(tokens) else "tokens/s unknown",
@@ -65,7 +65,8 @@ def _throughput(series: dict) -> str:
     return ", ".join(filter(None, parts))
 
 
-def _number(value):
+def number_of(value):
+    """A number the series carries as JSON data (a float, "nan", None) as a float, or None."""
     try:
         return float(value)
     except (TypeError, ValueError):
@@ -75,7 +76,7 @@ def _number(value):
 def _finite(values) -> list[float]:
     out = []
     for value in values:
-        number = _number(value)
+        number = number_of(value)
         if number is not None and math.isfinite(number):
             out.append(number)
     return out

@@ -68,6 +68,7 @@ class Monitor:
         self.refilled = 0  # trained rows whose buffer changed before they were fingerprinted
         self.scaled: dict[int, float] = {}  # id of a tensor scaler.scale() returned -> the scale then
         self.scaler_seen = False
+        self.last_scale: Any = None  # the GradScaler's scale at its last scale() call (a tensor: no sync)
         self.unscaled = False  # scaler.unscale_ ran since the last step
         self.loaders: dict[int, dict] = {}  # DataLoader id -> {facts, batches, wait, trains}
         self.training_loaders: set[int] = set()  # the loaders whose batches the model trained on
@@ -173,8 +174,6 @@ class Monitor:
             if self.scaler_seen and not self.unscaled and self.last_scale is not None:
                 norm = norm / self.last_scale  # clipped before unscale_: the norm of scaled gradients
             self.clip_norm = norm
-
-    last_scale: Any = None  # the GradScaler's scale at its last scale() call (a tensor: no sync)
 
     def scale_called(self, scaler: Any, out: Any) -> None:
         if not self.scaler_seen and getattr(scaler, "_enabled", False):  # its settings, for scaler-overflow
