@@ -257,6 +257,13 @@ def test_memory_levelling_off_warns():
     assert judge(series, "memory-growth").status == Status.WARN
 
 
+def test_memory_rising_in_uneven_stairs_is_not_levelling_off():
+    # a leak whose RSS grows in allocator-sized stairs: 30, 10, 31, 8 MiB a window (leaky_total_loss.py once)
+    stairs = [0, 30, 40, 71, 79]
+    series = RunSeries(rows(250, rss=lambda i: (296 + stairs[min(4, max(0, (i - 50) // 40))]) * MIB))
+    assert judge(series, "memory-growth").status == Status.FAIL
+
+
 def test_memory_judges_cuda_allocated_first():
     # RSS noisy and level, CUDA allocated rising 1 MiB a step: a GPU leak
     series = RunSeries(rows(200, rss=lambda i: (2000 + (i % 7)) * MIB, cuda_allocated=lambda i: (500 + i) * MIB))
