@@ -1,0 +1,32 @@
+"""The one line a watched run ends with, on stderr (the command) or through the `tfdoctor` logger (the
+Trainer and Lightning callbacks): the verdict, the judges that failed or warned, and where the report
+went. Whatever the format and wherever the report was written, the terminal gets this line, so a run
+of days never ends in silence. No Rich, no torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from tfdoctor.result import Report, Status
+
+
+def verdict_line(report: Report, path: Optional[str | Path] = None, where: str = "") -> str:
+    """"tfdoctor: FAIL (loss-spike, eval-gap; warn: data-wait); report in run.html". `path`: the file
+    the report was written to (None: printed above, `where` says so when the caller knows better,
+    e.g. "judged above")."""
+    failed = [r.id for r in report.results if r.status in (Status.FAIL, Status.ERROR)]
+    warned = [r.id for r in report.results if r.status == Status.WARN]
+    if failed or (report.strict and warned):
+        word = "FAIL"
+    elif warned:
+        word = "WARN"
+    else:
+        word = "PASS"
+    named = ", ".join(failed) + ("; " if failed and warned else "") + ("warn: " + ", ".join(warned) if warned else "")
+    line = f"tfdoctor: {word}" + (f" ({named})" if named else f" ({len(report.results)} judges quiet)")
+    if path is not None:
+        line += f"; report in {path}"
+    elif where:
+        line += f"; {where}"
+    return line
