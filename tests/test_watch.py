@@ -101,6 +101,7 @@ def test_ctrl_c_ends_the_run_and_the_steps_it_took_are_judged():
     report = json.loads(out)
     steps = len(report["series"]["steps"]["step"])
     assert report["discovered"]["ended"] == "interrupted" and 100 <= steps < 100000
-    assert err.strip().splitlines()[-1] == (f"tfdoctor: interrupted (Ctrl-C) after {steps} optimizer step(s), "
-                                            "judged above")
+    lines = err.strip().splitlines()
+    assert lines[-2] == f"tfdoctor: interrupted (Ctrl-C) after {steps} optimizer step(s)"
+    assert lines[-1].startswith("tfdoctor: ") and lines[-1].endswith("the json report is on stdout"), lines[-1]
     assert proc.returncode == 130, "".join(seen)[-2000:]

@@ -109,3 +109,16 @@ def model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos
                   kind=kind.value if kind else None, padding_side=padding_side.value if padding_side else None,
                   packing=packing.value if packing else None)
     return {k: v for k, v in fields.items() if v is not None}
+
+
+def keeping_folder(keep_writes: Optional[Path], protected_by: list[str]) -> Optional[str]:
+    """`watch --keep-writes DIR`: the folder (absolute) where a copy of a protected run's writes goes.
+    Only a run that --max-steps/--max-time may cut short is protected; any other writes for real."""
+    if keep_writes is None:
+        return None
+    if not protected_by:
+        raise UsageError("--keep-writes keeps what a run cut short by --max-steps or --max-time wrote; without "
+                         "them the watched run writes its files for real", "drop --keep-writes")
+    if keep_writes.exists() and not keep_writes.is_dir():
+        raise UsageError(f"--keep-writes {keep_writes} is a file", "give a folder (it is made if missing)")
+    return os.path.abspath(keep_writes)

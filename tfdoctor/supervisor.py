@@ -80,14 +80,16 @@ def _supervised(request: dict, timeout: float, timeout_per_check: float, progres
     # A rank of `--nproc` already has the launcher's private folder as its TMPDIR: not one more level,
     # since a Unix socket's path (multiprocessing makes them there) is limited to 107 bytes.
     temp = os.environ["TMPDIR"] if os.environ.get(LAUNCHED_ENV) and os.environ.get("TMPDIR") else private
-    # The user's files are sacred: the worker writes into this scratch folder.
-    sandbox = Host(request, own=(private, temp))
+    # The user's files are sacred: the worker writes into this scratch folder. A watched run that
+    # tfdoctor does not cut short is the user's real run: it writes for real, in the user's TMPDIR.
+    protected = request.get("protect", True)
+    sandbox = Host(request, own=(private, temp), keep_in=request.get("keep_writes")) if protected else None
     # `watch`'s live view: the user's output comes through a pipe and is printed above the view.
     output_read, output_write = os.pipe() if getattr(progress, "output", None) is not None else (None, None)
     request = {**request, "stack_dump": dump, "progress": progress is not None, "release_fd": release_read,
-               "sandbox": sandbox.spec, "output_fd": output_write}
+               "sandbox": sandbox.spec if sandbox is not None else None, "output_fd": output_write}
     read_end, write_end = os.pipe()
-    env = {**os.environ, REQUEST_ENV: json.dumps(request), **temp_environment(temp)}
+    env = {**os.environ, REQUEST_ENV: json.dumps(request), **(temp_environment(temp) if protected else {})}
     outcome = Outcome()
     proc = None
     try:
@@ -99,7 +101,7 @@ def _supervised(request: dict, timeout: float, timeout_per_check: float, progres
                     os.close(fd)
         outcome = _watch(outcome, proc, read_end, dump, timeout, timeout_per_check, progress, output_read,
                          forward_ctrl_c=request.get("command") == "watch")
-        outcome.sandbox = sandbox.report()
+        outcome.sandbox = sandbox.report() if sandbox is not None else {}
         _first_failure(outcome)
         if hold is not None and proc.poll() is None and outcome.ended in (Ended.DONE, Ended.USAGE_ERROR,
                                                                          Ended.INTERNAL_ERROR):
@@ -121,7 +123,8 @@ def _supervised(request: dict, timeout: float, timeout_per_check: float, progres
         for fd in (read_end, release_write, output_read):
             if fd is not None:
                 os.close(fd)
-        sandbox.close()
+        if sandbox is not None:
+            sandbox.close()
 
 
 def _first_failure(outcome: Outcome) -> None:

@@ -32,17 +32,20 @@ INTERPOSE_LIMITS = ("Python file APIs only: non-Python subprocesses and C/Rust c
 class Host:
     """The supervisor's half: a scratch folder for one worker, and what the worker wrote into it."""
 
-    def __init__(self, request: dict, own: tuple[str, ...] = ()) -> None:
+    def __init__(self, request: dict, own: tuple[str, ...] = (), keep_in: Optional[str] = None) -> None:
         """`own`: tfdoctor's folders for this run (the run's private TMPDIR): left uncovered when a
-        protected folder holds them (a run started in /tmp), since the ranks of `--nproc` meet there."""
+        protected folder holds them (a run started in /tmp), since the ranks of `--nproc` meet there.
+        `keep_in`: a folder where a copy of what the code wrote is kept (`watch --keep-writes`), else
+        TFDOCTOR_KEEP_WRITES."""
         roots = protected_roots(request)
+        self.keep_in = keep_in or os.environ.get(KEEP_ENV) or None
         self.scratch = tempfile.mkdtemp(prefix="tfdoctor-writes-", dir=_scratch_parent(roots))
         self.spec = {"scratch": self.scratch, "roots": roots, "exempt": exempt_folders(roots, own)}
 
     def report(self) -> dict:
         """The report's `sandbox` record (empty when the worker never entered the sandbox)."""
         try:
-            return summary(self.scratch, os.environ.get(KEEP_ENV) or None)
+            return summary(self.scratch, self.keep_in)
         except OSError as error:  # the report still comes; it says the listing failed
             return {"error": f"could not read what the code wrote: {error}"}
 

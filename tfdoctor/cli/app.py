@@ -1,0 +1,100 @@
+"""The `tfdoctor` Typer app, the choices its flags share, and the entry point that turns every usage
+problem, the parser's included, into one line on stderr and exit 2."""
+
+from __future__ import annotations
+
+import enum
+import os
+import sys
+
+import typer
+
+from tfdoctor.result import ExitCode
+
+app = typer.Typer(
+    name="tfdoctor",
+    help="A doctor for Transformer training code: finds the bugs that make training look better.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    rich_markup_mode=None,
+)
+
+
+class Format(str, enum.Enum):
+    rich = "rich"
+    json = "json"
+    junit = "junit"
+    sarif = "sarif"  # SARIF 2.1.0: each finding at the user's file:line, for code-scanning UIs
+    html = "html"  # one self-contained page with the figures (needs the html extra: matplotlib)
+
+
+DEFAULT_TIMEOUT = 600.0  # seconds for the whole run: generous, but a CI job never waits forever
+DEFAULT_TIMEOUT_PER_CHECK = 300.0
+
+
+class PaddingSide(str, enum.Enum):
+    left = "left"
+    right = "right"
+
+
+class Packing(str, enum.Enum):
+    position_ids = "position_ids"
+
+
+class Kind(str, enum.Enum):
+    causal = "causal"
+    encoder = "encoder"
+    seq2seq = "seq2seq"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from tfdoctor import __version__
+
+        typer.echo(f"tfdoctor {__version__}")
+        raise typer.Exit(ExitCode.OK)
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", help="print the version and exit", is_eager=True,
+                                 callback=_show_version),
+) -> None:
+    """A doctor for Transformer training code: finds the bugs that make training look better."""
+
+
+def _usage_exceptions() -> tuple[type, ...]:
+    """Command-line parsing errors: recent Typer raises its own (it vendors click), older Typer
+    raises click's."""
+    kinds: list[type] = [getattr(typer, "TyperException", None)]
+    try:
+        import click
+
+        kinds.append(click.exceptions.ClickException)
+    except ImportError:
+        pass
+    return tuple(kind for kind in kinds if kind is not None)
+
+
+def main() -> None:
+    """Entry point: every usage problem, the parser's included, is one line on stderr and exit 2."""
+    try:
+        code = app(standalone_mode=False)
+    except _usage_exceptions() as error:
+        message = error.format_message()
+        if type(error).__name__ == "NoArgsIsHelpError":  # bare `tfdoctor`: the help is the message
+            typer.echo(message, err=True)
+        else:
+            typer.echo(f"tfdoctor: error: {' '.join(message.split())}", err=True)
+        sys.exit(ExitCode.USAGE_ERROR)
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("tfdoctor: aborted", err=True)
+        sys.exit(130)
+    except Exception as error:  # never a traceback; TFDOCTOR_DEBUG=1 shows it
+        if os.environ.get("TFDOCTOR_DEBUG"):
+            raise
+        typer.echo(f"tfdoctor: internal error: {type(error).__name__}: {error} "
+                   "(rerun with TFDOCTOR_DEBUG=1 for the traceback)", err=True)
+        sys.exit(ExitCode.USAGE_ERROR)
+    sys.exit(code if isinstance(code, int) else 0)
