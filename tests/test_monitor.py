@@ -74,6 +74,24 @@ def test_the_gradient_norm_is_the_clip_s_pre_clip_norm_and_otherwise_the_gradien
     assert rows[1].group_norms == pytest.approx([norms[1]], rel=1e-4)
 
 
+def test_a_clip_handed_a_consumed_iterator_is_not_taken_for_the_gradient_s_norm():
+    model, g = tiny(), torch.Generator().manual_seed(2)
+    params = filter(lambda p: p.requires_grad, model.parameters())
+    opt = torch.optim.SGD(params, lr=0.1)  # consumes the iterator: every later clip gets nothing
+    monitor, norms, returned = Monitor(), [], []
+    with watching(monitor):
+        for _ in range(3):
+            opt.zero_grad()
+            lm_loss(model, batch(g)).backward()
+            returned.append(float(torch.nn.utils.clip_grad_norm_(params, 1e-3)))
+            norms.append(float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))))
+            opt.step()
+        torch.nn.utils.clip_grad_norm_(parameters=list(model.parameters()), max_norm=1.0)  # keywords pass too
+    assert returned == [0.0, 0.0, 0.0]  # what the loop saw
+    rows = monitor.finish("finished").steps
+    assert [r.grad_norm for r in rows] == pytest.approx(norms, rel=1e-5)  # what its gradients were
+
+
 def test_a_summed_loss_is_read_per_token_as_a_hugging_face_model_divides_it():
     model, g = tiny(), torch.Generator().manual_seed(3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -101,6 +101,16 @@ def clip_global_norm(subject, trace) -> Result:
     windows: dict[int, list] = {}
     for event in clips:
         windows.setdefault(event.window, []).append(event.data)
+    empty = [window for window, calls in windows.items() if all(c["params"] == 0 for c in calls)]
+    if empty:  # the clip the loop asked for did not happen: a fault, not a style
+        return Result.failed(
+            f"clip_grad_norm_ was handed no parameters at {len(empty)} of {len(windows)} steps: it returned 0 "
+            "and clipped nothing, while the loop believes it clips (typically an iterator already consumed: "
+            "a `filter(...)` or generator over the parameters, used first to build the optimizer)",
+            "keep the parameters in a list: params = [p for p in model.parameters() if p.requires_grad]; "
+            "or clip model.parameters() itself",
+            {"steps_with_clip": len(windows), "steps_clipping_nothing": len(empty),
+             "model_params_with_grad": windows[empty[0]][0]["model_params_with_grad"]})
     kinds = Counter()
     for calls in windows.values():
         if any(c["how"] == "value" for c in calls):

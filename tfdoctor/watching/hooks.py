@@ -118,8 +118,16 @@ def _backward(monitor: Monitor, original: Callable) -> Callable:
 
 def _returns_norm(monitor: Monitor, original: Callable) -> Callable:
     def measured(*args, **kwargs):
+        # The parameters (or gradients) as a list, as clip_grad_norm_ makes them itself (an iterator is
+        # read once either way), so that an empty one is seen: its 0 is not the gradients' norm.
+        key = next((k for k in ("parameters", "tensors") if k in kwargs), None)
+        given = args[0] if args else kwargs.get(key) if key else None
+        if given is not None and not isinstance(given, torch.Tensor):
+            given = list(given)
+            args, kwargs = ((given, *args[1:]), kwargs) if args else (args, {**kwargs, key: given})
         norm = original(*args, **kwargs)
-        monitor.clip_returned(norm)
+        if not (isinstance(given, list) and not given):
+            monitor.clip_returned(norm)
         return norm
 
     measured.__wrapped__ = original
