@@ -127,6 +127,8 @@ PLANTED = {
                            [(loop("correct"), "pass")]),
     "stale-update": ([(model("gpt_correct", ["stale-update"], train="bf16_weights"), "fail")],
                      [(model("gpt_correct", ["stale-update"], train="bf16_autocast"), "pass")]),
+    "trained-in-eval": ([(loop("eval_mode_after_validation"), "fail")],
+                        [(loop("eval_mode_restored"), "pass"), (loop("correct"), "pass")]),
     "rank-data": ([(ranks("no_sampler"), "fail"), (ranks("no_set_epoch"), "warn")], [(ranks("correct"), "pass")]),
     "rank-sync": ([(ranks("rank0_clip"), "fail")], [(ranks("correct"), "pass")]),
     "ddp-accumulation": ([(ranks("accum_no_no_sync"), "warn")], [(ranks("correct"), "pass")]),

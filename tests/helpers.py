@@ -262,7 +262,8 @@ def final_screen(raw: str) -> str:
 # --- the loop matrix: the train checks on one loop of fixtures/loops/ (tests/test_trainloop.py) ---------
 
 TRAIN_IDS = ["objective", "ignore-index", "unscale-before-clip", "accumulation-scaling", "scheduler-placement",
-             "zero-grad", "clip-global-norm", "lr-schedule", "amp-loss-scaling", "grad-health", "optimizer-coverage"]
+             "zero-grad", "clip-global-norm", "lr-schedule", "amp-loss-scaling", "grad-health", "optimizer-coverage",
+             "trained-in-eval"]
 PAD_ID = 0  # the pad id every loop fixture was written for
 # The model each family of loops trains (by file-name prefix; the fixture GPT otherwise), and the
 # pad id a loop was written for when it is not PAD_ID.

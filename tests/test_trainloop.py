@@ -21,10 +21,10 @@ from tfdoctor.result import Status
 # The status of every train check on every loop fixture, with pad_id=0. "skip" marks what a loop
 # does not do (no GradScaler, no accumulation, no autocast).
 P, F, W, S = "pass", "fail", "warn", "skip"
-SIMPLE = dict(zip(TRAIN_IDS, [P, P, S, S, P, P, P, P, S, P, P]))  # fp32, one backward per step
+SIMPLE = dict(zip(TRAIN_IDS, [P, P, S, S, P, P, P, P, S, P, P, P]))  # fp32, one backward per step
 ACCUM = dict(SIMPLE, **{"accumulation-scaling": P})
 EXPECTED = {
-    "correct": dict(zip(TRAIN_IDS, [P] * 11)),
+    "correct": dict(zip(TRAIN_IDS, [P] * 12)),
     "hf_labels": SIMPLE,
     "identity_objective": dict(SIMPLE, objective=F),
     "hf_double_shift": dict(SIMPLE, objective=F),
@@ -77,6 +77,10 @@ EXPECTED = {
     # DataLoader yields nothing): optimizer-coverage fails, the checks of the steps skip
     "no_epoch": dict(dict.fromkeys(TRAIN_IDS, S), **{"optimizer-coverage": F}),
     "empty_dataloader": dict(dict.fromkeys(TRAIN_IDS, S), **{"optimizer-coverage": F}),
+    # issue 29: training steps in eval mode, and a clip handed an iterator the optimizer consumed
+    "eval_mode_after_validation": dict(SIMPLE, **{"trained-in-eval": F}),
+    "eval_mode_restored": SIMPLE,
+    "clip_consumed_iterator": dict(SIMPLE, **{"clip-global-norm": F}),
 }
 
 @pytest.mark.parametrize("loop", sorted(EXPECTED))

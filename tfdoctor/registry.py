@@ -29,6 +29,7 @@ CHECK_MODULES = (
     "tfdoctor.checks.boundaries",
     "tfdoctor.checks.accumulation",
     "tfdoctor.checks.step",
+    "tfdoctor.checks.train_mode",
     "tfdoctor.checks.schedule",
     "tfdoctor.checks.ranks",
     "tfdoctor.checks.determinism",
@@ -47,6 +48,7 @@ CATALOGUE = (
     "overfit-batch", "generation", "memory", "objective", "ignore-index", "eos-trained", "packing-labels",
     "unscale-before-clip", "accumulation-scaling", "token-weighting", "scheduler-placement", "zero-grad",
     "clip-global-norm", "lr-schedule", "amp-loss-scaling", "grad-health", "optimizer-coverage", "stale-update",
+    "trained-in-eval",
     "rank-data", "rank-sync", "ddp-accumulation", "rank-uniform", "rank-equivalence",
     # the judges of a whole watched run (`tfdoctor watch`, the callbacks): they read a RunSeries
     "loss-spike", "loss-divergence", "loss-plateau", "grad-norm-trend", "scaler-overflow", "lr-trajectory",

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
 
 from tfdoctor.recording.grads import grad_norm, params_of
 from tfdoctor.recording.schedule import snapshot_scheduler
+from tfdoctor.sites import is_library
 
 
 class PatchedCalls:
@@ -127,6 +130,26 @@ class PatchedCalls:
         zero_grad.__wrapped__ = original
         return zero_grad
 
+    def module_mode(self, original: Callable) -> Callable:
+        """`Module.train(mode)` (and `eval()`, which calls it): the outermost call, where it was made,
+        and a weak reference to the module, resolved at the end against the recorded model."""
+        recorder = self
+        depth = [0]
+
+        def train(module, mode=True):
+            if depth[0] == 0 and recorder.record:
+                data = recorder.event("mode", training=bool(mode), module=type(module).__name__,
+                                      by_library=_called_by_library())
+                recorder.mode_calls.append((data, weakref.ref(module)))
+            depth[0] += 1
+            try:
+                return original(module, mode)
+            finally:
+                depth[0] -= 1
+
+        train.__wrapped__ = original
+        return train
+
     def sched_step(self, original: Callable) -> Callable:
         recorder = self
 
@@ -223,6 +246,7 @@ class PatchedCalls:
                 patch(scaler_cls, name, lambda orig, n=name: self.scaler_method(n, orig))
             patch(torch.optim.Optimizer, "zero_grad", lambda orig: self.zero_grad("optimizer", orig))
             patch(torch.nn.Module, "zero_grad", lambda orig: self.zero_grad("model", orig))
+            patch(torch.nn.Module, "train", self.module_mode)
             for cls in with_own_step(lr_scheduler.LRScheduler):
                 patch(cls, "step", self.sched_step)
             for name in ("__init__", "__enter__", "__exit__"):
@@ -253,6 +277,16 @@ class PatchedCalls:
                     owner[attr] = original
                 else:
                     setattr(owner, attr, original)
+
+
+def _called_by_library() -> bool:
+    """Whether the train()/eval() call being recorded was made by a library (from_pretrained's eval(),
+    Lightning's validation loop), not the user's own code: the first frame outside torch's Module."""
+    frame = sys._getframe(2)  # above the patched train()
+    module_file = torch.nn.modules.module.__file__
+    while frame is not None and frame.f_code.co_filename == module_file:
+        frame = frame.f_back
+    return frame is None or is_library(frame.f_code.co_filename)
 
 
 def with_own_step(base: type) -> list[type]:

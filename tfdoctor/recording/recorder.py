@@ -76,6 +76,8 @@ class Recorder(PatchedCalls, TorchFunctionMode):
         self.current_backward: Optional[int] = None
         self.forwards = 0
         self.in_forward = 0
+        self.mode_dependent: dict[int, tuple] = {}  # id(model) -> (model, its dropout / batch norm modules)
+        self.mode_calls: list[tuple[dict, Any]] = []  # (a "mode" event's data, weakref to its module)
         self.pending: list[tuple] = []  # scored tensors met inside the running forward
         self.watched: list = []  # autograd nodes of the tensors watched so far (the latest few)
         self.scores: list[dict] = []
@@ -316,7 +318,17 @@ class Recorder(PatchedCalls, TorchFunctionMode):
             return
         with self.quiet():
             inputs = int_tensors(args, kwargs)
-        self.event("forward", index=self.forwards, inputs=inputs, kwargs=sorted(kwargs), amp=self.amp())
+        data = self.event("forward", index=self.forwards, inputs=inputs, kwargs=sorted(kwargs), amp=self.amp())
+        if torch.is_grad_enabled() and not self.in_forward:  # a training forward: the modes it ran in
+            data["training"] = module.training
+            held = self.mode_dependent.get(id(module))
+            if held is None or held[0] is not module:  # found once per model, read at every training forward
+                held = self.mode_dependent[id(module)] = (module, find_mode_dependent(module))
+            data["mode_off"] = [name for name, m in held[1] if not m.training]
+            if data["mode_off"]:
+                data["mode_off_kinds"] = sorted({"batch norm" if isinstance(m, BATCH_NORM) else "dropout"
+                                                 for _, m in held[1] if not m.training})
+            data["mode_dependent"] = len(held[1])
         self.forwards += 1
         self.in_forward += 1
 
@@ -470,10 +482,38 @@ def _composition(model: torch.nn.Module, optimizer) -> list[dict]:
     return groups
 
 
+# The modules whose forward differs between train() and eval(), by their public classes.
+DROPOUT = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
+           torch.nn.FeatureAlphaDropout)
+BATCH_NORM = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
+
+
+def find_mode_dependent(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """The modules of `model` that train differently from how they evaluate, in its trained part:
+    dropout with p > 0 and batch norm, each whose parent holds a parameter that requires grad (a frozen
+    encoder kept in eval() on purpose, as a linear probe does, is not the trained part)."""
+    found = []
+    for parent_name, parent in model.named_modules():
+        trained = None
+        for name, child in parent.named_children():
+            if not ((isinstance(child, DROPOUT) and float(child.p) > 0) or isinstance(child, BATCH_NORM)):
+                continue
+            if trained is None:
+                trained = any(p.requires_grad for p in parent.parameters())
+            if trained:
+                found.append((f"{parent_name}.{name}" if parent_name else name, child))
+    return found
+
+
 def finish(recorder: Recorder, caught) -> Trace:
     """The Trace of what `recorder` saw, with the warnings `caught` while it recorded: called once,
     when the loop returned (record_loop) or the script stopped (record_script)."""
     recorder.read_unread()
+    for data, ref in recorder.mode_calls:  # which train()/eval() calls reached the recorded model
+        module = ref()
+        data["on_model"] = module is not None and (any(m is recorder.model for m in module.modules())
+                                                   or any(m is module for m in recorder.model.modules()))
+    recorder.mode_calls = []
     optimizers = []
     for optimizer in recorder.optimizers.values():
         groups = [{k: _plain(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 # Events that carry the user's file:line of the call (see tfdoctor/sites.py), which the
 # loop checks name in their findings. Forwards and batches are many and judged by content only.
 LOCATED_EVENTS = frozenset({"loss", "backward", "scale", "unscale", "scaler_step", "clip", "opt_step",
-                            "zero_grad", "sched_step", "autocast"})
+                            "zero_grad", "sched_step", "autocast", "mode"})
 
 
 @dataclass
 class Event:
     kind: str  # batch forward loss backward scale unscale scaler_step scaler_update clip opt_step zero_grad
-    #            sched_step autocast
+    #            sched_step autocast mode (Module.train / eval)
     window: int  # optimizer steps taken before this event
     data: dict = field(default_factory=dict)
 
