@@ -71,6 +71,49 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+class Logged(logging.Handler):
+    """What the callback said on the logger "tfdoctor", INFO and up, while it is attached (the shared
+    runs are module fixtures, which caplog cannot reach)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    @property
+    def lines(self) -> list[str]:
+        return [record.getMessage() for record in self.records]
+
+    def __enter__(self) -> "Logged":
+        self.logger = logging.getLogger("tfdoctor")
+        self.level = self.logger.level
+        self.logger.setLevel(logging.INFO)
+        self.logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.logger.removeHandler(self)
+        self.logger.setLevel(self.level)
+
+
+def verdicts(logged: Logged) -> list[logging.LogRecord]:
+    """The verdict lines: "tfdoctor: PASS|WARN|FAIL (...)"."""
+    return [r for r in logged.records if r.getMessage().split(" (")[0] in ("tfdoctor: PASS", "tfdoctor: WARN",
+                                                                           "tfdoctor: FAIL")]
+
+
+def assert_ends_with_the_verdict(logged: Logged, word: str, level: int, steps: int, path=None) -> str:
+    """The run's last line on "tfdoctor" is its one verdict line, at `level`, naming the report."""
+    assert len(verdicts(logged)) == 1 and logged.records[-1] is verdicts(logged)[0], logged.lines
+    line = logged.lines[-1]
+    assert line.startswith(f"tfdoctor: {word} (") and logged.records[-1].levelno == level
+    assert line.endswith(f"; report in {path}" if path is not None else f"({steps} optimizer steps)"), line
+    assert "stop" not in line
+    return line
+
+
 def problems(report) -> list:
     return [(r.id, r.status.value, r.message) for r in report if r.status in (Status.WARN, Status.FAIL, Status.ERROR)]
 
@@ -99,7 +142,7 @@ class Rows(Dataset):
         return {"input_ids": self.rows[i], "labels": labels}
 
 
-def hf_trainer(tmp_path, callback, max_steps=100, accumulation=1, lr=3e-3, fail_after=0):
+def hf_trainer(tmp_path, callback, max_steps=100, accumulation=1, lr=3e-3, fail_after=0, eval_steps=20):
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     torch.manual_seed(0)
@@ -108,7 +151,7 @@ def hf_trainer(tmp_path, callback, max_steps=100, accumulation=1, lr=3e-3, fail_
     args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, seed=0, max_steps=max_steps,
                              per_device_train_batch_size=16, per_device_eval_batch_size=32,
                              gradient_accumulation_steps=accumulation, learning_rate=lr, warmup_steps=10,
-                             logging_strategy="steps", logging_steps=1, eval_strategy="steps", eval_steps=20,
+                             logging_strategy="steps", logging_steps=1, eval_strategy="steps", eval_steps=eval_steps,
                              save_strategy="no", disable_tqdm=True)
     return Trainer(model=GPT2LMHeadModel(config), args=args, callbacks=[callback] if callback is not None else [],
                    train_dataset=Rows(watchlm.corpus(2048, seed=1), fail_after),
@@ -126,7 +169,9 @@ def hf_run(tmp_path_factory, **options):
 
 @pytest.fixture(scope="module")
 def hf_healthy(tmp_path_factory):
-    return hf_run(tmp_path_factory)
+    with Logged() as logged:
+        trainer, callback = hf_run(tmp_path_factory)
+    return trainer, callback, logged
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +189,7 @@ def assert_agrees_with_trainer_log(series: RunSeries, trainer) -> None:
 
 @pytest.mark.parametrize("run", ["hf_healthy", "hf_accumulating"])
 def test_trainer_series_is_one_row_per_optimizer_step(run, request):
-    trainer, callback = request.getfixturevalue(run)
+    trainer, callback = request.getfixturevalue(run)[:2]
     series = RunSeries.from_dict(callback.report.series)
     steps = trainer.state.global_step
     assert steps == trainer.args.max_steps and len(series) == steps
@@ -160,9 +205,11 @@ def test_trainer_series_is_one_row_per_optimizer_step(run, request):
 
 
 def test_trainer_healthy_run_is_quiet_and_its_evaluations_recorded(hf_healthy):
-    trainer, callback = hf_healthy
+    trainer, callback, logged = hf_healthy
     report = callback.report
     assert not problems(report)
+    assert_ends_with_the_verdict(logged, "PASS", logging.INFO, steps=100)
+    assert [r for r in logged.records if r.levelno >= logging.WARNING] == []
     assert report.target == "watch Trainer GPT2LMHeadModel"
     series = RunSeries.from_dict(report.series)
     assert series.facts["ended"] == "finished"
@@ -185,7 +232,9 @@ def test_trainer_report_written_in_the_suffix_format(tmp_path):
 
     path = tmp_path / "run.json"
     callback = TfdoctorCallback(report=path, only="loss-spike,loss-divergence")
-    hf_trainer(tmp_path, callback, max_steps=10).train()
+    with Logged() as logged:
+        hf_trainer(tmp_path, callback, max_steps=10).train()
+    assert_ends_with_the_verdict(logged, "PASS", logging.INFO, steps=10, path=path)
     written = json.loads(path.read_text())
     assert written["target"] == "watch Trainer GPT2LMHeadModel"
     assert [check["id"] for check in written["checks"]] == ["loss-spike", "loss-divergence"]
@@ -206,7 +255,7 @@ def test_trainer_stops_on_a_failure_and_logs_it(tmp_path, caplog):
 
     callback = TfdoctorCallback(stop_on="fail", judge_every=10)
     trainer = hf_trainer(tmp_path, callback, max_steps=200, lr=100.0)
-    with caplog.at_level(logging.WARNING, logger="tfdoctor"):
+    with caplog.at_level(logging.WARNING, logger="tfdoctor"), Logged() as said:
         trainer.train()
     steps = trainer.state.global_step
     assert steps < 200 and steps % 10 == 0
@@ -217,6 +266,10 @@ def test_trainer_stops_on_a_failure_and_logs_it(tmp_path, caplog):
     assert len(series) == steps and series.facts["ended"] == "stopped"
     logged = [r for r in caplog.records if r.name == "tfdoctor" and "loss-divergence FAIL" in r.getMessage()]
     assert len(logged) == 1 and logged[0].levelno == logging.ERROR  # logged once, not at every judgement
+    line = assert_ends_with_the_verdict(said, "FAIL", logging.WARNING, steps=steps)
+    assert "loss-divergence" in line
+    stopping = [m for m in said.lines if "stopping the run" in m]
+    assert len(stopping) == 1 and f"after optimizer step {steps} " in stopping[0]
     assert_unhooked()
 
 
@@ -239,6 +292,27 @@ def test_trainer_evaluating_on_training_rows_is_named_live(tmp_path, caplog):
     assert [(point.rows, point.trained_rows) for point in series.evals] == [(64, 64)] * 5
     logged = [r.getMessage() for r in caplog.records if r.name == "tfdoctor" and "eval-gap FAIL" in r.getMessage()]
     assert len(logged) == 1 and "at step 20" in logged[0]
+
+
+def test_trainer_failure_seen_at_the_last_step_is_reported_not_stopped(tmp_path):
+    """Planted: the evaluation on training rows again, stop_on="fail", one judgement due at step 40,
+    the run's last. The run ends there anyway: the callback must not say it stops it (it once logged
+    "stopping the run after optimizer step 40" and marked the run stopped); the end says what it
+    found, in the verdict line."""
+    from tfdoctor.integrations.huggingface import TfdoctorCallback
+
+    callback = TfdoctorCallback(stop_on="fail", judge_every=40)
+    trainer = hf_trainer(tmp_path, callback, max_steps=40)
+    trainer.train_dataset = Rows(watchlm.corpus(256, seed=1))
+    trainer.eval_dataset = Rows(trainer.train_dataset.rows[:64])
+    with Logged() as said:
+        trainer.train()
+    assert trainer.state.global_step == 40
+    assert callback.report["eval-gap"].status == Status.FAIL and not callback.report.stopped
+    assert RunSeries.from_dict(callback.report.series).facts["ended"] == "finished"
+    assert not [line for line in said.lines if "stop" in line], said.lines
+    assert len([line for line in said.lines if "eval-gap FAIL" in line]) == 1
+    assert "eval-gap" in assert_ends_with_the_verdict(said, "FAIL", logging.WARNING, steps=40)
 
 
 def test_trainer_that_raises_takes_the_hooks_off(tmp_path):
@@ -318,15 +392,17 @@ def lightning_module(lr: float = 3e-3, fail_at: int = -1):
     return LitLM()
 
 
-def lightning_fit(callback, module, max_steps=100):
+def lightning_fit(callback, module, max_steps=100, rows=None, val_rows=None):
     import lightning.pytorch as L
 
     torch.manual_seed(0)
     trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", enable_progress_bar=False, logger=False,
                         enable_checkpointing=False, enable_model_summary=False, val_check_interval=25,
-                        callbacks=[callback])
-    train = DataLoader(TensorDataset(watchlm.corpus(2048, seed=1)), batch_size=16, shuffle=True)
-    trainer.fit(module, train, DataLoader(TensorDataset(watchlm.corpus(64, seed=2)), batch_size=32))
+                        check_val_every_n_epoch=None, callbacks=[callback] if not isinstance(callback, list) else callback)
+    rows = watchlm.corpus(2048, seed=1) if rows is None else rows
+    val_rows = watchlm.corpus(64, seed=2) if val_rows is None else val_rows
+    train = DataLoader(TensorDataset(rows), batch_size=16, shuffle=True)
+    trainer.fit(module, train, DataLoader(TensorDataset(val_rows), batch_size=32))
     return trainer
 
 
@@ -337,14 +413,16 @@ def lightning_healthy():
 
     torch.manual_seed(0)
     callback, module = TfdoctorCallback(), lightning_module()
-    trainer = lightning_fit(callback, module)
-    return trainer, callback, module
+    with Logged() as said:
+        trainer = lightning_fit(callback, module)
+    return trainer, callback, module, said
 
 
 def test_lightning_healthy_run_is_quiet_one_row_per_step(lightning_healthy):
-    trainer, callback, module = lightning_healthy
+    trainer, callback, module, said = lightning_healthy
     report = callback.report
     assert not problems(report)
+    assert_ends_with_the_verdict(said, "PASS", logging.INFO, steps=100)
     series = RunSeries.from_dict(report.series)
     assert trainer.global_step == 100 and len(series) == trainer.global_step
     assert series.facts["ended"] == "finished"
@@ -368,6 +446,50 @@ def test_lightning_stops_on_a_failure(caplog):
     assert callback.report["loss-divergence"].status == Status.FAIL
     assert len(callback.report.series["steps"]["loss"]) == trainer.global_step
     assert any(r.name == "tfdoctor" and "loss-divergence FAIL" in r.getMessage() for r in caplog.records)
+    assert_unhooked()
+
+
+def test_lightning_failure_seen_at_the_last_step_is_reported_not_stopped():
+    """Planted: validation rows drawn from the 256 training rows (16 steps an epoch: all trained on by
+    the validation at step 25), stop_on="fail", one judgement due at step 50, the run's last: reported
+    at the end, never "stopping"."""
+    pytest.importorskip("lightning")
+    from tfdoctor.integrations.lightning import TfdoctorCallback
+
+    rows = watchlm.corpus(256, seed=1)
+    callback = TfdoctorCallback(stop_on="fail", judge_every=50)
+    with Logged() as said:
+        trainer = lightning_fit(callback, lightning_module(), max_steps=50, rows=rows, val_rows=rows[:64])
+    assert trainer.global_step == 50
+    assert callback.report["eval-gap"].status == Status.FAIL and not callback.report.stopped
+    assert RunSeries.from_dict(callback.report.series).facts["ended"] == "finished"
+    assert not [line for line in said.lines if "stop" in line], said.lines
+    assert "eval-gap" in assert_ends_with_the_verdict(said, "FAIL", logging.WARNING, steps=50)
+
+
+def test_lightning_callback_stands_aside_under_a_tfdoctor_command():
+    """Inside `tfdoctor run` (or check --train, or watch) the command audits the run: the callback
+    installs nothing, stops nothing, writes nothing, and says so once."""
+    pytest.importorskip("lightning")
+    import lightning.pytorch as L
+
+    from tfdoctor.auditing import audited_by
+    from tfdoctor.integrations.lightning import TfdoctorCallback
+
+    class HooksSeen(L.Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.seen.append(_global_hooks() != HOOKS_BEFORE or F.cross_entropy is not ORIGINALS["F.cross_entropy"])
+
+    callback, probe = TfdoctorCallback(stop_on="warn", judge_every=1), HooksSeen()
+    with audited_by("tfdoctor run"), Logged() as said:
+        trainer = lightning_fit([callback, probe], lightning_module(lr=100.0), max_steps=20)
+    assert trainer.global_step == 20 and callback.report is None
+    assert probe.seen == [False] * 20
+    assert said.lines == ["tfdoctor: TfdoctorCallback stands aside: `tfdoctor run` is auditing this run (no hooks, "
+                          "no stop_on, no report from the callback)"]
     assert_unhooked()
 
 

@@ -3,8 +3,17 @@
 `LiveWatch` installs the watch monitor's hooks (watching/hooks.py) on an ExitStack when training
 starts and takes them off when it ends or raises; judges the series so far every `judge_every`
 optimizer steps and logs each finding once, through the `logging` logger "tfdoctor"; says when the run
-must stop (`stop_on`); and at the end judges the whole run and writes the report `tfdoctor watch`
-writes. A callback only translates its framework's events into `start`, `step_ended` and `finish`.
+must stop (`stop_on`); and at the end judges the whole run, writes the report `tfdoctor watch` writes
+and logs the one verdict line the command ends with (report/verdict.py). A callback only translates
+its framework's events into `start`, `step_ended` and `finish`.
+
+In a script that `tfdoctor run`, `check --train` or `watch` runs (tfdoctor/auditing.py), the callback
+stands aside: the command audits the run, and the callback's hooks would hide calls from the recorder
+or record every step twice. It says so in one line and does nothing more.
+
+Where the program configured no logging at all, the "tfdoctor" logger prints to stderr itself while a
+run is watched (as Lightning's own logger does): the findings and the verdict reach the terminal
+instead of being dropped (Python shows nothing under WARNING by default).
 
 No torch, transformers or Lightning at import: the monitor is imported when a run starts.
 """
@@ -13,13 +22,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from tfdoctor.auditing import auditor
 from tfdoctor.errors import UsageError
 from tfdoctor.registry import select
 from tfdoctor.result import Report, Result, Status
+from tfdoctor.report.verdict import verdict_line
 from tfdoctor.watching.judging import judge_run, watched_report
 from tfdoctor.watching.live import JUDGE_WAIT_FACTOR
 
@@ -69,6 +81,9 @@ class LiveWatch:
         self.judged_time, self.judge_cost = 0.0, 0.0  # when the last judgement ended, and what it took
         self.live = True  # judging while the run goes on (off after a judgement crashed)
         self.started = time.perf_counter()
+        self.max_steps: Optional[int] = None  # the run's planned optimizer steps, when the framework knows
+        self.aside: Optional[str] = None  # the tfdoctor command auditing this run instead, if one is
+        self.terminal: Optional[contextlib.ExitStack] = None  # our own stderr handler, while it is on
 
     @property
     def watching(self) -> bool:
@@ -79,12 +94,19 @@ class LiveWatch:
         """Training starts, at optimizer step `step` (a resumed run's): on the main process, install the
         hooks. `schedulers` are the rate schedulers the framework made before the hooks were in place
         (the monitor hears only later ones)."""
-        self.close()  # the hooks of an earlier run of this callback, if it was never ended
+        self.close()  # the hooks (and our handler) of an earlier run of this callback, if it was never ended
         self.name, self.report, self.logged, self.stopped_by, self.judged_at = name, None, set(), [], step
         self.judged_time, self.judge_cost, self.live = 0.0, 0.0, True
-        self.started = time.perf_counter()
+        self.started, self.max_steps, self.aside = time.perf_counter(), max_steps, auditor()
+        if self.aside is not None:
+            if main:
+                with _said_on_terminal():
+                    logger.info("tfdoctor: TfdoctorCallback stands aside: `%s` is auditing this run (no hooks, "
+                                "no stop_on, no report from the callback)", self.aside)
+            return
         if not main:
             return
+        self.terminal = _said_on_terminal()
         from tfdoctor.watching.hooks import watching
         from tfdoctor.watching.monitor import Monitor
 
@@ -98,8 +120,11 @@ class LiveWatch:
     def step_ended(self, step: int) -> bool:
         """The framework has taken `step` optimizer steps: judge the run so far when `judge_every` steps
         have passed since the last judgement. True when the run must stop (the same answer on every
-        rank, which all call this at the same steps)."""
-        if step - self.judged_at < self.judge_every:
+        rank, which all call this at the same steps). Not at the run's last planned step: the run ends
+        there anyway, and `finish` judges it whole and says what it found, never that it stops it."""
+        if step - self.judged_at < self.judge_every or self.aside is not None:
+            return False
+        if self.max_steps is not None and step >= self.max_steps:
             return False
         self.judged_at = step
         stop = False
@@ -126,17 +151,20 @@ class LiveWatch:
 
     def finish(self, ended: str, error: Optional[BaseException] = None) -> Optional[Report]:
         """The run ended (`ended`: finished | stopped | raised): take the hooks off, judge the whole run,
-        log what was not logged yet and write the report. None on a process that did not watch."""
+        log what was not logged yet, write the report and log the verdict line. None on a process that
+        did not watch."""
         if not self.watching:
             return self.report
         monitor, self.monitor = self.monitor, None  # the report keeps the series; the model goes free
-        self.close()  # first: nothing below may leave the hooks on
+        self._unhook()  # first: nothing below may leave the hooks on
         try:
             return self._judged(monitor, ended, error)
         except Exception:  # noqa: BLE001 - the run itself is over and fine: its end must not raise for us
             logger.exception("tfdoctor: judging or writing the finished run failed (a bug in tfdoctor, or the "
                              "report path)")
             return None
+        finally:
+            self.close()  # our stderr handler, after the verdict line
 
     def _judged(self, monitor, ended: str, error: Optional[BaseException]) -> Report:
         from tfdoctor.sites import raised_at
@@ -150,16 +178,20 @@ class LiveWatch:
             report.stopped = "stopped by tfdoctor: " + ", ".join(f"{r.id} {r.status.value}" for r in self.stopped_by)
         self.report = report
         self._log_new(report.results)
-        counts = report.summary()
-        logger.info("tfdoctor: %d optimizer steps watched (%s): %s", len(series), ended,
-                    ", ".join(f"{n} {status}" for status, n in counts.items() if n) or "no judges")
         if self.path is not None:
-            fmt = write_report(report, self.path)
-            logger.info("tfdoctor: %s report of %d steps written to %s", fmt, len(series), self.path)
+            write_report(report, self.path)
+        line = verdict_line(report, self.path, f"report in the callback's .report ({len(series)} optimizer steps)")
+        logger.log(logging.WARNING if report.problems() else logging.INFO, "%s", line)
         return report
 
     def close(self) -> None:
         """Take the hooks off now (idempotent); the series recorded so far is kept but not judged."""
+        self._unhook()
+        terminal, self.terminal = self.terminal, None
+        if terminal is not None:
+            terminal.close()
+
+    def _unhook(self) -> None:
         stack, self.stack = self.stack, None
         if stack is not None:
             stack.close()
@@ -191,6 +223,22 @@ def finding_line(result: Result) -> str:
     where = f" at step {step}" if step is not None else ""
     fix = f"; fix: {result.hint}" if result.hint else ""
     return f"tfdoctor: {result.id} {result.status.value.upper()}{where}: {result.message}{fix}"
+
+
+def _said_on_terminal() -> contextlib.ExitStack:
+    """While the returned stack is open: where the program configured no logging (no handler on the
+    "tfdoctor" logger or above it, and no level of ours), a stderr handler of our own and level INFO,
+    so that the callback's lines are not dropped; else nothing (the program's logging decides)."""
+    stack = contextlib.ExitStack()
+    if logger.hasHandlers() or logger.level != logging.NOTSET:
+        return stack
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))  # every line starts with "tfdoctor: " already
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    stack.callback(logger.setLevel, logging.NOTSET)
+    stack.callback(logger.removeHandler, handler)
+    return stack
 
 
 def report_format(path: str | Path) -> str:

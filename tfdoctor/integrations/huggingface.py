@@ -28,8 +28,10 @@ class TfdoctorCallback(TrainerCallback):
     or when `train()` raises; every `judge_every` optimizer steps the run so far is judged and each new
     warn or fail is logged (logger "tfdoctor"); `stop_on="fail"` (or "warn") stops the run on one
     (control.should_training_stop); at the end the whole run is judged, kept as `callback.report` and
-    written to `report=PATH` (.json, .xml JUnit, .sarif, .html; any other suffix: rich text).
-    `only` / `skip` choose judges by id, as `tfdoctor watch --only/--skip` do."""
+    written to `report=PATH` (.json, .xml JUnit, .sarif, .html; any other suffix: rich text) and
+    named in the verdict line logged last. `only` / `skip` choose judges by id, as `tfdoctor watch
+    --only/--skip` do. Under `tfdoctor run`, `check --train` or `watch` it stands aside (integrations/
+    common.py)."""
 
     def __init__(self, stop_on: Optional[str] = None, judge_every: int = DEFAULT_JUDGE_EVERY,
                  only: Optional[Iterable[str] | str] = None, skip: Optional[Iterable[str] | str] = None,

@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from tfdoctor.auditing import audited_by
 from tfdoctor.probes.isolation import guarded, isolated_copy, same_values
 from tfdoctor.recording.feed import Feed
 from tfdoctor.recording.recorder import Recorder, finish
@@ -35,7 +36,7 @@ def record_loop(subject: Subject, batches: list, advance: Callable[[int], None] 
     with guarded(subject.model) as restored:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            with recorder.installed(subject.train), torch.enable_grad():
+            with audited_by("tfdoctor check --train"), recorder.installed(subject.train), torch.enable_grad():
                 subject.train(model, feed)
                 recorder._manual_update()  # a manual update after the last backward
     trace = finish(recorder, caught)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from tfdoctor.as_main import as_main, run_main, script_name
+from tfdoctor.auditing import audited_by
 from tfdoctor.errors import InternalError, LoadError, first_line
 from tfdoctor.recording.binding import ScriptRecorder
 from tfdoctor.recording.ranks import RankRecorder
@@ -72,7 +73,8 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         try:
-            with as_main(path, module, args), recorder.installed_process_wide(), _rank_recording(recorder, session):
+            with as_main(path, module, args), audited_by("tfdoctor run"), recorder.installed_process_wide(), \
+                    _rank_recording(recorder, session):
                 try:
                     run_main(path, module)
                     recorder._manual_update()  # a hand-written update after the last backward

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from tfdoctor.as_main import as_main, run_main, script_name
+from tfdoctor.auditing import audited_by
 from tfdoctor.errors import InternalError, LoadError, first_line
 from tfdoctor.sites import raised_at, raised_in_tfdoctor
 from tfdoctor.watching.series import RunSeries, StepRow
@@ -47,7 +48,7 @@ def watch_script(path: Optional[str] = None, module: Optional[str] = None, args:
     ended, error = "finished", None
     started = time.perf_counter()
     try:
-        with as_main(path, module, args), watching(monitor):
+        with as_main(path, module, args), audited_by("tfdoctor watch"), watching(monitor):
             run_main(path, module)
     except StopWatching as stop:
         ended = str(stop)
