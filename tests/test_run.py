@@ -479,3 +479,16 @@ def test_init_loss_skips_only_weights_loaded_with_from_pretrained(load, judged):
         assert init["status"] != "skip", init["message"]
     else:
         assert init["status"] == "skip" and "from_pretrained('" in init["message"], init["message"]
+
+
+def test_a_model_the_probes_cannot_call_leaves_the_loop_verdicts_standing():
+    # issue 29: an optimizer over frozen parameters only, in a script whose model raises when called
+    # outside its bfloat16 autocast
+    done = tfdoctor("run", f"{SCRIPTS}/frozen_optimizer_bf16.py", "--format", "json")
+    assert done.returncode == 1, done.stderr[-2000:]
+    checks = done.checks
+    coverage = checks["optimizer-coverage"]
+    assert coverage["status"] == "fail" and "only frozen parameters" in coverage["message"]
+    assert "head.weight" in coverage["message"]
+    assert checks["future-leak"]["status"] == "skip" and "could not call Classifier" in checks["future-leak"]["message"]
+    assert checks["zero-grad"]["status"] == "pass"  # no misplaced zero_grad() is blamed for the empty steps

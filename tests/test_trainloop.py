@@ -81,6 +81,8 @@ EXPECTED = {
     "eval_mode_after_validation": dict(SIMPLE, **{"trained-in-eval": F}),
     "eval_mode_restored": SIMPLE,
     "clip_consumed_iterator": dict(SIMPLE, **{"clip-global-norm": F}),
+    "optimizer_of_frozen": dict(SIMPLE, **{"optimizer-coverage": F}),
+    "optimizer_after_freezing": SIMPLE,
 }
 
 @pytest.mark.parametrize("loop", sorted(EXPECTED))

@@ -188,19 +188,28 @@ def run_watch_request(request: dict, listener=None, send=None) -> None:
 
 
 def _unreadable_output(subject):
-    """Why the model checks cannot read the audited model's output as logits [B, T, V] (a model that
-    returns its loss, rows tfdoctor could not place), or None when they can, or when there is no
-    vocabulary to stand in for (then the run stops on that, as before)."""
-    from tfdoctor.subject import resolve, vocab_size_of
+    """Why the model checks cannot judge the audited model (its output is not logits [B, T, V]: a model
+    that returns its loss, rows tfdoctor could not place; or calling it as the probes do raised: a
+    part kept in bfloat16 that the script only calls under autocast), or None when they can, or when
+    there is no vocabulary to stand in for (then the run stops on that, as before). A model the probes
+    cannot call never takes the loop's verdicts down with it."""
+    from tfdoctor.errors import SubjectError
+    from tfdoctor.subject import NonFiniteLogits, resolve, vocab_size_of
 
     if not (subject.vocab_size or vocab_size_of(subject.model)):
         return None
+    name = type(subject.model).__name__
     try:
         resolve(subject)
     except OutputShapeError as error:
-        return (f"model checks skipped: {type(subject.model).__name__}'s output is not logits over the vocabulary "
+        return (f"model checks skipped: {name}'s output is not logits over the vocabulary "
                 f"for every position, and no module inside it returns them ({error.message}); the loop checks "
                 "judge the recorded trace")
+    except NonFiniteLogits:
+        return None  # finite-logits judges that, and says why the other model checks skip
+    except SubjectError as error:
+        return (f"model checks skipped: tfdoctor's probes could not call {name} outside the script "
+                f"({error.message}); the loop checks judge the recorded trace")
     return None
 
 

@@ -281,6 +281,20 @@ def optimizer_coverage(subject, trace) -> Result:
     details = {"parameters_with_grad": coverage.get("with_grad"), "trainable": coverage.get("trainable"),
                "not_optimized": missing[:20], "never_reached": coverage.get("never_reached", [])[:20],
                "optimizers": coverage.get("optimizers"), "rebound": rebound, "restored": restored[:20]}
+    frozen_steps = [e for e in trace.of("opt_step") if e.data.get("params") and e.data.get("frozen") == e.data["params"]]
+    if frozen_steps and len(frozen_steps) * 2 >= len(trace.of("opt_step")):
+        # every parameter the stepped optimizer holds has requires_grad=False: each step changes nothing
+        details.update(optimizer_steps_on_frozen_parameters=len(frozen_steps),
+                       frozen_in_optimizer=frozen_steps[0].data["params"])
+        outside = (f"; {_tensors(len(missing))} that receive gradients {'is' if len(missing) == 1 else 'are'} in "
+                   f"no optimizer: {', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''}" if missing else "")
+        return Result.failed(
+            f"the optimizer holds only frozen parameters ({_tensors(frozen_steps[0].data['params'])}, all "
+            f"requires_grad=False) at {len(frozen_steps)} of {len(trace.of('opt_step'))} optimizer steps: every "
+            f"step changes nothing{outside}",
+            "build the optimizer after freezing, from the parameters that train: "
+            "torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], ...)",
+            {**details, "location": frozen_steps[0].data.get("where"), "call": "optimizer.step()"})
     if missing:
         return Result.failed(
             f"{len(missing)} of the {coverage['with_grad']} parameter tensors that receive gradients are in no "
@@ -305,6 +319,10 @@ def optimizer_coverage(subject, trace) -> Result:
                 "tfdoctor rebuilt them on its copy, but an EMA made with deepcopy would run your live weights")
     return Result.passed(f"all {coverage['with_grad']} parameter tensors that receive gradients are in the "
                          f"loop's optimizer{'s' if coverage.get('optimizers', 1) > 1 else ''}{note}", details)
+
+
+def _tensors(count: int) -> str:
+    return f"{count} parameter tensor" + ("" if count == 1 else "s")
 
 
 # stale-update. A tensor has stalled when at least this share of its elements that had a non-zero

@@ -450,7 +450,8 @@ class Recorder(PatchedCalls, TorchFunctionMode):
         joins = self.stepped and not self.backward_since_step
         self.events.append(Event("opt_step", self.window - 1 if joins else self.window, dict(
             optimizer=id(optimizer), lrs=[float(g["lr"]) for g in optimizer.param_groups], grad_norm=norm,
-            finite=finite, in_scaler=bool(self.in_scaler_step), joins=joins, where=call_site())))
+            finite=finite, in_scaler=bool(self.in_scaler_step), joins=joins, where=call_site(),
+            params=len(params), frozen=sum(1 for p in params if not p.requires_grad))))
 
     def opt_post(self, optimizer, args, kwargs):
         if not self.record:

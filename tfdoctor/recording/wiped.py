@@ -29,7 +29,10 @@ def wiped_steps(trace) -> list[dict]:
         steps.setdefault(event.window, []).append(event)
     wiped = []
     for window, events in sorted(steps.items()):
-        if after.get(window) and all(e.data["grad_norm"] == 0.0 for e in events):
+        # an optimizer that holds only frozen parameters gets no gradient whatever the loop clears:
+        # optimizer-coverage's finding, not a zero_grad() misplaced
+        if after.get(window) and all(e.data["grad_norm"] == 0.0 for e in events) \
+                and not all(e.data.get("params") and e.data.get("frozen") == e.data["params"] for e in events):
             wiped.append({"step": window + 1, "where": cleared.get(window) or events[-1].data.get("where"),
                           "call": "zero_grad()" if window in cleared else "optimizer.step()"})
     return wiped
