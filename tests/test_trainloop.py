@@ -83,7 +83,17 @@ EXPECTED = {
     "clip_consumed_iterator": dict(SIMPLE, **{"clip-global-norm": F}),
     "optimizer_of_frozen": dict(SIMPLE, **{"optimizer-coverage": F}),
     "optimizer_after_freezing": SIMPLE,
+    "sgd_no_loss_division": dict(ACCUM, **{"accumulation-scaling": F}),
 }
+
+
+@pytest.mark.parametrize("loop, said, unsaid", [
+    ("no_loss_division", "AdamW divides the gradient's scale out", "effective learning rate"),
+    ("sgd_no_loss_division", "effective learning rate 4.00x", "divides the gradient's scale out"),
+])
+def test_accumulation_scaling_says_what_the_scale_does_under_the_optimizer_used(loop, said, unsaid, loop_audit):
+    message = loop_audit(loop)["accumulation-scaling"].message
+    assert said in message and unsaid not in message, message
 
 @pytest.mark.parametrize("loop", sorted(EXPECTED))
 def test_every_train_check_has_its_expected_status(loop, loop_audit):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 
 from tfdoctor.recording.wiped import wiped_steps
-from tfdoctor.recording.windows import (backward_window, micro_batch_weights, micro_batches, no_scores, step_norms,
-                                        stepped, window_weights)
+from tfdoctor.recording.windows import (backward_window, micro_batch_weights, micro_batches, no_scores,
+                                        optimizer_families, step_norms, stepped, window_weights)
 from tfdoctor.registry import check
 from tfdoctor.result import Result
 
@@ -29,6 +29,34 @@ TOKEN_WEIGHT_TOLERANCE = 0.02
 # scheduler-placement: once per optimizer step is 1 scheduler step per step; the bug is k >= 2
 # (once per micro-batch), so anything above 1.5 is the schedule running ahead.
 SCHED_MAX_PER_STEP = 1.5
+
+
+# Update rules that divide the gradient's scale out of the step (Adam's second moment, Muon's
+# orthogonalisation): for them a k-fold gradient is not a k-fold rate.
+SCALE_FREE = {"adam", "muon"}
+
+
+def scale_effect(trace, factor: float) -> str:
+    """What a gradient `factor` times the mean does under the optimizer the loop stepped: a rate that
+    many times the one set for SGD; for Adam and Muon, which divide the scale out, the damage goes
+    through the clip threshold, eps and the balance with weight decay."""
+    families = optimizer_families(trace)
+    if families and families <= {"sgd", "manual"}:
+        return f"under SGD that makes the effective learning rate {factor:.2f}x what you set"
+    if not families or not families <= SCALE_FREE:
+        return (f"under SGD that is a {factor:.2f}x learning rate; an adaptive optimizer (Adam) divides the "
+                "scale out, except through the clip threshold and eps")
+    names = "/".join(sorted({o["class"] for o in trace.optimizers}))
+    clips = trace.of("clip")
+    limit = clips[0].data.get("limit") if clips else None
+    clip = (f"clip_grad_norm_(max_norm={limit:g}) measures norms {factor:.2f}x the true ones, so it cuts steps "
+            f"whose real norm is only {limit / factor:.3g}" if limit and factor > 1 else
+            f"clip_grad_norm_(max_norm={limit:g}) measures norms {factor:.2f}x the true ones, so it cuts steps "
+            "later than it should" if limit else "")
+    return (f"{names} divides the gradient's scale out of its update, so the rate is not {factor:.2f}x; the "
+            f"damage goes elsewhere: " + (clip + ", " if clip else "") +
+            f"eps weighs {1 / factor:.2f}x what you set against the gradient, and a gradient that changes "
+            "scale mid-run (another k, a last short window) moves the update until Adam's moments catch up")
 
 
 @check("accumulation-scaling", title="Accumulated losses are divided by the number of micro-batches",
@@ -107,12 +135,11 @@ def accumulation_scaling(subject, trace) -> Result:
             "target tokens of the whole step", details)
     if factor > 1:
         problem = (f"the {k} micro-batches per optimizer step each send {factor / k:.2f}x their loss to "
-                   f"backward: the accumulated gradient is {factor:.2f}x the mean, so the effective "
-                   f"learning rate is {factor:.2f}x what you set")
+                   f"backward: the accumulated gradient is {factor:.2f}x the mean; {scale_effect(trace, factor)}")
     else:
         problem = (f"the {k} micro-batches per optimizer step send {factor / k:.3f}x their loss to backward: "
-                   f"the accumulated gradient is {factor:.2f}x the mean (divided more than once), so "
-                   f"the effective learning rate is {factor:.2f}x what you set")
+                   f"the accumulated gradient is {factor:.2f}x the mean (divided more than once); "
+                   f"{scale_effect(trace, factor)}")
     hint = f"divide before backward: (loss / {k}).backward(), or with a scaler scaler.scale(loss / {k}).backward()"
     if at:
         problem += f"; also, {at}"

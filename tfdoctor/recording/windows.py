@@ -251,6 +251,15 @@ def no_scores(trace, subject) -> str:
     return "the scored rows could not be traced back to the model's input ids"
 
 
+def optimizer_families(trace) -> set[str]:
+    """The update rules of the loop's stepped optimizers (see _family): "sgd", "adam", "muon", "manual",
+    "other"."""
+    found = {_family(optimizer["class"], group) for optimizer in trace.optimizers for group in optimizer["groups"]}
+    if getattr(trace, "manual", False) and not trace.optimizers:
+        found.add("manual")
+    return found
+
+
 def _family(optimizer: str, group: dict) -> str:
     """The update rule a param group follows: adam (anything with betas), muon, sgd, manual, other.
     Muon optimizers that carry an auxiliary Adam mark their groups use_muon True/False."""
