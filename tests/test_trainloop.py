@@ -443,6 +443,22 @@ def test_value_clipping_warns_and_no_clipping_is_a_note():
                       train=lambda m, b: train(m, b, clip=False))
     assert none["clip-global-norm"].status.value == "pass" and "not clip" in none["clip-global-norm"].message
     assert none["lr-schedule"].status.value == "warn" and "no warm-up" in none["lr-schedule"].message
+    assert none["lr-schedule"].details["first_update_share"] == pytest.approx(0.05, rel=0.2)  # 1e-3 on std 0.02
+
+
+def test_no_warm_up_is_a_note_where_the_first_updates_are_small_against_the_weights():
+    # a fine-tuning rate (5e-5) on weights of std 0.02: each first update is ~0.25% of a weight
+    def train(model, batches):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5)
+        for ids in batches:
+            optimizer.zero_grad()
+            logits = model(ids[:, :-1])
+            torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()).backward()
+            optimizer.step()
+
+    result = run_checks(build_fixture("gpt_correct"), only="lr-schedule", train=train)["lr-schedule"]
+    assert result.status.value == "pass" and "no warm-up" in result.message and "a note" in result.message
+    assert result.details["first_update_share"] < 0.02
 
 
 def test_a_loop_that_raises_is_an_error_and_everything_is_restored():

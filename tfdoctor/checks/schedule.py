@@ -35,6 +35,13 @@ WARMUP_HORIZON_STEPS = 20_000
 # A schedule whose first step runs at more than half its peak has no warm-up to speak of. Judged
 # for pure Adam-family loops only: Muon and SGD loops train without one by design.
 WARMUP_START_SHARE = 0.5
+# No warm-up matters when the first updates are large against the weights. Adam's first step moves
+# every weight with a gradient by about lr (m / sqrt(v) is +-1 then, whatever the gradient's size), so
+# lr / RMS(weights) is the share of its typical size each weight moves. Training from scratch at 1e-3
+# on weights of std 0.02 moves them 5% a step, the regime warm-up exists for; fine-tuning at 5e-5
+# moves them 0.1-0.25%, and LLMs-from-scratch's 5e-4 on PyTorch's default init (std ~0.036) 1.4%.
+# From 2% a step the absence of warm-up warns; below, it is a note.
+WARMUP_MATTERS_SHARE = 0.02
 
 
 def _blow_up(trace) -> str | None:
@@ -87,6 +94,14 @@ def _main_group(groups: list[dict]) -> tuple[dict, dict]:
     return main, details
 
 
+def _first_update_share(groups: list[dict]) -> tuple[float, float] | None:
+    """(the largest share of its weights' typical size that a group of weight matrices moves at the
+    first step, that size), from the first rate and the matrices' RMS before it; None when unknown."""
+    shares = [(g["start_lr"] / g["matrix_rms"], g["matrix_rms"]) for g in groups
+              if g.get("matrix_rms") and g["holds"].get("matrix") and g["start_lr"] > 0]
+    return max(shares) if shares else None
+
+
 @check("lr-schedule", title="The learning-rate schedule warms up to a sensible peak", needs=("train",),
        located=("sched_step", "opt_step"))
 def lr_schedule(subject, trace) -> Result:
@@ -95,7 +110,8 @@ def lr_schedule(subject, trace) -> Result:
     thousand times too small, because LambdaLR multiplies the optimizer's lr by the lambda); a
     weight-matrix group far above its optimizer family's usual peak (warned, failed only if the loss
     or gradients blow up within the loop's steps); and, for pure Adam-family loops, a schedule with no
-    warm-up (warned: early updates on untrained attention are the unstable ones).
+    warm-up whose first update is large against the weights (warned from 2% of their typical size a
+    step: early updates on untrained attention are the unstable ones; smaller, a note).
 
     Judged per param group and per family: Adam-like groups, Muon, SGD, a loop that updates the weights
     itself. Groups of embedding tables or norm gains are not judged high (some train them at 0.6 by
@@ -171,10 +187,18 @@ def lr_schedule(subject, trace) -> Result:
     note = f"; large rates on {listed(by_design)}" if by_design and len(groups) == 1 else ""
     families = {g["family"] for g in groups}
     if families == {"adam"} and not main["rising"] and start > WARMUP_START_SHARE * peak:
-        return Result.warned(f"no warm-up: the first step already runs at {start:.1e}, "
-                             f"{start / peak:.0%} of the peak; {shape}{note}",
-                             "ramp the rate up over the first steps, e.g. LambdaLR(optimizer, lambda s: "
-                             "min(1.0, (s + 1) / warmup_steps)) (often combined with a decay)", details)
+        moved = _first_update_share(groups)
+        said = f"no warm-up: the first step already runs at {start:.1e}, {start / peak:.0%} of the peak"
+        if moved is None or moved[0] >= WARMUP_MATTERS_SHARE:
+            size = (f"; Adam's first update moves each weight by about the rate, {moved[0]:.1%} of the typical "
+                    f"size of the weight matrices (RMS {moved[1]:.2g}) at once" if moved is not None else "")
+            details["first_update_share"] = moved[0] if moved is not None else None
+            return Result.warned(f"{said}{size}; {shape}{note}",
+                                 "ramp the rate up over the first steps, e.g. LambdaLR(optimizer, lambda s: "
+                                 "min(1.0, (s + 1) / warmup_steps)) (often combined with a decay)", details)
+        details["first_update_share"] = moved[0]
+        note += (f"; {said} (a note: the first updates move the weights by about {moved[0]:.2%} of their "
+                 f"typical size (RMS {moved[1]:.2g}), small enough without one)")
     if len(groups) > 1:
         classes = ", ".join(dict.fromkeys(g["optimizer"] for g in groups))
         return Result.passed(f"{len(groups)} param groups ({classes}) peak at {listed(groups)}; "

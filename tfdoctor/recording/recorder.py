@@ -448,10 +448,14 @@ class Recorder(PatchedCalls, TorchFunctionMode):
         # Several optimizers stepped one after another (Muon for the matrices, AdamW for the rest) make
         # one step of the loop: a step with no backward since the previous one joins its window.
         joins = self.stepped and not self.backward_since_step
-        self.events.append(Event("opt_step", self.window - 1 if joins else self.window, dict(
-            optimizer=id(optimizer), lrs=[float(g["lr"]) for g in optimizer.param_groups], grad_norm=norm,
-            finite=finite, in_scaler=bool(self.in_scaler_step), joins=joins, where=call_site(),
-            params=len(params), frozen=sum(1 for p in params if not p.requires_grad))))
+        data = dict(optimizer=id(optimizer), lrs=[float(g["lr"]) for g in optimizer.param_groups], grad_norm=norm,
+                    finite=finite, in_scaler=bool(self.in_scaler_step), joins=joins, where=call_site(),
+                    params=len(params), frozen=sum(1 for p in params if not p.requires_grad))
+        if not self.stepped or joins:  # the weights' size before the first update: how far that moves them
+            with self.quiet():
+                embeddings = {id(m.weight) for m in self.model.modules() if isinstance(m, torch.nn.Embedding)}
+                data["matrix_rms"] = matrix_rms(optimizer, embeddings)
+        self.events.append(Event("opt_step", self.window - 1 if joins else self.window, data))
 
     def opt_post(self, optimizer, args, kwargs):
         if not self.record:
@@ -504,6 +508,30 @@ def find_mode_dependent(model: torch.nn.Module) -> list[tuple[str, torch.nn.Modu
             if trained:
                 found.append((f"{parent_name}.{name}" if parent_name else name, child))
     return found
+
+
+# Elements read per weight matrix for its typical size: a strided sample (a 7B model's first step
+# would otherwise read every weight once more).
+RMS_SAMPLE = 65_536
+
+
+def matrix_rms(optimizer, embeddings: set = frozenset()) -> list:
+    """Per param group, the median RMS of the trainable weight matrices it holds (2-D and up, embedding
+    tables, ids in `embeddings`, left out: nn.Embedding starts at std 1), or None for a group with none:
+    the typical size the first update is compared with (lr-schedule)."""
+    out = []
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            sizes = []
+            for p in group["params"]:
+                if p.dim() < 2 or not p.requires_grad or p.is_meta or type(p.data) is not torch.Tensor \
+                        or id(p) in embeddings:
+                    continue
+                flat = p.detach().reshape(-1)
+                sample = flat[::max(1, flat.numel() // RMS_SAMPLE)].float()
+                sizes.append(float(sample.pow(2).mean().sqrt()))
+            out.append(sorted(sizes)[len(sizes) // 2] if sizes else None)
+    return out
 
 
 def finish(recorder: Recorder, caught) -> Trace:

@@ -282,8 +282,11 @@ def group_schedules(trace) -> list[dict]:
     from tfdoctor.recording.schedule import project_groups
 
     recorded: dict = {}
+    first_rms: dict = {}  # optimizer -> its groups' weight-matrix RMS before the first update
     for event in trace.of("opt_step"):
         recorded.setdefault(event.data["optimizer"], []).append(event.data["lrs"])
+        if "matrix_rms" in event.data:
+            first_rms.setdefault(event.data["optimizer"], event.data["matrix_rms"])
     projected = {}
     for schedule in sorted(trace.schedules, key=lambda s: -s["steps"]):
         if schedule.get("optimizer") in projected:
@@ -318,5 +321,7 @@ def group_schedules(trace) -> list[dict]:
                           "betas": group.get("betas"), "eps": group.get("eps"),
                           "weight_decay": group.get("weight_decay"),
                           "holds": {k: held.get(k, 0) for k in ("embedding", "matrix", "vector")},
-                          "names": held.get("names", [])})
+                          "names": held.get("names", []),
+                          "matrix_rms": (first_rms.get(key) or [])[index] if index < len(first_rms.get(key) or [])
+                          else None})
     return found
