@@ -492,3 +492,11 @@ def test_a_model_the_probes_cannot_call_leaves_the_loop_verdicts_standing():
     assert "head.weight" in coverage["message"]
     assert checks["future-leak"]["status"] == "skip" and "could not call Classifier" in checks["future-leak"]["message"]
     assert checks["zero-grad"]["status"] == "pass"  # no misplaced zero_grad() is blamed for the empty steps
+
+
+def test_the_script_s_own_warnings_reach_its_stderr():
+    done = tfdoctor("run", f"{SCRIPTS}/own_warnings.py", "--only", "zero-grad", "--format", "json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "UserWarning: this script's own UserWarning" in done.stderr
+    assert "FutureWarning: this script's own FutureWarning" in done.stderr
+    assert "own UserWarning" not in done.stdout  # stdout is the report's alone

@@ -57,6 +57,21 @@ class ScriptRun:
     session: Any = None  # a distributed run: this rank's RankSession (recording/distributed.py)
 
 
+def _shown_and_kept() -> list:
+    """The script's warnings reach its stderr as under `python SCRIPT` (the user's filters decide which),
+    and are kept for the Trace too. Installed inside a catch_warnings block, which puts the original
+    showwarning back."""
+    kept: list = []
+    show = warnings.showwarning
+
+    def shown(message, category, filename, lineno, file=None, line=None):
+        kept.append(warnings.WarningMessage(message, category, filename, lineno, file, line))
+        show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = shown
+    return kept
+
+
 def record_script(path: Optional[str] = None, module: Optional[str] = None, args: tuple = (),
                   steps: int = 2, model: Optional[str] = None, session=None) -> ScriptRun:
     """Run the script (a file `path` or a module `module`) as __main__ with `args` until `steps`
@@ -70,8 +85,8 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
     recorder = ScriptRecorder(steps, model)
     ended, error = "finished", None
     started = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("default")
+    with warnings.catch_warnings():
+        caught = _shown_and_kept()
         try:
             with as_main(path, module, args), audited_by("tfdoctor run"), recorder.installed_process_wide(), \
                     _rank_recording(recorder, session):
