@@ -38,6 +38,11 @@ def json_safe(value: Any) -> Any:
     return str(value)
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """"1 optimizer step", "2 optimizer steps": a count and its noun, agreed (a message in the user's terms)."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
 class ExitCode(enum.IntEnum):
     OK = 0  # no check failed (warnings allowed unless --strict)
     CHECKS_FAILED = 1  # a check failed or errored (or warned under --strict)
