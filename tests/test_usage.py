@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from helpers import refused
+from helpers import needs_command, refused, tfdoctor
 
 HOSTILE = "tests/targets/hostile.py"  # its `sleeps` factory would hang were the target loaded
 SEED = ["--batch", "8", "--seq", "5000", "--d-model", "512", "--heads", "8", "--vocab", "10000"]  # test_memory_cli's
@@ -136,3 +136,17 @@ def test_version_flag():
 
     done = refused("--version")
     assert done.returncode == 0 and done.stdout.strip() == f"tfdoctor {__version__}"
+
+
+@pytest.mark.e2e
+@needs_command
+@pytest.mark.parametrize("args, said", [
+    (("check", "fixtures/gpt_corect.py:build"), "did you mean fixtures/gpt_correct.py"),
+    (("check", "fixtures/gpt_correct.py:bulid"), "did you mean 'build'?"),
+    (("run", "fixtures/scripts/plain_lop.py"), "did you mean fixtures/scripts/plain_loop.py"),
+    (("watch", "fixtures/watch/helthy.py"), "did you mean fixtures/watch/healthy.py"),
+])
+def test_a_mistyped_path_or_name_gets_the_nearest_one(args, said):
+    done = tfdoctor(*args)
+    assert done.code == 2 and done.stdout == "" and said in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1

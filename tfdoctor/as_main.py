@@ -10,6 +10,8 @@ import runpy
 import sys
 from typing import Iterator, Optional
 
+from tfdoctor.errors import missing_file_hint
+
 
 def script_name(path: Optional[str], module: Optional[str], error: type) -> str:
     """The script as the user named it; raises `error(message, hint)` (a LoadError) when the file or
@@ -17,7 +19,8 @@ def script_name(path: Optional[str], module: Optional[str], error: type) -> str:
     if (path is None) == (module is None):
         raise ValueError("give a path or a module")
     if path is not None and not os.path.isfile(path):
-        raise error(f"script not found: {path}", "give the path of a Python file, or -m package.module")
+        raise error(f"script not found: {path}",
+                    missing_file_hint(path, "give the path of a Python file, or -m package.module"))
     if module is not None:
         import importlib.util
 

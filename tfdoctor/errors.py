@@ -48,3 +48,31 @@ def first_line(exc: BaseException) -> str:
     """`Type: first line of the message`, for a one-line report of an exception tfdoctor caught."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def missing_file_hint(path: str, otherwise: str) -> str:
+    """The hint for a path that is not a file: the nearest names in its folder ("did you mean
+    fixtures/gpt_correct.py?"), else `otherwise`. A folder that does not exist is said first."""
+    import difflib
+    import os
+
+    folder, name = os.path.split(path)
+    folder = folder or "."
+    if not os.path.isdir(folder):
+        return f"the folder {folder} does not exist; {otherwise}"
+    try:
+        names = [entry for entry in os.listdir(folder) if entry.endswith(".py") or os.path.isdir(os.path.join(folder, entry))]
+    except OSError:
+        return otherwise
+    close = difflib.get_close_matches(name, names, n=2, cutoff=0.6)
+    if not close:
+        return otherwise
+    return "did you mean " + " or ".join(os.path.join(folder, c) if folder != "." else c for c in close) + "?"
+
+
+def missing_name_hint(name: str, names) -> str:
+    """"did you mean 'build'?" for a mistyped attribute, or ""."""
+    import difflib
+
+    close = difflib.get_close_matches(name, [n for n in names if not n.startswith("_")], n=2, cutoff=0.6)
+    return ("did you mean " + " or ".join(repr(c) for c in close) + "?") if close else ""

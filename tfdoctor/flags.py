@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from tfdoctor.errors import UsageError
+from tfdoctor.errors import UsageError, missing_file_hint
 
 
 def positive(name: str, value: Optional[int], minimum: int = 1, maximum: Optional[int] = None) -> None:
@@ -99,7 +99,8 @@ def script_argument(argv: list, module: Optional[str], command: str) -> Optional
                          f"tfdoctor {command} train.py -- ARGS, or tfdoctor {command} -m pkg.mod")
     script = None if module is not None else argv.pop(0)
     if script is not None and not Path(script).is_file():
-        raise UsageError(f"script not found: {script}", "give the path of a Python file, or -m package.module")
+        raise UsageError(f"script not found: {script}",
+                         missing_file_hint(script, "give the path of a Python file, or -m package.module"))
     return script
 
 

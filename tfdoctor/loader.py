@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tfdoctor.errors import LoadError
+from tfdoctor.errors import LoadError, missing_file_hint, missing_name_hint
 
 
 def _split_target(target: str) -> tuple[str, str]:
@@ -25,7 +25,7 @@ def _split_target(target: str) -> tuple[str, str]:
 
 def _import_file(path: Path):
     if not path.is_file():
-        raise LoadError(f"file not found: {path}")
+        raise LoadError(f"file not found: {path}", missing_file_hint(str(path), "give path/to/file.py:factory"))
     name = f"_tfdoctor_target_{path.stem}_{abs(hash(str(path.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -64,7 +64,7 @@ def load_attr(target: str) -> Any:
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise LoadError(f"{module_part} has no attribute {attr!r}")
+            raise LoadError(f"{module_part} has no attribute {attr!r}", missing_name_hint(part, dir(obj)))
         obj = getattr(obj, part)
     return obj
 
