@@ -416,3 +416,22 @@ def test_report_names_the_kernel_assumed():
     assert bf16.traced["attention_scores_bytes"] is None
     mixed = next(r for r in verdict.remedies if r.name == "mixed precision")  # traced: bf16 changes the kernel
     assert mixed.change.endswith("(traced: 16 bits let CUDA fuse attention)") and mixed.peak_bytes == bf16.peak_bytes
+
+
+@pytest.mark.e2e
+def test_the_note_on_stored_scores_gives_an_analytic_command_that_runs():
+    # issue 29: the note named `tfdoctor memory --attention sdpa`, which a TARGET refuses
+    import json
+    import re
+    import shlex
+
+    from helpers import needs_command, tfdoctor
+
+    if needs_command.args[0]:
+        pytest.skip(needs_command.kwargs["reason"])
+    traced = tfdoctor("memory", "fixtures/gpt_correct.py:build", "--batch", "4", "--seq", "64", "--format", "json")
+    note = next(n for n in json.loads(traced.stdout)["trace"]["notes"] if "analytic mode" in n)
+    command = shlex.split(re.search(r"`(tfdoctor memory [^`]+)`", note).group(1))
+    assert command[command.index("--d-model") + 1] == "64" and command[command.index("--layers") + 1] == "2"
+    analytic = tfdoctor(*command[1:])
+    assert analytic.code in (0, 1), analytic.stderr

@@ -273,17 +273,18 @@ def changes_kernel(summary: Optional[dict[str, Any]]) -> bool:
         not k["fused"] and "float16 or bfloat16" in k["reason"] for k in summary["kernels"])
 
 
-def scores_note(summary: Optional[dict[str, Any]], scores_bytes: Optional[int]) -> str:
+def scores_note(summary: Optional[dict[str, Any]], scores_bytes: Optional[int], analytic: str = "") -> str:
     """What the report says of attention scores the trace stored ("" when it stored none): the model's
-    own attention ops, or SDPA calls on their math path and why."""
+    own attention ops, or SDPA calls on their math path and why. `analytic`: the analytic command that
+    estimates a GPT of the model's shape with fused attention (a TARGET refuses --attention)."""
     if not summary or not scores_bytes:
         return ""
     math_calls = [k for k in summary["kernels"] if not k["fused"]]
     if not summary["sdpa_calls"]:
+        estimate = (f"; the analytic mode estimates a GPT of this shape with it: `{analytic}`" if analytic else "")
         return ("the model computes attention with its own ops and stores the [.., T, T] scores; "
                 "F.scaled_dot_product_attention (attn_implementation=\"sdpa\" for a Hugging Face model) runs a "
-                "fused kernel that does not, a change to the model's code: `tfdoctor memory --attention sdpa` "
-                "estimates it")
+                "fused kernel that does not, a change to the model's code" + estimate)
     if not math_calls:
         return ""
     calls = sum(k["calls"] for k in math_calls)

@@ -74,7 +74,8 @@ def judge_traced(subject, target: str, batch: int, seq: int, budget: int, budget
                            shard=shard, remedies=remedies, remedies_if_fits=remedies_if_fits, progress=progress,
                            advance=advance, device=device)
     verdict = judge_steps(steps, target, budget, budget_source, dtype=dtype, optimizer=optimizer, gpus=gpus,
-                          shard=shard, remedies=remedies, remedies_if_fits=remedies_if_fits)
+                          shard=shard, remedies=remedies, remedies_if_fits=remedies_if_fits,
+                          analytic=analytic_command(subject, batch, seq, dtype, optimizer))
     advance()
     return verdict
 
@@ -122,8 +123,46 @@ def measure_traced(subject, batch: int, seq: int, budget: int, positions: Option
     return steps
 
 
+def analytic_command(subject, batch: int, seq: int, dtype: str, optimizer: str) -> str:
+    """The `tfdoctor memory` command of the analytic mode for a GPT of this model's shape with fused
+    attention (model-shape flags and a TARGET do not mix, so a note must give this one). The shape is
+    read off a Hugging Face config's common names; what is not there stays a placeholder."""
+    config = getattr(subject.model, "config", None)
+
+    def read(*names):
+        for name in names:
+            value = getattr(config, name, None)
+            if isinstance(value, int) and value > 0:
+                return str(value)
+        return None
+
+    width, depth, heads = _shape_of(subject.model, subject.vocab_size)
+    shape = [("--d-model", read("hidden_size", "n_embd", "d_model") or width or "D"),
+             ("--layers", read("num_hidden_layers", "n_layer", "num_layers") or depth or "L"),
+             ("--heads", read("num_attention_heads", "n_head", "num_heads") or heads or "H"),
+             ("--vocab", str(subject.vocab_size) if subject.vocab_size else "V")]
+    extra = [f"--dtype {dtype}"] if dtype != "fp32" else []
+    extra += [f"--optimizer {optimizer}"] if optimizer != "adamw" else []
+    return " ".join(["tfdoctor memory", f"--batch {batch}", f"--seq {seq}", *(f"{flag} {value}" for flag, value in shape),
+                     *extra, "--attention sdpa"])
+
+
+def _shape_of(model, vocab) -> tuple:
+    """(width, depth, heads) as strings read off a model without a config, or None each: the token
+    embedding's width, the longest ModuleList of one block class, an attention module's head count."""
+    import torch.nn as nn
+
+    width = next((str(m.embedding_dim) for m in model.modules()
+                  if isinstance(m, nn.Embedding) and m.num_embeddings == vocab), None)
+    stacks = [len(m) for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 1
+              and len({type(child) for child in m}) == 1]
+    heads = next((str(value) for m in model.modules() for name in ("num_heads", "n_head", "n_heads", "nhead")
+                  if isinstance(value := getattr(m, name, None), int) and value > 0), None)
+    return width, str(max(stacks)) if stacks else None, heads
+
+
 def judge_steps(steps: TracedSteps, target: str, budget: int, budget_source: str, *, dtype: str, optimizer: str,
-                gpus: int, shard: str, remedies: bool, remedies_if_fits: bool) -> Verdict:
+                gpus: int, shard: str, remedies: bool, remedies_if_fits: bool, analytic: str = "") -> Verdict:
     """The Verdict of measured steps against `budget`: whether it fits, the largest batch and length, and
     the remedies (derived from the trace, or read off the steps traced again)."""
     main = steps.main
@@ -172,7 +211,7 @@ def judge_steps(steps: TracedSteps, target: str, budget: int, budget_source: str
             found.append(Remedy("shorter sequences", change, value, value <= budget, changes_training=True))
     elif derivation.seq_ambiguous:
         notes.append(f"{derivation.seq_ambiguous}: the largest sequence length is not derived")
-    notes += [note] if (note := scores_note(main.attention, main.attention_scores_bytes)) else []
+    notes += [note] if (note := scores_note(main.attention, main.attention_scores_bytes, analytic)) else []
     traced = main.to_dict()
     traced.update(target=target, dtype=dtype, optimizer=optimizer, gpus=gpus, shard=shard,
                   parameter_count=steps.parameter_count, per_device_peak_bytes=peak, max_positions=positions)
