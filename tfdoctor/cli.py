@@ -17,7 +17,8 @@ import typer
 
 from tfdoctor.errors import TfdoctorError, UsageError
 from tfdoctor.flags import (budget_in_range, check_battery_flags, format_ready, model_fields, nproc_in_range,
-                            positive, script_argument, seed_in_range, selection_nonempty, writable)
+                            positive, script_argument, script_options_hint, seed_in_range, selection_nonempty,
+                            writable)
 from tfdoctor.protocol import Ended
 from tfdoctor.result import ExitCode
 
@@ -574,7 +575,8 @@ def main() -> None:
         if type(error).__name__ == "NoArgsIsHelpError":  # bare `tfdoctor`: the help is the message
             typer.echo(message, err=True)
         else:
-            typer.echo(f"tfdoctor: error: {' '.join(message.split())}", err=True)
+            hint = script_options_hint(error, sys.argv[1:])  # `watch train.py --device=cpu`: the script's own
+            typer.echo(f"tfdoctor: error: {' '.join(message.split())}{_shown(hint)}", err=True)
         sys.exit(ExitCode.USAGE_ERROR)
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("tfdoctor: aborted", err=True)
