@@ -127,6 +127,38 @@ def test_watch_page_draws_every_series_and_marks_the_finding(watch_page):
     assert not page.external
 
 
+@needs_matplotlib
+def test_watch_page_names_each_number_as_the_console_header_does(watch_page):
+    """The loss, the throughput and the data wait of the real run: each figure's title says its number
+    under the name the console's header gives it, and the header holds the same number."""
+    import html as markup
+
+    from tfdoctor.report.watched import watched_lines
+
+    report, out = watch_page
+    text = out.read_text(encoding="utf-8")
+    captions = {name: markup.unescape(title) for name, title in
+                re.findall(r'data-figure="([^"]+)"><figcaption>([^<]*)</figcaption>', text)}
+    header = " ".join(line.plain for line in watched_lines(report))
+    assert captions["loss"].startswith("Loss: ") and "(medians of the first and last 10 steps)" in captions["loss"]
+    assert f"loss {captions['loss'][len('Loss: '):]}" in header
+    median, wall = re.fullmatch(r"Throughput: ([\d,]+ tokens/s at the median step), ([\d,]+ wall-clock tokens/s)",
+                                captions["throughput"]).groups()
+    assert median in header and wall in header
+    waited = re.fullmatch(r"Step time: (data wait [\d.]+% over the whole run)", captions["step-time"]).group(1)
+    assert waited in header  # healthy.py trains from a DataLoader: measured
+    assert "curves healthy" not in text  # the planted failure
+
+
+@needs_matplotlib
+def test_a_healthy_watch_page_says_curves_healthy_and_points_to_run(watch_audit):
+    from tfdoctor.report.html import report_page
+
+    page = report_page(watch_audit("healthy"))
+    assert re.search(r'<p class="verdict"[^>]*>curves healthy</p>', page)
+    assert "`tfdoctor run fixtures/watch/healthy.py` audits the model and the loop" in page
+
+
 def test_render_accepts_only_what_it_can_draw():
     """A report without series or figures still makes a page: the findings table alone."""
     if not plotting_available():

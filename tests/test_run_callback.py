@@ -74,4 +74,4 @@ def test_plain_python_ends_on_the_verdict_line(tmp_path):
     said = [line for line in done.stderr.splitlines() if line.startswith("tfdoctor:")]
     summary = json.loads(report.read_text())["summary"]
     quiet = ", ".join(f"{summary[status]} {status}" for status in ("pass", "skip") if summary[status])
-    assert said == [f"tfdoctor: PASS ({quiet}); report in {report}"]
+    assert said == [f"tfdoctor: PASS (curves healthy: {quiet}); report in {report}"]

@@ -40,6 +40,32 @@ def test_bad_input_is_one_line_and_exit_2(args, expected):
     assert "Traceback" not in done.stderr and done.stdout == ""
 
 
+W = "fixtures/watch/healthy.py"
+
+
+@pytest.mark.parametrize("args, works", [
+    (["watch", W, "--device=cpu"], f"tfdoctor watch {W} -- --device=cpu"),
+    # tfdoctor's own options stay before --, the script's (with a value given apart) go after it
+    (["watch", W, "--max-steps", "5", "--device", "cpu", "--compile=False"],
+     f"tfdoctor watch {W} --max-steps 5 -- --device cpu --compile=False"),
+    (["watch", "--device=cpu", W, "--strict"], f"tfdoctor watch {W} --strict -- --device=cpu"),
+    (["run", "--steps", "3", W, "--lr", "1e-3"], f"tfdoctor run --steps 3 {W} -- --lr 1e-3"),
+    (["watch", "-m", "pkg.train", "--device=cpu"], "tfdoctor watch -m pkg.train -- --device=cpu"),
+    (["watch", W, "--out", "a b.txt"], f"tfdoctor watch {W} -- --out 'a b.txt'"),
+])
+def test_a_script_option_before_the_double_dash_gets_the_command_that_works(args, works):
+    done = refused(*args)
+    assert done.returncode == 2 and done.stdout == ""
+    assert one_line(done).endswith(f"; the script's own options go after --: {works}"), done.stderr
+
+
+@pytest.mark.parametrize("args", [["checks", "--device=cpu"],
+                                  ["watch", W, "--max-steps", "nope"]])
+def test_other_usage_errors_get_no_double_dash_hint(args):
+    done = refused(*args)
+    assert done.returncode == 2 and "go after --" not in done.stderr
+
+
 @pytest.mark.parametrize("args, expected", [
     (["--only", ","], "the selection is empty"),
     (["--only", "init-loss", "--skip", "init-loss"], "the selection is empty"),

@@ -105,3 +105,33 @@ def test_ctrl_c_ends_the_run_and_the_steps_it_took_are_judged():
     assert lines[-2] == f"tfdoctor: interrupted (Ctrl-C) after {steps} optimizer step(s)"
     assert lines[-1].startswith("tfdoctor: ") and lines[-1].endswith("the json report is on stdout"), lines[-1]
     assert proc.returncode == 130, "".join(seen)[-2000:]
+
+
+@pytest.mark.parametrize("command, ours", [("watch", ("--max-steps", "5")), ("run", ("--steps", "2"))])
+def test_the_script_s_own_option_before_the_double_dash_is_one_line_with_the_command_that_works(command, ours):
+    done = tfdoctor(command, HEALTHY, *ours, "--device=cpu")
+    assert done.code == 2 and done.stdout == ""
+    assert done.stderr.strip() == (f"tfdoctor: error: No such option: --device; the script's own options go after "
+                                   f"--: tfdoctor {command} {HEALTHY} {' '.join(ours)} -- --device=cpu")
+
+
+def test_a_nanogpt_style_run_reads_data_wait_not_measured_its_groups_and_curves_healthy(watch_audit):
+    """fixtures/watch/healthy_get_batch.py: get_batch() slices a tensor (no DataLoader), two parameter
+    groups on one schedule, every judge that applies passes."""
+    import io
+
+    from tfdoctor.report.console import render
+
+    report = watch_audit("healthy_get_batch")
+    facts = report.series["facts"]
+    assert "loader" not in facts
+    assert [g["weight_decay"] for g in facts["param_groups"]] == [0.1, 0.0]
+    assert all(g["parameters"] > 0 for g in facts["param_groups"])
+    assert not [r.id for r in report.results if r.status.value in ("warn", "fail", "error")]
+    out = io.StringIO()
+    render(report, out, width=100)
+    text = " ".join(out.getvalue().split())
+    assert "data wait not measured (no DataLoader)" in text and "data wait 0" not in text
+    assert "in every group (2)" in text
+    assert "— curves healthy" in text
+    assert "`tfdoctor run fixtures/watch/healthy_get_batch.py` audits the model and the loop" in text

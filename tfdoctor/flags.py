@@ -123,3 +123,56 @@ def keeping_folder(keep_writes: Optional[Path], protected_by: list[str]) -> Opti
     if keep_writes.exists() and not keep_writes.is_dir():
         raise UsageError(f"--keep-writes {keep_writes} is a file", "give a folder (it is made if missing)")
     return os.path.abspath(keep_writes)
+
+
+# The commands that run a script with arguments of its own (`SCRIPT -- ARGS`).
+SCRIPT_COMMANDS = ("run", "watch")
+
+
+def script_options_hint(error: Exception, argv: list[str]) -> str:
+    """`tfdoctor watch train.py --device=cpu`: the parser takes the script's own option for tfdoctor's
+    and rejects it ("No such option: --device"). The hint is the command line that works, the script's
+    options moved after `--` and tfdoctor's own left before it: "; the script's own options go after
+    --: tfdoctor watch train.py -- --device=cpu". "" for any other error, command, or a line that has
+    its `--` already. `error` is the parser's (click's NoSuchOption, read by duck typing: no click
+    import here); `argv` is the command line without the program's name."""
+    ctx = getattr(error, "ctx", None)
+    command = getattr(getattr(ctx, "command", None), "name", None)
+    if type(error).__name__ != "NoSuchOption" or command not in SCRIPT_COMMANDS or command not in argv \
+            or "--" in argv:
+        return ""
+    takes_value = {"--help": False}  # option string -> whether the next token is its value
+    for param in getattr(ctx.command, "params", []):
+        for opt in [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]:
+            if opt.startswith("-"):
+                takes_value[opt] = not getattr(param, "is_flag", False) and not getattr(param, "count", False)
+    ours, script_args, script = [], [], None
+    tokens = argv[argv.index(command) + 1:]
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        name = token.split("=", 1)[0]
+        following = tokens[i + 1] if i + 1 < len(tokens) else None
+        if token.startswith("-") and token != "-" and name in takes_value:
+            ours.append(token)
+            if takes_value[name] and "=" not in token and following is not None:
+                ours.append(following)
+                script = following if name in ("-m", "--module") else script
+                i += 1
+        elif token.startswith("-") and token != "-":
+            script_args.append(token)
+            # `--device cpu`: the next word is taken as its value, unless it is the script still to come
+            if "=" not in token and following is not None and not following.startswith("-") \
+                    and not (script is None and following.endswith(".py")):
+                script_args.append(following)
+                i += 1
+        elif script is None:
+            script = token
+            ours.append(token)
+        else:
+            script_args.append(token)
+        i += 1
+    import shlex
+
+    line = " ".join(shlex.quote(t) for t in ["tfdoctor", command, *ours, "--", *script_args])
+    return f"; the script's own options go after --: {line}"

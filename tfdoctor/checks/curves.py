@@ -211,6 +211,19 @@ def _spike_story(evidence: dict) -> tuple[str, str]:
     return "; ".join(moved), hint
 
 
+def _spike_cause(evidence: dict) -> str:
+    """The story in a few words, for a line that has room for little else (the live view)."""
+    norm_ratio, lr_ratio = evidence["grad_norm_ratio"], evidence["lr_ratio"]
+    scale, scale_before = evidence["scale"], evidence["scale_before"]
+    if lr_ratio is not None and lr_ratio >= MOVED_RATIO:
+        return f"the rate jumped {lr_ratio:.0f}x"
+    if norm_ratio is not None and norm_ratio >= MOVED_RATIO:
+        return f"the gradient norm rose {norm_ratio:.1f}x"
+    if _finite(scale) and _finite(scale_before) and scale != scale_before:
+        return f"the GradScaler's scale went {scale_before:g} -> {scale:g}"
+    return "the loss jumped alone"
+
+
 @check("loss-spike", title="The loss never jumps far above its running band", inputs=("series",))
 def loss_spike(series: RunSeries) -> Result:
     """Catches a step whose loss is far above the band of the steps just before it (their median and
@@ -251,6 +264,7 @@ def loss_spike(series: RunSeries) -> Result:
                "start_loss": start, "spikes": len(events), "spike_steps": [e["step"] for e in events][:20],
                **evidence, **thresholds}
     moved, hint = _spike_story(evidence)
+    details["cause"] = _spike_cause(evidence)  # the live view's line keeps it when it cuts the message
     batch = f" (batch {evidence['batch']})" if evidence["batch"] else ""
     back = (f"back within its band {recovered} steps later" if recovered is not None
             else "never back within its band")
@@ -261,7 +275,8 @@ def loss_spike(series: RunSeries) -> Result:
                + (f"; {moved}" if moved else "") + more)
     if lost is not None and lost >= SPIKE_FAIL_SHARE:
         undid = (f"it undid {lost:.0%} of the progress the run had made" if lost < 1
-                 else f"its peak was above the loss the run started at ({start:.3f})")
+                 else f"its peak was above the loss the run started at ({start:.3f}, the median of its first "
+                      f"{PLATEAU_EDGE} steps)")
         return Result.failed(f"{message}; {undid}", hint, details)
     return Result.warned(message, hint, details)
 
@@ -426,7 +441,7 @@ def loss_plateau(series: RunSeries) -> Result:
                        f"after the warm-up ended (step {origin}), to the end (step {tail[-1][0]}) its median over "
                        f"{PLATEAU_WINDOW} steps stayed within {tolerance:.3f} of it ({min(smooth):.3f}-"
                        f"{max(smooth):.3f}), falling {max(per_100, 0.0):.3f} per 100 steps (the run started at "
-                       f"{start:.3f})")
+                       f"{start:.3f}, the median of its first {PLATEAU_EDGE} steps)")
             hint = ("nothing is being learned: check that each target is its input shifted by one (same row, "
                     "same order: inputs and labels shuffled apart?), that the loss reaches the weights (no "
                     ".detach(), .item() or no_grad() before backward) and that the optimizer holds this model's "
@@ -435,7 +450,8 @@ def loss_plateau(series: RunSeries) -> Result:
                 return Result.failed(message + ": no better than a uniform guess over the vocabulary", hint, details)
             return Result.warned(message, hint, details)
     where = f"the warm-up ended at step {origin}" if warmup is not None else "no rate recorded: judged from the start"
-    return Result.passed(f"the loss moved from {start:.3f} to {smooth[-1]:.3f} ({where})", details)
+    return Result.passed(f"the loss moved from {start:.3f} to {smooth[-1]:.3f} (medians of the first {PLATEAU_EDGE} "
+                         f"and last {PLATEAU_WINDOW} steps; {where})", details)
 
 
 # -------------------------------------------------------------------------------------- grad-norm-trend

@@ -297,7 +297,9 @@ def data_wait(series: RunSeries) -> Result:
     wait = statistics.median(row.data_wait for row in timed)
     wall = statistics.median(row.wall for row in timed)
     share = wait / wall
-    total = sum(row.data_wait for row in timed) / sum(row.wall for row in timed)
+    # over the whole run as the report's header counts it: the first step's time holds the script's start
+    after_start = [row for row in timed if row.step > series.steps[0].step] or timed
+    total = sum(row.data_wait for row in after_start) / sum(row.wall for row in after_start)
     first = next((row.step for row in timed if row.data_wait >= DATA_WAIT_SHARE * row.wall), timed[0].step)
     details = {"step": first, "share": share, "threshold": DATA_WAIT_SHARE, "total_share": total,
                "median_wait_s": wait, "median_step_s": wall, "loader": loader,
@@ -307,6 +309,7 @@ def data_wait(series: RunSeries) -> Result:
     if share < DATA_WAIT_SHARE:
         return Result.passed(f"{seen}: threshold {DATA_WAIT_SHARE:.0%}", details)
     cause, hint = _loader_cause(loader, str(series.facts.get("device") or ""))
+    details["cause"] = _loader_cause_short(loader, str(series.facts.get("device") or ""))
     return Result.warned(f"{seen}, from step {first}: the model sits idle while {cause}", hint, details)
 
 
@@ -324,6 +327,13 @@ def _loader_cause(loader: dict, device: str) -> tuple[str, str]:
     return (f"its {workers} workers cannot keep up with the step{pin}",
             f"more workers (num_workers={workers * 2}){pin_fix}, prefetch_factor=4, or a cheaper "
             "__getitem__: tokenize or decode once ahead of training")
+
+
+def _loader_cause_short(loader: dict, device: str) -> str:
+    """The cause in a few words, for a line that has room for little else (the live view)."""
+    workers = loader.get("num_workers") or 0
+    pinned = "" if not device.startswith("cuda") or loader.get("pin_memory") else ", pin_memory=False"
+    return f"DataLoader num_workers={workers}{pinned}"
 
 
 def _memory_signals(series: RunSeries) -> dict[str, list[tuple[int, int]]]:

@@ -94,6 +94,22 @@ def _main_group(groups: list[dict]) -> tuple[dict, dict]:
     return main, details
 
 
+def _no_warmup(groups: list[dict], start: float, peak: float, details: dict) -> Result | str:
+    """A schedule with no warm-up on Adam: a warning (the start of its message) where the first update
+    is large against the weights, else the note to add to the pass."""
+    moved = _first_update_share(groups)
+    said = f"no warm-up: the first step already runs at {start:.1e}, {start / peak:.0%} of the peak"
+    details["first_update_share"] = moved[0] if moved is not None else None
+    if moved is None or moved[0] >= WARMUP_MATTERS_SHARE:
+        size = (f"; Adam's first update moves each weight by about the rate, {moved[0]:.1%} of the typical "
+                f"size of the weight matrices (RMS {moved[1]:.2g}) at once" if moved is not None else "")
+        return Result.warned(f"{said}{size}", "ramp the rate up over the first steps, e.g. LambdaLR(optimizer, "
+                                              "lambda s: min(1.0, (s + 1) / warmup_steps)) (often combined with "
+                                              "a decay)", details)
+    return (f"; {said} (a note: the first updates move the weights by about {moved[0]:.2%} of their typical "
+            f"size (RMS {moved[1]:.2g}), small enough without one)")
+
+
 def _first_update_share(groups: list[dict]) -> tuple[float, float] | None:
     """(the largest share of its weights' typical size that a group of weight matrices moves at the
     first step, that size), from the first rate and the matrices' RMS before it; None when unknown."""
@@ -187,18 +203,11 @@ def lr_schedule(subject, trace) -> Result:
     note = f"; large rates on {listed(by_design)}" if by_design and len(groups) == 1 else ""
     families = {g["family"] for g in groups}
     if families == {"adam"} and not main["rising"] and start > WARMUP_START_SHARE * peak:
-        moved = _first_update_share(groups)
-        said = f"no warm-up: the first step already runs at {start:.1e}, {start / peak:.0%} of the peak"
-        if moved is None or moved[0] >= WARMUP_MATTERS_SHARE:
-            size = (f"; Adam's first update moves each weight by about the rate, {moved[0]:.1%} of the typical "
-                    f"size of the weight matrices (RMS {moved[1]:.2g}) at once" if moved is not None else "")
-            details["first_update_share"] = moved[0] if moved is not None else None
-            return Result.warned(f"{said}{size}; {shape}{note}",
-                                 "ramp the rate up over the first steps, e.g. LambdaLR(optimizer, lambda s: "
-                                 "min(1.0, (s + 1) / warmup_steps)) (often combined with a decay)", details)
-        details["first_update_share"] = moved[0]
-        note += (f"; {said} (a note: the first updates move the weights by about {moved[0]:.2%} of their "
-                 f"typical size (RMS {moved[1]:.2g}), small enough without one)")
+        warned = _no_warmup(groups, start, peak, details)
+        if isinstance(warned, Result):
+            warned.message = f"{warned.message}; {shape}{note}"
+            return warned
+        note += warned
     if len(groups) > 1:
         classes = ", ".join(dict.fromkeys(g["optimizer"] for g in groups))
         return Result.passed(f"{len(groups)} param groups ({classes}) peak at {listed(groups)}; "

@@ -9,6 +9,7 @@ import sys
 
 import typer
 
+from tfdoctor.flags import script_options_hint
 from tfdoctor.result import ExitCode
 
 app = typer.Typer(
@@ -46,6 +47,13 @@ class Kind(str, enum.Enum):
     causal = "causal"
     encoder = "encoder"
     seq2seq = "seq2seq"
+
+
+def shown(text: str) -> str:
+    """The user's text in our line, escape sequences and control characters shown, not obeyed."""
+    from tfdoctor.report.text import clean
+
+    return clean(text)
 
 
 def _show_version(value: bool) -> None:
@@ -86,7 +94,8 @@ def main() -> None:
         if type(error).__name__ == "NoArgsIsHelpError":  # bare `tfdoctor`: the help is the message
             typer.echo(message, err=True)
         else:
-            typer.echo(f"tfdoctor: error: {' '.join(message.split())}", err=True)
+            hint = script_options_hint(error, sys.argv[1:])  # `watch train.py --device=cpu`: the script's own
+            typer.echo(f"tfdoctor: error: {' '.join(message.split())}{shown(hint)}", err=True)
         sys.exit(ExitCode.USAGE_ERROR)
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("tfdoctor: aborted", err=True)

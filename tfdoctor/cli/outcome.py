@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from tfdoctor.cli.app import Format
+from tfdoctor.cli.app import Format, shown
 from tfdoctor.errors import TfdoctorError, UsageError
 from tfdoctor.protocol import Ended
 from tfdoctor.result import ExitCode
@@ -18,13 +18,6 @@ from tfdoctor.result import ExitCode
 def fail_usage(error: TfdoctorError) -> None:
     typer.echo(f"tfdoctor: error: {whose()}{shown(error.one_line())}", err=True)
     raise typer.Exit(ExitCode.USAGE_ERROR)
-
-
-def shown(text: str) -> str:
-    """The user's text in our line, escape sequences and control characters shown, not obeyed."""
-    from tfdoctor.report.text import clean
-
-    return clean(text)
 
 
 def finish(outcome, report, fmt: Format, output: Optional[Path]) -> None:

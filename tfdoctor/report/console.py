@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tfdoctor.drawing import sparkline
+from tfdoctor.report.run_summary import CURVES_HEALTHY, beyond_curves, curves_healthy
 from tfdoctor.report.watched import watched_lines
 from tfdoctor.report.theme import THEME
 from tfdoctor.result import Report, Result, Status
@@ -210,9 +211,14 @@ def render(report: Report, out: TextIO, width: int | None = None) -> None:
     line = Text(", ".join(f"{n} {status}" for status, n in counts.items() if n))
     problems = report.problems()  # under --strict, warnings count: the line agrees with the exit code
     verdict = "healthy" if not problems else f"{len(problems)} problem(s) found"
+    watched = bool(report.series) and not problems and not report.stopped
+    if watched and curves_healthy(report.results):  # watch judged the curves: not the model, not the loop
+        verdict = CURVES_HEALTHY
     if problems and report.strict and not report.problems(strict=False):
         verdict += " (warnings fail under --strict)"
     if report.stopped:
         verdict = "stopped before the last check: " + report.stopped
         problems = [True]
     console.print(Text.assemble(line, " — ", (verdict, "status.fail" if problems else "status.pass")))
+    if watched:
+        console.print(Text(beyond_curves(report.target), style="evidence"))

@@ -16,6 +16,7 @@ import json
 from typing import Any, TextIO
 
 from tfdoctor.errors import UsageError
+from tfdoctor.report.run_summary import CURVES_HEALTHY, beyond_curves, curves_healthy
 from tfdoctor.result import Report, Result, Status
 from tfdoctor.versions import describe
 
@@ -147,7 +148,12 @@ def _summary(report: Report) -> list[str]:
         verdict, colour = f"{len(problems)} problem(s) found", BADGE["fail"]
     else:
         verdict, colour = "healthy", BADGE["pass"]
-    return [f'<p class="verdict" style="color:{colour}">{_e(verdict)}</p>', f'<div class="pills">{pills}</div>']
+    said = [f'<p class="verdict" style="color:{colour}">{_e(verdict)}</p>', f'<div class="pills">{pills}</div>']
+    if report.series and not problems and not report.stopped:  # watch judged the curves, not the model
+        if curves_healthy(report.results):
+            said[0] = f'<p class="verdict" style="color:{colour}">{_e(CURVES_HEALTHY)}</p>'
+        said.insert(1, f'<p class="meta beyond">{_e(beyond_curves(report.target))}</p>')
+    return said
 
 
 def findings_table(report: Report) -> list[str]:

@@ -14,6 +14,8 @@ from typing import Optional
 
 from tfdoctor.report.figures import (COLOURS, WIDE, Drawn, finite, integer_steps, legend_above, log_scale_helps,
                                      new_figure, plain_rates, safely, status_colour, to_svg)
+from tfdoctor.report.run_summary import (data_wait_measured, data_wait_share, group_label, loss_ends,
+                                         median_step_rate, run_wall_clock_rate, step_rates)
 from tfdoctor.result import Report, Status
 from tfdoctor.watching.series import RunSeries
 
@@ -82,13 +84,14 @@ def _mark(ax, marks) -> None:
                 color=colour)
 
 
-def _trace(ax, xs: list, ys: list, colour: str, label: str, linewidth: float = 1.2, alpha: float = 1.0) -> None:
+def _trace(ax, xs: list, ys: list, colour: str, label: str, linewidth: float = 1.2, alpha: float = 1.0,
+           linestyle: str = "-") -> None:
     """ys over xs (None and non-finite values left out); bucketed past MAX_POINTS."""
     points = [(x, y) for x, y in zip(xs, ys) if isinstance(y, (int, float)) and math.isfinite(y)]
     if not points:
         return
     if len(points) <= MAX_POINTS:
-        ax.plot(*zip(*points), color=colour, label=label, linewidth=linewidth, alpha=alpha)
+        ax.plot(*zip(*points), color=colour, label=label, linewidth=linewidth, alpha=alpha, linestyle=linestyle)
         return
     size = math.ceil(len(points) / MAX_POINTS)
     buckets = [points[i:i + size] for i in range(0, len(points), size)]
@@ -96,7 +99,7 @@ def _trace(ax, xs: list, ys: list, colour: str, label: str, linewidth: float = 1
     ax.fill_between(centre, [min(y for _, y in b) for b in buckets], [max(y for _, y in b) for b in buckets],
                     color=colour, alpha=0.25 * alpha, linewidth=0)
     ax.plot(centre, [statistics.fmean(y for _, y in b) for b in buckets], color=colour, label=label,
-            linewidth=linewidth, alpha=alpha)
+            linewidth=linewidth, alpha=alpha, linestyle=linestyle)
 
 
 def _smoothed(values: list, share: float = SMOOTHING_SHARE) -> list:
@@ -134,9 +137,8 @@ def _loss(series: RunSeries, steps: list):
     vocab = series.facts.get("vocab")
     note = f"ln(V) = {math.log(vocab):.2f} nats for the vocabulary of {vocab}" if isinstance(vocab, int) and vocab > 1 \
         else ""
-    finite_losses = finite(losses)
-    title = "Loss" + (f": {finite_losses[0]:.3g} at the first step, {finite_losses[-1]:.3g} at the last"
-                      if finite_losses else "")
+    ends = loss_ends(losses)  # the console's header says the same, in the same words
+    title = "Loss" + (f": {ends}" if ends else "")
     return (fig, ax), title, note
 
 
@@ -166,15 +168,31 @@ def _rate(series: RunSeries, steps: list):
     if not width:
         return None
     fig, (ax,) = new_figure()
-    for index in range(width):
-        column = [r[index] if index < len(r) else None for r in rates]
-        _trace(ax, steps, column, COLOURS["series"] if index == 0 else COLOURS["third"],
-               f"param group {index}" if width > 1 else None)
+    groups = series.facts.get("param_groups") or []
+    colours = [COLOURS["series"], COLOURS["second"], COLOURS["third"]]
+    columns = [[r[index] if index < len(r) else None for r in rates] for index in range(width)]
+    for index, column in enumerate(columns):
+        # groups on one schedule draw one line: the same rates would hide each other under two colours
+        same = index > 0 and column == columns[0]
+        if not same:
+            _trace(ax, steps, column, colours[index % len(colours)], _rate_label(index, columns, groups),
+                   linestyle="-" if index < len(colours) else "--")
     plain_rates(ax)
     ax.set_ylabel("learning rate used")
     if width > 1:
         legend_above(ax)
     return (fig, ax), "Learning rate", ""
+
+
+def _rate_label(index: int, columns: list, groups: list) -> Optional[str]:
+    """The legend of parameter group `index`'s rates: its weight decay and size; with the groups that
+    share its rates at every step named together."""
+    if len(columns) == 1:
+        return None
+    same = [i for i, column in enumerate(columns) if column == columns[index]]
+    if len(same) == len(columns):
+        return f"every parameter group ({len(columns)})"
+    return "; ".join(group_label(i, groups) for i in same)
 
 
 def _scale(series: RunSeries, steps: list):
@@ -203,26 +221,28 @@ def _step_time(series: RunSeries, steps: list):
     if not any(walls):
         return None
     fig, (ax,) = new_figure()
+    measured = data_wait_measured(series.facts, series.column("batches"))
     wait_ms = [1000 * (w or 0.0) for w in waits]
     wall_ms = [1000 * (w or 0.0) for w in walls]
-    compute_ms = [max(0.0, t - w) for t, w in zip(wall_ms, wait_ms)]
     _trace(ax, steps, wall_ms, COLOURS["third"], "whole step", linewidth=0.8)
-    _trace(ax, steps, compute_ms, COLOURS["series"], "compute", linewidth=1.0)
-    _trace(ax, steps, wait_ms, COLOURS["second"], "waiting for the next batch", linewidth=1.0)
+    if measured:  # unmeasured, "compute" would be the whole step and the wait a line at zero: neither was seen
+        compute_ms = [max(0.0, t - w) for t, w in zip(wall_ms, wait_ms)]
+        _trace(ax, steps, compute_ms, COLOURS["series"], "compute", linewidth=1.0)
+        _trace(ax, steps, wait_ms, COLOURS["second"], "waiting for the next batch", linewidth=1.0)
     if log_scale_helps(wall_ms):  # a few slow steps (a checkpoint, a busy machine) would flatten the rest
         ax.set_yscale("log")
     else:
         ax.set_ylim(bottom=0)
     ax.set_ylabel("milliseconds per step")
     legend_above(ax)
-    total = sum(wall_ms)
-    share = sum(wait_ms) / total if total else 0.0
-    return (fig, ax), f"Step time: {share:.1%} of it waiting for data", ""
+    # the first step's time holds the script's start (imports, the model's construction): left out
+    waited = data_wait_share(sum(wait_ms[1:]) / 1000, sum(wall_ms[1:]) / 1000, measured)
+    return (fig, ax), "Step time" + (f": {waited}" if waited else ""), ""
 
 
 def _throughput(series: RunSeries, steps: list):
-    tokens, walls = series.column("tokens"), series.column("wall")
-    rates = [t / w if isinstance(t, (int, float)) and w else None for t, w in zip(tokens, walls)]
+    columns = {"tokens": series.column("tokens"), "wall": series.column("wall")}
+    rates = step_rates(columns)
     if not finite(rates):
         return None
     fig, (ax,) = new_figure()
@@ -230,8 +250,8 @@ def _throughput(series: RunSeries, steps: list):
     _trace(ax, steps, _smoothed(rates), COLOURS["series"], None, linewidth=1.8)
     ax.set_ylim(bottom=0)
     ax.set_ylabel("tokens per second")
-    median = statistics.median(finite(rates))
-    return (fig, ax), f"Throughput: median {median:,.0f} tokens/s", ""
+    said = ", ".join(filter(None, [median_step_rate(columns), run_wall_clock_rate(columns)]))
+    return (fig, ax), f"Throughput: {said}", ""
 
 
 def _memory(series: RunSeries, steps: list):

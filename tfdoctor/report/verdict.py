@@ -26,7 +26,8 @@ def verdict_line(report: Report, path: Optional[str | Path] = None, where: str =
     named = ", ".join(failed) + ("; " if failed and warned else "") + ("warn: " + ", ".join(warned) if warned else "")
     if not named:
         counts = report.summary()
-        named = ", ".join(f"{counts[s.value]} {s.value}" for s in (Status.PASS, Status.SKIP) if counts[s.value])
+        named = "curves healthy: " + ", ".join(f"{counts[s.value]} {s.value}" for s in (Status.PASS, Status.SKIP)
+                                                if counts[s.value])
     line = f"tfdoctor: {word}" + (f" ({named})" if named else "")
     if path is not None:
         line += f"; report in {path}"

@@ -1,6 +1,7 @@
 """`tfdoctor watch`'s header in the console report: the run in a few lines (how it ended, the loss from
 start to end, the evaluations, the gradient norm, the rates, the scaler, throughput, data wait and
-memory), read from the series the report carries. No torch: the series is plain data here."""
+memory), read from the series the report carries. Every number is report/run_summary.py's, under the
+name the live view and the HTML give it. No torch: the series is plain data here."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import statistics
 
 from rich.text import Text
 
-# The start and the end of a curve are the medians of this many steps: one noisy batch is not the run.
-ENDS = 10
+from tfdoctor.report.run_summary import (finite, loss_ends, median_step_rate, rates_said, run_data_wait,
+                                         run_wall_clock_rate)
 
 
 def watched_lines(report) -> list[Text]:
@@ -22,23 +23,26 @@ def watched_lines(report) -> list[Text]:
              f"{_ended(found.get('ended', facts.get('ended')))}"]
     if found.get("error"):
         lines.append(f"the script ended with {found['error']}")
-    losses = _finite(series.get("loss", []))
-    if losses:
-        lines.append(f"loss {_median(losses[:ENDS]):.4g} at the start, {_median(losses[-ENDS:]):.4g} at the end"
-                     + (f", best eval {min(_finite(evals.get('loss', []))):.4g} ({len(evals['loss'])} evaluations)"
-                        if _finite(evals.get("loss", [])) else ", no evaluation seen"))
-    norms = _finite(series.get("grad_norm", []))
-    rates = [lrs[0] for lrs in series.get("lrs", []) if lrs]
-    if norms or rates:
-        lines.append(", ".join(filter(None, [
-            f"gradient norm (before clipping) median {_median(norms):.3g}, max {max(norms):.3g}" if norms else "",
-            f"rate {min(rates):.3g} to {max(rates):.3g}" if rates else ""])))
+    ends = loss_ends(series.get("loss", []))
+    if ends:
+        eval_losses = finite(evals.get("loss", []))
+        lines.append(f"loss {ends}")
+        lines.append(f"best eval {min(eval_losses):.4g} ({len(evals['loss'])} evaluations)" if eval_losses
+                     else "no evaluation seen")
+    norms = finite(series.get("grad_norm", []))
+    if norms:
+        lines.append(f"gradient norm (before clipping) median {_median(norms):.3g}, max {max(norms):.3g}")
+    lines += rates_said(series.get("lrs", []), facts.get("param_groups") or [])
     skipped = sum(1 for s in series.get("skipped", []) if s)
     if facts.get("scaler"):
-        scales = _finite(series.get("scale", []))
+        scales = finite(series.get("scale", []))
         lines.append(f"GradScaler: {skipped} of {steps} steps skipped" + (f", scale {scales[-1]:g} at the end"
                                                                              if scales else ""))
-    lines.append(_throughput(series))
+    throughput = [run_wall_clock_rate(series), median_step_rate(series)]
+    lines.append(", ".join(filter(None, throughput)) or "tokens/s unknown")
+    waited = run_data_wait(series, facts)
+    if waited:
+        lines.append(waited)
     rss = [v for v in series.get("rss", []) if v]
     cuda = [v for v in series.get("cuda_allocated", []) if v]
     if rss or cuda:
@@ -53,33 +57,6 @@ def _ended(ended) -> str:
             "raised": "the script raised", "stopped": "stopped by tfdoctor (stop_on)",
             "interrupted": "interrupted (Ctrl-C)",
             "running": "still running"}.get(ended, str(ended))
-
-
-def _throughput(series: dict) -> str:
-    walls = [number_of(w) or 0.0 for w in series.get("wall", [])[1:]]  # the first step holds the start
-    waits = [number_of(w) or 0.0 for w in series.get("data_wait", [])[1:]]
-    tokens = [t or 0 for t in series.get("tokens", [])[1:]]
-    wall = sum(walls)
-    parts = [f"{sum(tokens) / wall:,.0f} tokens/s" if wall > 0 and sum(tokens) else "tokens/s unknown",
-             f"data wait {100 * sum(waits) / wall:.1f}% of the step time" if wall > 0 else ""]
-    return ", ".join(filter(None, parts))
-
-
-def number_of(value):
-    """A number the series carries as JSON data (a float, "nan", None) as a float, or None."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def _finite(values) -> list[float]:
-    out = []
-    for value in values:
-        number = number_of(value)
-        if number is not None and math.isfinite(number):
-            out.append(number)
-    return out
 
 
 def _median(values) -> float:

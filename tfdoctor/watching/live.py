@@ -52,6 +52,8 @@ class LiveFeed:
 
 
 def findings(results) -> list[dict]:
-    """The warn/fail results as the live view lists them."""
-    return [{"id": r.id, "status": r.status.value, "message": r.message, "step": r.details.get("step")}
+    """The warn/fail results as the live view lists them ("cause": the judge's cause in a few words,
+    which the view keeps when it cuts the message to the terminal's width: report/shortened.py)."""
+    return [{"id": r.id, "status": r.status.value, "message": r.message, "step": r.details.get("step"),
+             "cause": r.details.get("cause") if isinstance(r.details.get("cause"), str) else ""}
             for r in results if r.status in (Status.WARN, Status.FAIL, Status.ERROR)]

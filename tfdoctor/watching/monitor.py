@@ -258,6 +258,9 @@ class Monitor:
         if self.refilled or self.trained.full:  # the eval-gap evidence is partial: say so
             facts["fingerprints"] = {"refilled_rows": self.refilled, "trained_rows_kept": self.trained.count,
                                      "full": self.trained.full}
+        if self.main is not None:  # what tells the groups' rates apart in the report (nanoGPT: decay / no decay)
+            facts["param_groups"] = [{"parameters": sum(p.numel() for p in group["params"]),
+                                      "weight_decay": group.get("weight_decay")} for group in self.main.param_groups]
         trains = [held for held in self.loaders.values() if held["trains"]]
         if trains:
             facts["loader"] = max(trains, key=lambda held: held["batches"])["facts"]

@@ -53,7 +53,8 @@ class RunSeries:
     # What the judges need besides the series: "vocab" (int), "ended" (finished | max-steps | max-time |
     # exit | raised), "loader" ({num_workers, pin_memory, batch_size} of the training DataLoader),
     # "device" ("cpu", "cuda:0"), "schedulers" ([{name, ...settings}]), "amp" ({dtype, scaler}),
-    # "dropout" (whether the trained model holds active dropout), "max_steps", "seconds".
+    # "dropout" (whether the trained model holds active dropout), "max_steps", "seconds", "param_groups"
+    # ([{parameters, weight_decay}] of the watched optimizer's groups, in the order of the rows' lrs).
     facts: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ reading
