@@ -176,3 +176,9 @@ def test_a_mistyped_path_or_name_gets_the_nearest_one(args, said):
     done = tfdoctor(*args)
     assert done.code == 2 and done.stdout == "" and said in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_format_known_by_another_name_gets_its_name_here():
+    done = refused("check", "fixtures/gpt_correct.py:build", "--format", "xml")
+    assert done.code == 2 and done.stderr.strip().endswith("JUnit XML is --format junit")
+    assert len(done.stderr.strip().splitlines()) == 1

@@ -176,3 +176,20 @@ def script_options_hint(error: Exception, argv: list[str]) -> str:
 
     line = " ".join(shlex.quote(t) for t in ["tfdoctor", command, *ours, "--", *script_args])
     return f"; the script's own options go after --: {line}"
+
+
+# What users type for a format that has another name here.
+FORMAT_ALIASES = {"xml": "JUnit XML is --format junit", "junit-xml": "JUnit XML is --format junit",
+                  "text": "the text report is --format rich (plain text when it is not on a terminal)",
+                  "txt": "the text report is --format rich (plain text when it is not on a terminal)",
+                  "htm": "--format html", "sarif2": "--format sarif"}
+
+
+def format_alias_hint(message: str) -> str:
+    """"; JUnit XML is --format junit" when the parser refused a --format value users commonly mean
+    by another name, else ""."""
+    import re
+
+    refused = re.search(r"'--format'.*?'([^']+)' is not one of", message)
+    said = FORMAT_ALIASES.get(refused.group(1).lower()) if refused else None
+    return f"; {said}" if said else ""

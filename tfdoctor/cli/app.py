@@ -9,7 +9,7 @@ import sys
 
 import typer
 
-from tfdoctor.flags import script_options_hint
+from tfdoctor.flags import format_alias_hint, script_options_hint
 from tfdoctor.result import ExitCode
 
 app = typer.Typer(
@@ -94,8 +94,9 @@ def main() -> None:
         if type(error).__name__ == "NoArgsIsHelpError":  # bare `tfdoctor`: the help is the message
             typer.echo(message, err=True)
         else:
-            hint = script_options_hint(error, sys.argv[1:])  # `watch train.py --device=cpu`: the script's own
-            typer.echo(f"tfdoctor: error: {' '.join(message.split())}{shown(hint)}", err=True)
+            hint = script_options_hint(error, sys.argv[1:]) or format_alias_hint(message)  # the line that works
+            said = " ".join(message.split())
+            typer.echo(f"tfdoctor: error: {said.rstrip('.') if hint else said}{shown(hint)}", err=True)
         sys.exit(ExitCode.USAGE_ERROR)
     except (typer.Abort, KeyboardInterrupt):
         typer.echo("tfdoctor: aborted", err=True)
