@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from typing import TextIO
 
 from rich.console import Console, Group
@@ -22,6 +24,9 @@ SERIES = {"loss_curve": "loss curve", "pre_clip_norms": "pre-clip gradient norm"
 # Details shown as numbers under a problem; the bulky ones (maps, curves) get drawings instead.
 DRAWN_KEYS = {"dependency_map", "traceback", "map_cell_positions", "location", "call", *SERIES}
 MAX_EVIDENCE_ITEMS = 10
+
+
+PIPE_WIDTH = 140  # the report's width in a pipe or a CI log when COLUMNS does not say
 
 
 def status_text(status: Status) -> Text:
@@ -51,14 +56,23 @@ def heat_map(cells: list[list[int]], step: int) -> Text:
     return text
 
 
-def _format_value(value) -> str:
+def _format_value(value, limit: int = 80) -> str:
+    """A detail as the report shows it: numbers to 4 significant digits wherever they sit (in a list,
+    in a dict), a long list cut after its last whole item."""
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, dict):
         return ", ".join(f"{k}={_format_value(v)}" for k, v in value.items())
-    if isinstance(value, list):
-        text = str(value)
-        return text if len(text) <= 80 else text[:77] + "..."
+    if isinstance(value, (list, tuple)):
+        items, used = [], 2
+        for item in value:
+            shown = _format_value(item) if not isinstance(item, str) else repr(item)
+            if used + len(shown) + 2 > limit and items:
+                items.append("...")
+                break
+            items.append(shown)
+            used += len(shown) + 2
+        return "[" + ", ".join(items) + "]"
     return str(value)
 
 
@@ -194,6 +208,10 @@ def render(report: Report, out: TextIO, width: int | None = None) -> None:
     # No markup and no emoji codes: a message like "[/]" or ":x:" is the user's text, shown as written.
     console = Console(file=out, theme=THEME, width=width, highlight=False, markup=False, emoji=False,
                       force_terminal=None if width is None else False)
+    if width is None and not console.is_terminal and not os.environ.get("COLUMNS"):
+        # A pipe or a CI log has no width: Rich's 80 columns fold long parameter names inside the name
+        # ("in_proj_bia" / "s"); a log line is read at any length.
+        console.width = PIPE_WIDTH
     console.print(Text.assemble(("tfdoctor ", "bold"), report.target))
     if report.versions:
         console.print(Text("versions: " + describe(report.versions), style="evidence"))
