@@ -378,3 +378,19 @@ def test_rows_read_together_are_not_called_random():
     for result in mixed:
         assert result.status.value == "warn" and "rows are read together" in result.message, result.message
         assert "random" not in result.message and "transpose" in result.hint
+
+
+def test_a_mask_finding_names_the_user_s_line_where_attention_is_computed():
+    # issue 29: the model findings name the file and line of the attention, as the loop findings do
+    from helpers import FIXTURES, build_fixture
+    from tfdoctor import run_checks
+
+    report = run_checks(build_fixture("gpt_triu_mask"), only=["future-leak", "mask-direction"])
+    source = (FIXTURES / "gpt_triu_mask.py").read_text().splitlines()
+    line = next(i for i, text in enumerate(source, 1) if ".softmax(" in text)
+    for result in report:
+        assert result.status.value == "fail"
+        assert result.details["location"].endswith(f"gpt_triu_mask.py:{line}"), result.details
+        assert result.details["call"] == "the attention softmax"
+    sdpa = run_checks(build_fixture("gpt_sdpa_blocked_triu"), only="future-leak")["future-leak"]
+    assert sdpa.details["call"] == "F.scaled_dot_product_attention" and "gpt_sdpa_blocked_triu.py:" in sdpa.details["location"]

@@ -147,10 +147,19 @@ class Fixtures:
     def __getitem__(self, name: str):
         return getattr(self, name)()
 
+    def attention_site(self):
+        """Where the model computes attention, in the user's code (probes/attention.py), or None."""
+        return memo(("attention-site", id(self.subject.model)), functools.partial(_attention_site, self.subject))
+
     def located(self, spec: CheckSpec, result: Result) -> Result:
         """Adds details["location"] (the user's "path:line" of the first recorded call of the spec's
         `located` kinds) and details["call"] to a loop check's result; skips carry none."""
         if not spec.located or result.status is Status.SKIP or "location" in result.details:
+            return result
+        if "attention" in spec.located:  # a model finding: the user's line where attention is computed
+            found = self.attention_site()
+            if found is not None:
+                result.details["location"], result.details["call"] = found
             return result
         events = self.trace().events
         for kind in spec.located:
@@ -160,6 +169,19 @@ class Fixtures:
                 result.details["call"] = CALL_NAMES[kind]
                 break
         return result
+
+
+def _attention_site(subject: Subject):
+    """One eval forward under the attention capture: the user's line of its first attention call."""
+    import torch
+
+    from tfdoctor.probes.attention import attention_site, capture_attention
+    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.subject import call, random_tokens
+
+    ids = [random_tokens(subject, 1, subject.seq_len)] * (2 if subject.kind == "seq2seq" else 1)
+    with torch.no_grad(), evaluation(subject.model):
+        return attention_site(capture_attention(subject.model, lambda: call(subject, *ids)))
 
 
 def _record_loop(subject: Subject):

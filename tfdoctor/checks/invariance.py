@@ -145,7 +145,7 @@ def _padding_message(subject, arrangement, cause: str) -> tuple[str, str]:
 
 
 @check("padding-equivalence", title="Each sequence gets the same logits alone as inside a padded batch",
-       kinds=("causal", "encoder"), needs=("pad_id",), skip_reasons={"seq2seq": SEQ2SEQ_SKIP})
+       kinds=("causal", "encoder"), needs=("pad_id",), skip_reasons={"seq2seq": SEQ2SEQ_SKIP}, located=("attention",))
 def padding_equivalence(subject) -> Result:
     """Catches models that predict differently for the same sequence depending on how it is padded:
     learned (or rotary) positions counted from the row's start, so that left padding shifts every

@@ -132,7 +132,8 @@ def _spans(positions: list[int]) -> str:
     return ", ".join(spans)
 
 
-@check("softmax-mask-order", title="Attention weights are masked before the softmax and sum to one")
+@check("softmax-mask-order", title="Attention weights are masked before the softmax and sum to one",
+       located=("attention",))
 def softmax_mask_order(subject) -> Result:
     """Catches a mask applied to the attention probabilities after the softmax (zeroed or multiplied
     out) instead of to the scores before it: the rows stop summing to one, so every token's output

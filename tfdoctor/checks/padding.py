@@ -133,7 +133,8 @@ def _answers_change_left_padded(subject, details: dict) -> bool:
     return bool(arrangement.differs.any())
 
 
-@check("padding-mask", title="Real positions ignore what sits at pad positions", needs=("pad_id",))
+@check("padding-mask", title="Real positions ignore what sits at pad positions", needs=("pad_id",),
+       located=("attention",))
 def padding_mask(subject) -> Result:
     """Catches padding that is attended to: outputs at real positions that change with the content
     of pad positions, so the same sentence predicts differently with more or less padding.
@@ -200,7 +201,8 @@ def padding_mask(subject) -> Result:
     return judged_per_implementation(subject, judge)
 
 
-@check("masked-row-nan", title="Fully masked rows stay finite in outputs and gradients", needs=("pad_id",))
+@check("masked-row-nan", title="Fully masked rows stay finite in outputs and gradients", needs=("pad_id",),
+       located=("attention",))
 def masked_row_nan(subject) -> Result:
     """Catches -inf masks that turn a query with nothing to attend to into NaN: a fully padded row,
     or the first queries of a left-padded row that see only pads. The loss ignores those positions,

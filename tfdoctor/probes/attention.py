@@ -18,6 +18,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+from tfdoctor.sites import call_site
+
 # Function and method names, as `func.__name__` gives them (Tensor properties come as `__get__`).
 SOFTMAX_NAMES = {"softmax", "_softmax", "special_softmax"}
 PRODUCT_NAMES = {"matmul", "__matmul__", "__rmatmul__", "bmm", "einsum"}
@@ -99,6 +101,9 @@ class AttentionCapture:
     # With keep_weights: each use's weights, their softmax (key) axis moved last.
     weights: list[torch.Tensor] = field(default_factory=list)
     keep_weights: bool = False
+    # The user's "path:line" where attention is computed: the first softmax (or fused kernel) call made
+    # from the user's own code (none for a library's model: its lines are not the user's to fix).
+    sites: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -208,6 +213,10 @@ class _WeightsMode(TorchFunctionMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = _name(func)
+        if (name in SOFTMAX_NAMES or name in FUSED_NAMES) and name not in self.capture.sites:
+            where = call_site()
+            if where:
+                self.capture.sites[name] = where
         if name in SOFTMAX_NAMES and isinstance(out, torch.Tensor) and out.ndim >= 1:
             self.capture.softmaxes += 1
             site = self.scope[-1] if self.scope else "?"
@@ -257,6 +266,16 @@ def capture_attention(model: torch.nn.Module, forward, keep_weights: bool = Fals
         finally:
             mode.tracked.clear()
     return capture
+
+
+def attention_site(capture: AttentionCapture) -> tuple[str, str] | None:
+    """(the user's "path:line", what is called there) where the model computes attention: a fused
+    kernel's call first (where its mask is given), else the softmax's; None when no user line was seen."""
+    for name in (*sorted(FUSED_NAMES & set(capture.sites)), *sorted(SOFTMAX_NAMES & set(capture.sites))):
+        called = "F.scaled_dot_product_attention" if name == "scaled_dot_product_attention" else \
+            "the attention softmax" if name in SOFTMAX_NAMES else name
+        return capture.sites[name], called
+    return None
 
 
 def pad_attention(model: torch.nn.Module, forward, pads: torch.Tensor) -> float | None:

@@ -62,6 +62,8 @@ def render(report: Report, out: TextIO, width: int | None = None) -> None:
         rules.setdefault(result.id, {"id": result.id, "name": result.id,
                                      "shortDescription": {"text": result.title or result.id}})
         location = result.details.get("location")
+        if location and not _in_project(location):  # a model's line outside the project: not mappable
+            location = None
         where = _split(location) if location else model_site
         text = result.message.rstrip(".") + ("" if location else note) + (f". Fix: {result.hint}" if result.hint else "")
         entry = {"ruleId": result.id, "level": LEVELS[result.status], "message": {"text": text}}
