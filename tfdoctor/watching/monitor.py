@@ -269,7 +269,7 @@ class Monitor:
         """The step() calls so far of the scheduler that drives `optimizer` (the newest one made on it)."""
         driving = None
         for held in self.scheduled.values():
-            if getattr(held["scheduler"], "optimizer", None) is optimizer:
+            if _driven(held["scheduler"]) is optimizer:
                 driving = held
         return None if driving is None else driving["calls"]
 
@@ -322,7 +322,7 @@ class Monitor:
             for held in self.scheduled.values():
                 record = held["record"]
                 record.update(steps_called=held["calls"], epoch_given=held["explicit"],
-                              watched=self.main is not None and getattr(held["scheduler"], "optimizer", None) is self.main)
+                              watched=self.main is not None and _driven(held["scheduler"]) is self.main)
                 rates = held["promise"].extend(horizon) if record["watched"] else []
                 if rates:
                     record["promise"] = list(rates)
@@ -463,6 +463,14 @@ def _deep_size(row: StepRow) -> int:
     for value in row.__dict__.values():
         size += sys.getsizeof(value) + (sum(sys.getsizeof(v) for v in value) if isinstance(value, list) else 0)
     return size
+
+
+def _driven(scheduler) -> Any:
+    """The torch optimizer a scheduler sets the rates of: the one inside an accelerate
+    AcceleratedOptimizer (the Hugging Face Trainer's), whose steps the hooks see."""
+    optimizer = getattr(scheduler, "optimizer", None)
+    inner = getattr(optimizer, "optimizer", None)
+    return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
 
 
 def _count(optimizer) -> int:
