@@ -81,7 +81,7 @@ def _time_monitor_methods(own: list) -> None:
     from tfdoctor.watching.monitor import Monitor
 
     for name in ("loss_called", "backward_called", "forward_called", "batch_waited", "clip_returned",
-                 "scale_called", "step_begins", "step_ended", "scale_updated"):
+                 "scale_called", "step_begins", "step_ended", "scale_updated", "scheduler_stepped"):
         method = getattr(Monitor, name)
 
         def timed(*args, _method=method, **kwargs):

@@ -142,8 +142,10 @@ PLANTED = {
     "grad-norm-trend": ([(watch("grad_growth"), "warn")],
                         [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
     "scaler-overflow": ([(watch("fp16_overflow"), "fail")], [(watch("fp16_healthy"), "pass")]),
-    "lr-trajectory": ([(watch("lr_zero_halfway"), "fail")], [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
+    "lr-trajectory": ([(watch("lr_zero_halfway"), "fail"), (watch("lightning_warmup_per_epoch"), "fail")],
+                      [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass"), (watch("lightning_warmup"), "pass")]),
     "data-wait": ([(watch("slow_loader"), "warn")], [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
-    "memory-growth": ([(watch("leaky_total_loss"), "fail")], [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
+    "memory-growth": ([(watch("leaky_total_loss"), "fail"), (watch("slow_leak"), "fail")],
+                      [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass"), (watch("healthy_stairs"), "pass")]),
     "eval-gap": ([(watch("eval_on_train"), "fail")], [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
 }

@@ -200,6 +200,12 @@ def test_trainer_series_is_one_row_per_optimizer_step(run, request):
     # the rate the optimizer used at each step: the Trainer logs the one it stepped with
     rates = {entry["step"]: entry["learning_rate"] for entry in trainer.state.log_history if "learning_rate" in entry}
     assert [series.steps[step - 1].lrs[0] for step in rates] == pytest.approx(list(rates.values()), rel=1e-6)
+    # and the Trainer's scheduler, stepped once per optimizer step, gave the rates it promised
+    assert series.column("scheduler_steps") == list(range(steps))
+    (scheduler,) = [s for s in series.facts["schedulers"] if s.get("watched")]
+    assert [scheduler["promise"][row.scheduler_steps] for row in series.steps] == pytest.approx(
+        [max(row.lrs) for row in series.steps], rel=1e-9)
+    assert series.facts["planned_steps"] == steps and series.facts["planned_from"] == "the Trainer's state.max_steps"
     assert all(row.grad_norm is not None and math.isfinite(row.grad_norm) and row.grad_norm > 0 for row in series.steps)
     assert_unhooked()
 
@@ -426,6 +432,9 @@ def test_lightning_healthy_run_is_quiet_one_row_per_step(lightning_healthy):
     series = RunSeries.from_dict(report.series)
     assert trainer.global_step == 100 and len(series) == trainer.global_step
     assert series.facts["ended"] == "finished"
+    assert series.column("scheduler_steps") == list(range(100))  # "interval": "step"
+    assert report["lr-trajectory"].details["stepping"]["calls_per_step"] == 1
+    assert series.facts["planned_from"] == "the Trainer's max_steps"
     assert series.column("loss") == pytest.approx(module.train_losses, rel=1e-6)
     # optimizer.step(closure): the gradients of each step are the ones its own closure made, step 0's too
     assert series.column("grad_norm") == pytest.approx(module.grad_norms, rel=1e-4)

@@ -205,3 +205,83 @@ def test_the_process_is_left_as_found_also_when_the_loop_raises():
 
     assert not optimizer._global_optimizer_pre_hooks and not optimizer._global_optimizer_post_hooks
     assert not model._forward_pre_hooks
+
+
+# ---------------------------------------------------------------------------------- a scheduler's promise
+
+def _schedulers():
+    from torch.optim import lr_scheduler as L
+    from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
+
+    return {
+        "LambdaLR": lambda o: L.LambdaLR(o, lambda s: min(1.0, (s + 1) / 10)),
+        "MultiplicativeLR": lambda o: L.MultiplicativeLR(o, lambda s: 0.97),
+        "StepLR": lambda o: L.StepLR(o, 7, 0.5),
+        "MultiStepLR": lambda o: L.MultiStepLR(o, [5, 20], 0.3),
+        "ExponentialLR": lambda o: L.ExponentialLR(o, 0.95),
+        "CosineAnnealingLR": lambda o: L.CosineAnnealingLR(o, 15, 1e-4),
+        "LinearLR": lambda o: L.LinearLR(o, 0.1, 1.0, 8),
+        "OneCycleLR": lambda o: L.OneCycleLR(o, 0.01, total_steps=30),
+        "SequentialLR": lambda o: L.SequentialLR(o, [L.LinearLR(o, 0.1, 1.0, 5), L.CosineAnnealingLR(o, 20)], [5]),
+        "ChainedScheduler": lambda o: L.ChainedScheduler([L.ConstantLR(o, 0.5, 4), L.ExponentialLR(o, 0.9)]),
+        "CosineAnnealingWarmRestarts": lambda o: L.CosineAnnealingWarmRestarts(o, 6, 2),
+        "get_cosine_schedule_with_warmup": lambda o: get_cosine_schedule_with_warmup(o, 5, 30),
+        "get_linear_schedule_with_warmup": lambda o: get_linear_schedule_with_warmup(o, 5, 30),
+    }
+
+
+def _scheduled_run(make, steps: int = 30, per_step: int = 1):
+    """`steps` SGD steps on two param groups (different rates) with the scheduler `make` made, stepped
+    `per_step` times after each optimizer step; the rate each step used, and the series."""
+    model = nn.Linear(3, 3)
+    opt = torch.optim.SGD([{"params": model.weight}, {"params": model.bias, "lr": 5e-3}], lr=1e-2, momentum=0.9)
+    monitor, used = Monitor(), []
+    with watching(monitor):
+        scheduler = make(opt)
+        for _ in range(steps):
+            model(torch.randn(2, 3)).sum().backward()
+            used.append(max(group["lr"] for group in opt.param_groups))
+            opt.step()
+            opt.zero_grad()
+            for _ in range(per_step):
+                scheduler.step()
+    return used, monitor.finish("finished")
+
+
+@pytest.mark.parametrize("name", list(_schedulers()))
+def test_the_promise_is_the_rate_the_scheduler_sets_at_each_position(name):
+    used, series = _scheduled_run(_schedulers()[name])
+    (record,) = series.facts["schedulers"]  # a SequentialLR or ChainedScheduler in its children's place
+    assert record["watched"] and record["steps_called"] == 30
+    assert series.column("scheduler_steps") == list(range(30))
+    promise = record["promise"]
+    assert len(promise) >= 31 or "OneCycleLR" in name  # OneCycleLR raises past its total_steps
+    assert [promise[row.scheduler_steps] for row in series.steps] == pytest.approx(used, rel=1e-12)
+
+
+def test_a_scheduler_stepped_per_micro_batch_is_counted_each_time_and_projected_past_the_run():
+    make = _schedulers()["get_linear_schedule_with_warmup"]
+    used, series = _scheduled_run(lambda o: make(o), steps=20, per_step=4)
+    assert series.column("scheduler_steps") == [4 * i for i in range(20)]
+    (record,) = series.facts["schedulers"]
+    assert record["steps_called"] == 80 and len(record["promise"]) >= 78
+    assert [record["promise"][4 * i] for i in range(20)] == pytest.approx(used, rel=1e-12)
+
+
+def test_plateau_has_no_promise_and_an_epoch_argument_is_said():
+    from torch.optim import lr_scheduler as L
+
+    model = nn.Linear(3, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = Monitor()
+    with watching(monitor):
+        plateau, cosine = L.ReduceLROnPlateau(opt), L.CosineAnnealingWarmRestarts(opt, 10)
+        for i in range(12):
+            model(torch.randn(2, 3)).sum().backward()
+            opt.step()
+            plateau.step(1.0)
+            cosine.step(i + 0.5)
+    records = {r["name"]: r for r in monitor.finish("finished").facts["schedulers"]}
+    assert "promise" not in records["ReduceLROnPlateau"] and records["ReduceLROnPlateau"]["steps_called"] == 12
+    assert records["CosineAnnealingWarmRestarts"]["epoch_given"]
+    assert L.LRScheduler.step.__name__ == "step" and not hasattr(L.LRScheduler.step, "__wrapped__")  # hooks off

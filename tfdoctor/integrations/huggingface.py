@@ -61,7 +61,8 @@ class TfdoctorCallback(TrainerCallback):
         self.stopping = False
         self.live.start(f"Trainer {type(model).__name__}" if model is not None else "Trainer",
                         main=state.is_world_process_zero, max_steps=state.max_steps or None,
-                        schedulers=[lr_scheduler] if lr_scheduler is not None else [], step=state.global_step)
+                        schedulers=[lr_scheduler] if lr_scheduler is not None else [], step=state.global_step,
+                        planned_from="the Trainer's state.max_steps")
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.live.step_ended(state.global_step):

@@ -56,11 +56,12 @@ class TfdoctorCallback(Callback):
         self.stopping = False
         schedulers = [config.scheduler for config in getattr(trainer, "lr_scheduler_configs", [])]
         # the planned length: max_steps, else what max_epochs of the loader make (inf without either)
-        planned = trainer.max_steps if trainer.max_steps is not None and trainer.max_steps > 0 \
-            else trainer.estimated_stepping_batches
+        given = trainer.max_steps is not None and trainer.max_steps > 0
+        planned = trainer.max_steps if given else trainer.estimated_stepping_batches
         max_steps = int(planned) if math.isfinite(planned) else None
         self.live.start(f"Lightning {type(pl_module).__name__}", main=trainer.global_rank == 0,
-                        max_steps=max_steps, schedulers=schedulers, step=trainer.global_step)
+                        max_steps=max_steps, schedulers=schedulers, step=trainer.global_step,
+                        planned_from="the Trainer's max_steps" if given else "Lightning's estimated_stepping_batches")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         # called per batch, so per micro-batch under accumulate_grad_batches: LiveWatch judges once per

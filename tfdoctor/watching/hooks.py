@@ -79,7 +79,14 @@ def watching(monitor: Monitor) -> Iterator[Monitor]:
             patch(torch.amp.GradScaler, name, lambda original, n=name: _scaler(monitor, n, original))
         patch(dataloader.DataLoader, "__iter__", _tagged_iterator)
         patch(dataloader._BaseDataLoaderIter, "__next__", lambda original: _timed_next(monitor, original))
-        patch(lr_scheduler.LRScheduler, "__init__", lambda original: _scheduler_init(monitor, original))
+        # the schedulers torch makes without LRScheduler.__init__ (SequentialLR, ChainedScheduler,
+        # ReduceLROnPlateau) and those whose step() does not go through LRScheduler.step
+        making = [0]  # __init__s under way: the outermost one hands the finished scheduler over
+        for cls in _scheduler_classes(lr_scheduler.LRScheduler):
+            if "__init__" in cls.__dict__:
+                patch(cls, "__init__", lambda original: _scheduler_init(monitor, original, making))
+            if "step" in cls.__dict__:
+                patch(cls, "step", lambda original: _scheduler_step(monitor, original))
         # every module's calls until the first step tells which module is the model (monitor._bind)
         everything = register_module_forward_pre_hook(lambda module, args: monitor.forward_called(module, args, {}))
         handles += [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post), everything]
@@ -188,10 +195,45 @@ def _timed_next(monitor: Monitor, original: Callable) -> Callable:
     return __next__
 
 
-def _scheduler_init(monitor: Monitor, original: Callable) -> Callable:
+def _scheduler_init(monitor: Monitor, original: Callable, making: list) -> Callable:
     def __init__(scheduler, *args, **kwargs):
-        original(scheduler, *args, **kwargs)
-        monitor.scheduler_made(scheduler)
+        making[0] += 1
+        try:
+            original(scheduler, *args, **kwargs)
+        finally:
+            making[0] -= 1
+        if not making[0]:
+            monitor.scheduler_made(scheduler)
 
     __init__.__wrapped__ = original
     return __init__
+
+
+def _scheduler_step(monitor: Monitor, original: Callable) -> Callable:
+    from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+    def step(scheduler, *args, **kwargs):
+        if not monitor.scheduler_depth and not getattr(scheduler, "_is_initial", False):
+            positional = 1 if isinstance(scheduler, ReduceLROnPlateau) else 0  # its metric comes first
+            explicit = len(args) > positional or kwargs.get("epoch") is not None
+            monitor.scheduler_stepped(scheduler, explicit)
+        monitor.scheduler_depth += 1
+        try:
+            return original(scheduler, *args, **kwargs)
+        finally:
+            monitor.scheduler_depth -= 1
+
+    step.__wrapped__ = original
+    return step
+
+
+def _scheduler_classes(base: type) -> list[type]:
+    """`base` and every subclass of it defined so far (torch's, and any a library defined at import)."""
+    found, todo = [], [base]
+    while todo:
+        cls = todo.pop()
+        if cls not in found:
+            found.append(cls)
+            todo.extend(cls.__subclasses__())
+    return found
+

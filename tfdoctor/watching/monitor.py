@@ -28,6 +28,7 @@ import torch
 
 from tfdoctor.watching.resident import close_reader, rss_reader
 from tfdoctor.watching.fingerprints import TrainedRows, fingerprints
+from tfdoctor.watching.promise import Promise
 from tfdoctor.watching.series import EvalPoint, RunSeries, StepRow
 
 
@@ -47,10 +48,12 @@ class Monitor:
     is finalised (the live view, a callback's findings); `max_steps` / `max_time` stop the run."""
 
     def __init__(self, on_row: Optional[Callable[[StepRow], None]] = None, max_steps: Optional[int] = None,
-                 max_time: Optional[float] = None, stop: bool = True) -> None:
+                 max_time: Optional[float] = None, stop: bool = True, planned_from: Optional[str] = None) -> None:
         self.series = RunSeries()
         self.on_row = on_row
         self.max_steps, self.max_time, self.stop = max_steps, max_time, stop
+        # where max_steps comes from: --max-steps (watch stops the run there), or the framework's plan
+        self.planned_from = planned_from or ("--max-steps" if max_steps is not None else None)
         self.rss = rss_reader()
         self.started = self.last_close = time.perf_counter()
         self.stopped: Optional[str] = None  # "max-steps" | "max-time" once the stop was raised
@@ -73,7 +76,10 @@ class Monitor:
         self.loaders: dict[int, dict] = {}  # DataLoader id -> {facts, batches, wait, trains}
         self.training_loaders: set[int] = set()  # the loaders whose batches the model trained on
         self.last_loader: Optional[int] = None
-        self.schedulers: list[dict] = []
+        self.schedulers: list[dict] = []  # each scheduler's name and settings, as the facts carry them
+        self.scheduled: dict[int, dict] = {}  # id -> {scheduler, record, promise, calls, explicit}
+        self.scheduler_depth = 0  # inside a scheduler's step(): a SequentialLR's child steps are its own
+        self.position: Optional[int] = None  # step() calls of the scheduler driving the watched optimizer
         self.vocab: Optional[int] = None
         self._weights: dict = {}  # (row length, device) -> the fingerprint's random weights
         self.busy = False  # our own tensor work is not the loop's
@@ -196,6 +202,7 @@ class Monitor:
         if optimizer is not self.main:
             return False
         self.lrs = [float(group["lr"]) for group in optimizer.param_groups]
+        self.position = self._position_on(optimizer)
         self.group_norms = self._group_norms(optimizer)
         return True
 
@@ -204,6 +211,7 @@ class Monitor:
         now = time.perf_counter()
         if skipped:
             self.lrs = [float(group["lr"]) for group in self.main.param_groups] if self.main else []
+            self.position = self._position_on(self.main)
             self.group_norms = []
         trains = self.training_loaders  # before any is known (the first step), the latest loader's wait
         wait = sum(s for key, s in self.wait.items() if key in trains) if trains else self.wait.get(self.last_loader, 0.0)
@@ -211,7 +219,7 @@ class Monitor:
                   "skipped": skipped, "wall": now - self.last_close, "tokens": self.tokens, "wait": wait,
                   "batches": sum(self.loaders[key]["batches"] for key in trains),
                   "rss": self.rss(), "cuda": _cuda_memory(),
-                  "scale": None, "index": len(self.series) + (self.pending is not None)}
+                  "scale": None, "index": len(self.series) + (self.pending is not None), "position": self.position}
         self.last_close = now
         self._reset_step()
         self.unscaled = False
@@ -225,9 +233,45 @@ class Monitor:
             self.pending["scale"] = _scale_of(scaler)
 
     def scheduler_made(self, scheduler: Any) -> None:
-        settings = {k: v for k, v in vars(scheduler).items()
-                    if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("_")}
-        self.schedulers.append({"name": type(scheduler).__name__, **settings})
+        """A rate scheduler was made (or handed over by a callback): its settings, and a copy to project
+        its promise from. A SequentialLR / ChainedScheduler takes its children's place: they step
+        inside its step(), and its promise is theirs together."""
+        if id(scheduler) in self.scheduled:
+            return
+        self.busy = True
+        try:
+            for child in getattr(scheduler, "_schedulers", None) or ():
+                held = self.scheduled.pop(id(child), None)
+                if held is not None:
+                    self.schedulers.remove(held["record"])
+            settings = {k: v for k, v in vars(scheduler).items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool) and not k.startswith("_")}
+            record = {"name": type(scheduler).__name__, **settings}
+            self.schedulers.append(record)
+            self.scheduled[id(scheduler)] = {"scheduler": scheduler, "record": record, "promise": Promise(scheduler),
+                                             "calls": 0, "explicit": False}
+        finally:
+            self.busy = False
+
+    def scheduler_stepped(self, scheduler: Any, explicit: bool) -> None:
+        """The loop called scheduler.step() (not from inside another scheduler's step, nor a scheduler's
+        own first step in its __init__); `explicit`: with an epoch argument, which sets the position."""
+        if self.busy:  # our own projection's copies
+            return
+        held = self.scheduled.get(id(scheduler))
+        if held is None:  # made before the hooks, and not handed over
+            self.scheduler_made(scheduler)
+            held = self.scheduled[id(scheduler)]
+        held["calls"] += 1
+        held["explicit"] = held["explicit"] or explicit
+
+    def _position_on(self, optimizer) -> Optional[int]:
+        """The step() calls so far of the scheduler that drives `optimizer` (the newest one made on it)."""
+        driving = None
+        for held in self.scheduled.values():
+            if _driven(held["scheduler"]) is optimizer:
+                driving = held
+        return None if driving is None else driving["calls"]
 
     # ------------------------------------------------------------------ the series
 
@@ -254,7 +298,9 @@ class Monitor:
         facts = self.series.facts
         facts.update(ended=ended, seconds=time.perf_counter() - self.started, max_steps=self.max_steps,
                      vocab=self.vocab, schedulers=self.schedulers, scaler=self.scaler_seen,
-                     device=_device_of(self.main), dropout=_has_dropout(self.model))
+                     device=_device_of(self.main), dropout=_has_dropout(self.model),
+                     planned_steps=self.max_steps, planned_from=self.planned_from if self.max_steps else None)
+        self._promises()
         if self.refilled or self.trained.full:  # the eval-gap evidence is partial: say so
             facts["fingerprints"] = {"refilled_rows": self.refilled, "trained_rows_kept": self.trained.count,
                                      "full": self.trained.full}
@@ -265,6 +311,28 @@ class Monitor:
         if trains:
             facts["loader"] = max(trains, key=lambda held: held["batches"])["facts"]
         return self.series
+
+    def _promises(self) -> None:
+        """Each scheduler's record says how often the loop stepped it and whether it drives the watched
+        optimizer; the one that does carries its promise, projected as far as the judge needs: past
+        every position the run used, and to twice the planned length (lr-trajectory looks there for
+        where the schedule ends)."""
+        positions = [row.scheduler_steps for row in self.series.steps if row.scheduler_steps is not None]
+        planned = self.max_steps or len(self.series)
+        horizon = max(max(positions, default=0) + 2, 2 * planned)
+        self.busy = True
+        try:
+            for held in self.scheduled.values():
+                record = held["record"]
+                record.update(steps_called=held["calls"], epoch_given=held["explicit"],
+                              watched=self.main is not None and _driven(held["scheduler"]) is self.main)
+                rates = held["promise"].extend(horizon) if record["watched"] else []
+                if rates:
+                    record["promise"] = list(rates)
+                if record["watched"] and held["promise"].ended:
+                    record["promise_ended"] = held["promise"].ended
+        finally:
+            self.busy = False
 
     def _finalise(self, closed: dict) -> None:
         self._close_eval()
@@ -285,7 +353,7 @@ class Monitor:
                       micro_losses=finite, grad_norm=norm, group_norms=groups, lrs=closed["lrs"],
                       scale=_number(closed["scale"]), skipped=closed["skipped"], wall=closed["wall"], data_wait=closed["wait"],
                       tokens=closed["tokens"] or None, rss=closed["rss"], cuda_allocated=allocated,
-                      cuda_reserved=reserved, batches=closed["batches"])
+                      cuda_reserved=reserved, batches=closed["batches"], scheduler_steps=closed["position"])
         if self.row_bytes is None:
             self.row_bytes = _deep_size(row)
         row.own_bytes = (len(self.series.steps) + 1) * self.row_bytes + 8 * self.trained.count
@@ -400,6 +468,14 @@ def _deep_size(row: StepRow) -> int:
     return size
 
 
+def _driven(scheduler) -> Any:
+    """The torch optimizer a scheduler sets the rates of: the one inside an accelerate
+    AcceleratedOptimizer (the Hugging Face Trainer's), whose steps the hooks see."""
+    optimizer = getattr(scheduler, "optimizer", None)
+    inner = getattr(optimizer, "optimizer", None)
+    return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
+
+
 def _count(optimizer) -> int:
     return sum(p.numel() for group in optimizer.param_groups for p in group["params"])
 
@@ -440,9 +516,13 @@ def _loader_facts(loader) -> dict:
 
     sampler = getattr(loader, "_index_sampler", None)
     batch_size = read("batch_size")
+    try:  # batches per epoch, for the planned length and a scheduler stepped per epoch
+        length = len(loader)
+    except TypeError:  # an IterableDataset without __len__
+        length = None
     return {"num_workers": int(read("num_workers", 0) or 0), "pin_memory": bool(read("pin_memory", False)),
             "batch_size": batch_size if batch_size is not None else getattr(sampler, "batch_size", None),
-            "name": type(loader).__name__}
+            "name": type(loader).__name__, "batches_per_epoch": length}
 
 
 def _cuda_memory() -> tuple[Optional[int], Optional[int]]:

@@ -33,6 +33,9 @@ class StepRow:
     cuda_reserved: Optional[int] = None
     batches: int = 0  # DataLoader batches drawn so far (the batch this step ended on)
     own_bytes: Optional[int] = None  # what the monitor's own records held then (part of rss)
+    # scheduler.step() calls made so far on the scheduler driving the optimizer: the position in its
+    # promise (facts["schedulers"][i]["promise"]) that this step's rate should come from
+    scheduler_steps: Optional[int] = None
 
 
 @dataclass
@@ -54,7 +57,11 @@ class RunSeries:
     # exit | raised), "loader" ({num_workers, pin_memory, batch_size} of the training DataLoader),
     # "device" ("cpu", "cuda:0"), "schedulers" ([{name, ...settings}]), "amp" ({dtype, scaler}),
     # "dropout" (whether the trained model holds active dropout), "max_steps", "seconds", "param_groups"
-    # ([{parameters, weight_decay}] of the watched optimizer's groups, in the order of the rows' lrs).
+    # ([{parameters, weight_decay}] of the watched optimizer's groups, in the order of the rows' lrs),
+    # "planned_steps" (the run's planned optimizer steps, where known) and "planned_from" (where that
+    # number came from: --max-steps, the Trainer's max_steps, Lightning's estimated_stepping_batches).
+    # A scheduler's entry also says "steps_called", "watched" (it drives the watched optimizer) and,
+    # where watched, "promise": the rate it gives after k of its step() calls, k = 0, 1, ...
     facts: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ reading
