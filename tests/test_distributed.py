@@ -148,3 +148,17 @@ def test_one_epoch_seen_leaves_the_epoch_order_unjudged_and_says_so():
     assert done.returncode == 0, done.stderr
     (check,) = json.loads(done.stdout)["checks"]
     assert check["status"] == "pass" and "epoch order was not judged: one epoch seen" in check["message"]
+
+
+def test_a_forward_that_communicates_skips_the_model_checks_and_judges_the_ranks():
+    # issue 29: tensor parallelism written by hand (all_reduce inside the forward); probing the model on
+    # rank 0 alone waited for the other rank until the budget ran out
+    done = run("--nproc", "2", f"{SCRIPTS}/tp_correct.py", "--timeout", "240", "--format", "json")
+    assert done.code == 0, done.stderr[-2000:]
+    checks = done.checks
+    assert checks["future-leak"]["status"] == "skip"
+    assert "forward issues collectives (dist.all_reduce" in checks["future-leak"]["message"]
+    assert "tp_correct.py:" in checks["future-leak"]["message"]
+    assert checks["rank-data"]["status"] == "pass" and "tensor-parallel" in checks["rank-data"]["message"]
+    assert checks["rank-sync"]["status"] == "pass" and checks["rank-sync"]["details"]["tensors_compared"] >= 2
+    assert checks["objective"]["status"] == "pass"  # the loop checks still judge the recorded trace

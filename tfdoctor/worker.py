@@ -109,6 +109,7 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
     returns False on the other ranks, which then only wait for rank 0's exit code."""
     import torch
 
+    from tfdoctor.recording.collectives import communicating_reason
     from tfdoctor.recording.discovery import discover, subject_of
     from tfdoctor.recording.models import unwrap
     from tfdoctor.recording.script import ScriptError, record_script
@@ -135,6 +136,12 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
     if session is not None:
         facts["world_size"] = session.world.size
     subject = subject_of(run, facts, request.get("fields", {}))
+    if uncopied is None and run.recorder.forward_collectives:  # probing it alone would wait for the other ranks
+        uncopied = communicating_reason(run.recorder.forward_collectives)
+        absent["model"] = uncopied
+        facts.setdefault("notes", []).append(uncopied)
+        subject = dataclasses.replace(subject, model=TraceOnly(subject.vocab_size or run.recorder.vocab,
+                                                               unwrap(run.recorder.bound)), forward=None, packing=None)
     unreadable = None if uncopied is not None else _unreadable_output(subject)
     if unreadable is not None:  # only the model checks need the logits; the loop checks judge the trace
         stand_in = TraceOnly(subject.vocab_size or run.recorder.vocab, unwrap(run.recorder.bound))

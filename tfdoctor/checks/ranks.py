@@ -13,7 +13,7 @@ import math
 from collections import Counter
 
 from tfdoctor.registry import check
-from tfdoctor.result import Result
+from tfdoctor.result import Result, counted
 
 # rank-data: two different shuffles of N indices share their first m indices with chance ~1/N^m; an
 # iteration whose epoch value changed is called a replay only when at least this many agree (one
@@ -146,6 +146,11 @@ def rank_data(subject, trace) -> Result:
         hint = ("give the DataLoader a DistributedSampler, which hands each rank its own shard: "
                 "DataLoader(dataset, sampler=DistributedSampler(dataset), batch_size=...) (and no shuffle=True "
                 "on the loader), with sampler.set_epoch(epoch) before each epoch")
+        if getattr(trace, "forward_collectives", None) and len(ranks) == len(digests):
+            # measured: the model's forward communicates, so these are the tensor-parallel ranks of one replica
+            details["forward_collectives"] = dict(trace.forward_collectives)
+            return Result.passed(f"{message}, as the tensor-parallel ranks of one replica must: the model's forward "
+                                 f"communicates ({', '.join(trace.forward_collectives)})", details)
         if _maybe_tensor_parallel(digests):  # tensor-parallel ranks of one data-parallel replica share batches
             return Result.warned(f"{message}: expected only for tensor-parallel ranks of one replica", hint, details)
         return Result.failed(f"{message}: {len(digests)} ranks do the work of one", hint, details)
@@ -215,6 +220,10 @@ def rank_sync(subject, trace) -> Result:
         return Result.skipped(f"no optimizer step was recorded on {_ranks(missing)}")
     base = digests[0]
     compared, sharded, first = 0, set(), None
+    # A forward that communicates (tensor parallelism) shards some tensors by hand: those that differ
+    # from the start are its shards; the replicated ones must still start and stay equal.
+    by_hand = bool(getattr(trace, "forward_collectives", None))
+    shards: set = set()
     for o, held in enumerate(base["params"]):
         for other in digests[1:]:
             theirs = other["params"][o] if o < len(other["params"]) else None
@@ -228,11 +237,15 @@ def rank_sync(subject, trace) -> Result:
             for s in range(states):
                 apart = []
                 for i, name in enumerate(held["names"]):
-                    if held["sharded"][i] or theirs["sharded"][i]:
+                    if held["sharded"][i] or theirs["sharded"][i] or name in shards:
                         sharded.add(name)
                         continue
                     a, b = held["states"][s][i], theirs["states"][s][i]
                     if a is None or b is None:
+                        sharded.add(name)
+                        continue
+                    if by_hand and s == 0 and _differs(a, b, held["numel"][i]):
+                        shards.add(name)
                         sharded.add(name)
                         continue
                     compared += s == 0 and other is digests[1]
@@ -251,9 +264,19 @@ def rank_sync(subject, trace) -> Result:
         return Result.skipped(f"every parameter is sharded ({len(sharded)} tensors, FSDP / DTensor): each rank "
                               "holds its own shard by design", details)
     if first is None:
-        note = f"; {len(sharded)} sharded tensors not compared" if sharded else ""
+        note = (f"; {len(sharded)} tensors not compared: the tensor-parallel shards, which differ from the start "
+                "by design (the model's forward communicates)" if shards else
+                f"; {len(sharded)} sharded tensors not compared" if sharded else "")
         return Result.passed(f"the weights are identical on {_all(len(digests))} ranks at the start and after each of "
                              f"{steps} optimizer steps ({compared} tensors compared){note}", details)
+    if by_hand:  # a shard that started equal (a zero bias) cannot be told from a replicated weight drifting
+        parted = sorted({name for name, _, _ in first["apart"]})
+        details.update(parted_after_start=parted[:20], first_step=first["state"])
+        return Result.passed(
+            f"the replicated weights are identical on {_all(len(digests))} ranks at the start ({compared} tensors "
+            f"compared; {len(shards)} tensor-parallel shards differ by design); {counted(len(parted), 'tensor')} that "
+            f"started equal parted after step {first['state']} ({', '.join(parted[:4])}): zero-initialised shards, or "
+            "replicated weights whose gradient is not summed over the ranks; the two are not told apart", details)
     apart = sorted(first["apart"], key=lambda item: -item[1])
     names = [name for name, _, _ in apart]
     drift = apart[0][1]

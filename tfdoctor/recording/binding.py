@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from tfdoctor.recording.collectives import watching_collectives
 from tfdoctor.recording.grads import params_of
 from tfdoctor.recording.models import lightning_module_on_stack, redirected, unwrap
 from tfdoctor.recording.objects import find_eos_ids, find_tokenizers, script_objects
@@ -80,6 +81,7 @@ class ScriptRecorder(Recorder):
         self.bound: Optional[torch.nn.Module] = None
         self.top: dict[int, torch.nn.Module] = {}  # top-level modules called with trainable parameters
         self.depth = 0
+        self.forward_collectives: dict[str, str] = {}  # collectives called inside a forward -> the user's line
         self.loaded: dict[int, str] = {}  # id(module) -> where load_state_dict was called on it
         self.snapshot: Optional[torch.nn.Module] = None
         self.uncopied: Optional[str] = None  # why there is no snapshot (a sharded model): model checks skip
@@ -521,7 +523,8 @@ class ScriptRecorder(Recorder):
             module_cls.load_state_dict = load_state_dict
             torch.optim.Optimizer.__init__ = init_optimizer
             try:
-                with recorder.installed(None), pretrained_loads(recorder.loaded):
+                with recorder.installed(None), pretrained_loads(recorder.loaded), \
+                        watching_collectives(lambda: recorder.depth > 0, recorder.forward_collectives):
                     yield
             finally:
                 module_cls.__call__ = call_original

@@ -117,6 +117,7 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
     trace = finish(recorder, caught)
     if session is not None and session.digests:
         trace.ranks = list(session.digests)
+    trace.forward_collectives = dict(recorder.forward_collectives)  # tensor parallelism: read by the rank checks
     # The script feeds itself: its micro-batches are the forwards of its model under grad mode.
     trace.batches_fed = sum(1 for e in trace.events if e.kind == "forward" and e.data.get("grad", True))
     run = ScriptRun(trace, recorder, name, seconds, ended, steps, error, session=session)

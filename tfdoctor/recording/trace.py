@@ -47,6 +47,9 @@ class Trace:
     # A distributed run (torchrun): every rank's digest of what it did (see recording/ranks.py), rank 0
     # first, gathered to rank 0 at the stop point (recording/distributed.py); empty in one process.
     ranks: list = field(default_factory=list)
+    # torch.distributed collectives the model's own forward called (tensor parallelism), name -> the
+    # user's line: the model runs only with every rank taking part (recording/collectives.py).
+    forward_collectives: dict = field(default_factory=dict)
     # The first optimizer steps' effect on the low-precision weights they hold (recording/stale.py
     # UpdateWatch): per step, per tensor with a gradient, its elements graded and left unchanged.
     updates: list = field(default_factory=list)
