@@ -141,5 +141,6 @@ PLANTED = {
     "lr-trajectory": ([(watch("lr_zero_halfway"), "fail")], [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
     "data-wait": ([(watch("slow_loader"), "warn")], [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
     "memory-growth": ([(watch("leaky_total_loss"), "fail")], [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
-    "eval-gap": ([(watch("eval_on_train"), "fail")], [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
+    "eval-gap": ([(watch("eval_on_train"), "fail"), (watch("val_copied"), "fail")],
+                 [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass"), (watch("nanogpt_splits"), "pass")]),
 }

@@ -59,7 +59,10 @@ class TfdoctorCallback(Callback):
             else trainer.estimated_stepping_batches
         max_steps = int(planned) if math.isfinite(planned) else None
         self.live.start(f"Lightning {type(pl_module).__name__}", main=trainer.global_rank == 0,
-                        max_steps=max_steps, schedulers=schedulers, step=trainer.global_step)
+                        max_steps=max_steps, schedulers=schedulers, step=trainer.global_step,
+                        # self.log(..., on_epoch=True) averages a validation epoch weighted by each batch's
+                        # size (its mean metric sums value * batch_size over cumulated_batch_size)
+                        weighting="rows")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         # called per batch, so per micro-batch under accumulate_grad_batches: LiveWatch judges once per

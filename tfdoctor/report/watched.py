@@ -25,8 +25,7 @@ def watched_lines(report) -> list[Text]:
     losses = _finite(series.get("loss", []))
     if losses:
         lines.append(f"loss {_median(losses[:ENDS]):.4g} at the start, {_median(losses[-ENDS:]):.4g} at the end"
-                     + (f", best eval {min(_finite(evals.get('loss', []))):.4g} ({len(evals['loss'])} evaluations)"
-                        if _finite(evals.get("loss", [])) else ", no evaluation seen"))
+                     + _evaluations(evals))
     norms = _finite(series.get("grad_norm", []))
     rates = [lrs[0] for lrs in series.get("lrs", []) if lrs]
     if norms or rates:
@@ -45,6 +44,21 @@ def watched_lines(report) -> list[Text]:
         lines.append(", ".join(filter(None, [f"RSS peak {max(rss) / 2 ** 20:,.0f} MiB" if rss else "",
                                              f"CUDA allocated peak {max(cuda) / 2 ** 20:,.0f} MiB" if cuda else ""])))
     return [Text.assemble(("watched    " if i == 0 else "           ", "evidence"), line) for i, line in enumerate(lines)]
+
+
+def _evaluations(evals: dict) -> str:
+    """The script's evaluation (its held-out source), and a training-split estimate beside it, labelled
+    as one: nanoGPT's estimate_loss prints both, and only the val split is the evaluation."""
+    from tfdoctor.watching.series import RunSeries
+
+    series = RunSeries.from_dict({"evals": evals})
+    said = []
+    for points, name in ((series.evaluation(), "evaluation"), (series.training_split(), "train-split estimate")):
+        losses = _finite(point.loss for point in points)
+        if losses:
+            said.append(f"{name} {losses[-1]:.4g} at the end, best {min(losses):.4g} ({len(points)} at "
+                        f"{points[0].source})")
+    return "; " + "; ".join(said) if said else ", no evaluation seen"
 
 
 def _ended(ended) -> str:
