@@ -466,6 +466,11 @@ def test_nanogpt_estimate_loss_is_two_sources_and_the_evaluation_is_its_val_loss
     result = report["eval-gap"]
     assert result.status == Status.PASS
     assert "train-split estimate" in result.message and result.details["leak_share"] == 0.0
+    from tfdoctor.report.watched import watched_lines
+
+    header = " ".join(line.plain for line in watched_lines(report))
+    assert f"evaluation {evaluation[-1].loss:.4g} at the end" in header  # the val split, as printed
+    assert f"train-split estimate {estimate[-1].loss:.4g} at the end" in header
 
 
 def test_val_copied_fails_naming_the_source_and_its_share(watch_audit):

@@ -24,8 +24,11 @@ def watched_lines(report) -> list[Text]:
         lines.append(f"the script ended with {found['error']}")
     losses = _finite(series.get("loss", []))
     if losses:
+        evaluations = _evaluations(evals)
         lines.append(f"loss {_median(losses[:ENDS]):.4g} at the start, {_median(losses[-ENDS:]):.4g} at the end"
-                     + _evaluations(evals))
+                     + ("" if evaluations else ", no evaluation seen"))
+        if evaluations:
+            lines.append(evaluations)
     norms = _finite(series.get("grad_norm", []))
     rates = [lrs[0] for lrs in series.get("lrs", []) if lrs]
     if norms or rates:
@@ -48,7 +51,7 @@ def watched_lines(report) -> list[Text]:
 
 def _evaluations(evals: dict) -> str:
     """The script's evaluation (its held-out source), and a training-split estimate beside it, labelled
-    as one: nanoGPT's estimate_loss prints both, and only the val split is the evaluation."""
+    as one: nanoGPT's estimate_loss prints both, and only the val split is the evaluation. "" if none."""
     from tfdoctor.watching.series import RunSeries
 
     series = RunSeries.from_dict({"evals": evals})
@@ -58,7 +61,7 @@ def _evaluations(evals: dict) -> str:
         if losses:
             said.append(f"{name} {losses[-1]:.4g} at the end, best {min(losses):.4g} ({len(points)} at "
                         f"{points[0].source})")
-    return "; " + "; ".join(said) if said else ", no evaluation seen"
+    return "; ".join(said)
 
 
 def _ended(ended) -> str:

@@ -129,7 +129,9 @@ class Monitor:
 
     def _eval_called(self, mean: torch.Tensor, target: Any, ignore_index: int) -> None:
         """An evaluation loss: kept with what tells its source (call site, DataLoader, rows) and its
-        weights (rows, target tokens); only evaluation calls pay for the call-site walk (~XX us)."""
+        weights (rows, target tokens). Only evaluation calls pay for the call-site walk: measured 2.5 us
+        with the loss at the stack's top, 6 us under 20 more frames, 14 us under 60 (a Trainer's eval
+        runs ~40 deep), against the eval forward of even a tiny model (~1 ms for TinyLM's batch of 32)."""
         if not self.eval_calls:  # the steps done when this evaluation began
             self.eval_at = len(self.series) + (self.pending is not None)
         tokens = None
@@ -352,22 +354,28 @@ class Monitor:
         self.evaluations.append((self.eval_at, calls, prints))
         self.eval_calls, self.eval_prints = [], []
         self._hash_trained()
-        self.series.evals += self._points(*self.evaluations[-1])
+        self._count_trained(calls, prints)
+        self._sources()
 
     def _resolve_eval_rows(self) -> None:
         """Every evaluation's sources again, against all the rows trained so far: a row is trained on
         whenever the run trained on it, before or after the evaluation."""
         self._hash_trained()
-        self.series.evals[:] = [point for evaluation in self.evaluations for point in self._points(*evaluation)]
+        for _, calls, prints in self.evaluations:
+            self._count_trained(calls, prints)
+        self._sources()
 
-    def _points(self, step: int, calls: list[EvalCall], prints: list) -> list:
+    def _count_trained(self, calls: list[EvalCall], prints: list) -> None:
         seen = [p for p in prints if p is not None]
         if seen:
             trained = self.trained.members(torch.cat(seen))
             for call, rows in zip([c for c, p in zip(calls, prints) if p is not None],
                                   torch.split(trained, [p.numel() for p in seen])):
                 call.trained = int(rows.sum())
-        return eval_points(step, calls, self.training_loaders, self.weighting)
+
+    def _sources(self) -> None:
+        self.series.evals[:] = eval_points([(step, calls) for step, calls, _ in self.evaluations],
+                                           self.training_loaders, self.weighting)
 
     # ------------------------------------------------------------------ helpers
 
