@@ -147,5 +147,6 @@ PLANTED = {
     "data-wait": ([(watch("slow_loader"), "warn")], [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
     "memory-growth": ([(watch("leaky_total_loss"), "fail"), (watch("slow_leak"), "fail")],
                       [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass"), (watch("healthy_stairs"), "pass")]),
-    "eval-gap": ([(watch("eval_on_train"), "fail")], [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass")]),
+    "eval-gap": ([(watch("eval_on_train"), "fail"), (watch("val_copied"), "fail")],
+                 [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass"), (watch("nanogpt_splits"), "pass")]),
 }

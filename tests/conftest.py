@@ -96,7 +96,7 @@ def rank_digests(tmp_path_factory):
 def watch_audit(tmp_path_factory):
     """audit(name, *args): the Report of a watched run of fixtures/watch/NAME.py with ARGS (the command,
     --format json), made once per session whichever worker asks first.
-    `RunSeries.from_dict(report.series)` is the run's series."""
+    `RunSeries.from_dict(report.series)` is the run's series, `report.script_output` what it printed."""
     folder, cache = _session_folder(tmp_path_factory), {}
 
     def audit(name: str, *args: str):
@@ -119,8 +119,10 @@ def watched(name: str, *args: str):
     done = tfdoctor("watch", f"fixtures/watch/{name}.py", "--format", "json", *(("--", *args) if args else ()))
     assert done.code in (0, 1), done.stderr[-3000:]
     data = json.loads(done.stdout)
-    return Report(data["target"], [Result.from_dict(check) for check in data["checks"]],
-                  discovered=data.get("discovered", {}), series=data["series"])
+    report = Report(data["target"], [Result.from_dict(check) for check in data["checks"]],
+                    discovered=data.get("discovered", {}), series=data["series"])
+    report.script_output = done.stderr  # what the script printed (watch passes it to stderr)
+    return report
 
 
 @pytest.fixture(scope="session")

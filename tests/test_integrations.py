@@ -155,7 +155,7 @@ def hf_trainer(tmp_path, callback, max_steps=100, accumulation=1, lr=3e-3, fail_
                              save_strategy="no", disable_tqdm=True)
     return Trainer(model=GPT2LMHeadModel(config), args=args, callbacks=[callback] if callback is not None else [],
                    train_dataset=Rows(watchlm.corpus(2048, seed=1), fail_after),
-                   eval_dataset=Rows(watchlm.corpus(64, seed=2)))
+                   eval_dataset=Rows(watchlm.corpus(70, seed=2)))  # 32 + 32 + a short last batch of 6
 
 
 def hf_run(tmp_path_factory, **options):
@@ -220,10 +220,15 @@ def test_trainer_healthy_run_is_quiet_and_its_evaluations_recorded(hf_healthy):
     series = RunSeries.from_dict(report.series)
     assert series.facts["ended"] == "finished"
     evals = {entry["step"]: entry["eval_loss"] for entry in trainer.state.log_history if "eval_loss" in entry}
-    assert [point.step for point in series.evals] == sorted(evals) == [20, 40, 60, 80, 100]
-    for point in series.evals:
-        assert point.loss == pytest.approx(evals[point.step], rel=1e-4)
-        assert point.rows == 64 and point.trained_rows == 0  # held-out rows, fingerprinted
+    evaluation = series.evaluation()
+    assert evaluation == series.evals  # one source: the eval_dataset, held out
+    assert [point.step for point in evaluation] == sorted(evals) == [20, 40, 60, 80, 100]
+    for point in evaluation:
+        # the Trainer's own eval_loss to float rounding: a mean over rows, the short last batch (6 of 70
+        # rows) weighing 6 rows; one batch one vote would read (32, 32, 6) as thirds
+        assert point.loss == pytest.approx(evals[point.step], rel=1e-6)
+        assert point.weighting == "rows" and point.calls == 3 and point.split == "held-out"
+        assert point.rows == 70 and point.trained_rows == 0  # held-out rows, fingerprinted
 
 
 def test_trainer_report_written_in_the_suffix_format(tmp_path):

@@ -285,3 +285,141 @@ def test_plateau_has_no_promise_and_an_epoch_argument_is_said():
     assert "promise" not in records["ReduceLROnPlateau"] and records["ReduceLROnPlateau"]["steps_called"] == 12
     assert records["CosineAnnealingWarmRestarts"]["epoch_given"]
     assert L.LRScheduler.step.__name__ == "step" and not hasattr(L.LRScheduler.step, "__wrapped__")  # hooks off
+
+
+# ---------------------------------------------------------------------------------- evaluation sources
+
+def evaluate_splits(model, splits: dict, iters: int = 6):
+    """nanoGPT's estimate_loss: every split's losses computed at the same line, their plain mean each."""
+    out = {}
+    model.eval()
+    with torch.no_grad():
+        for split, rows in splits.items():
+            losses = torch.zeros(iters)
+            for k in range(iters):
+                x = rows[torch.randint(len(rows), (4,))]
+                losses[k] = lm_loss(model, x).item()
+            out[split] = losses.mean().item()
+    model.train()
+    return out
+
+
+def test_two_splits_at_one_line_are_two_sources_and_the_held_out_one_is_the_evaluation():
+    model, g = tiny(), torch.Generator().manual_seed(7)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train, val = batch(g, rows=8), batch(g, rows=8)
+    printed = []
+    monitor = Monitor()
+    with watching(monitor):
+        for step in range(40):
+            opt.zero_grad()
+            lm_loss(model, train[torch.randint(8, (4,))]).backward()
+            opt.step()
+            if step % 20 == 19:
+                printed.append(evaluate_splits(model, {"train": train, "val": val}))
+    series = monitor.finish("finished")
+    assert [(p.step, p.split) for p in series.evals] == [(20, "training-split"), (20, "held-out"),
+                                                         (40, "training-split"), (40, "held-out")]
+    site = series.evals[0].source.split("#")[0]
+    assert site.startswith("test_monitor.py:") and [p.source for p in series.evals[:2]] == [site + "#1", site + "#2"]
+    assert [p.loss for p in series.evaluation()] == pytest.approx([out["val"] for out in printed], rel=1e-6)
+    assert [p.loss for p in series.training_split()] == pytest.approx([out["train"] for out in printed], rel=1e-6)
+
+
+def test_a_pass_over_each_data_loader_is_a_source_of_its_own():
+    from torch.utils.data import TensorDataset
+
+    model, g = tiny(), torch.Generator().manual_seed(8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    train = DataLoader(TensorDataset(batch(g, rows=16)), batch_size=4)
+    val, test = (DataLoader(TensorDataset(batch(g, rows=8)), batch_size=4) for _ in range(2))
+
+    def evaluate(loader):
+        with torch.no_grad():
+            return [lm_loss(model, x).item() for (x,) in loader]
+
+    monitor = Monitor()
+    with watching(monitor):
+        for (x,) in train:
+            opt.zero_grad()
+            lm_loss(model, x).backward()
+            opt.step()
+        seen = {name: evaluate(loader) for name, loader in (("train", train), ("val", val), ("test", test))}
+    series = monitor.finish("finished")
+    assert [p.split for p in series.evals] == ["training-split", "held-out", "held-out"]
+    assert len({p.source for p in series.evals}) == 3  # one call site, three passes
+    for point, losses in zip(series.evals, seen.values()):
+        assert point.loss == pytest.approx(sum(losses) / len(losses), rel=1e-6)
+    assert series.evaluation() == [series.evals[1]]  # the first held-out pass
+
+
+@pytest.mark.parametrize("weighting", ["calls", "rows", "tokens"])
+def test_an_evaluation_is_averaged_as_the_loop_averages_it(weighting):
+    """Batches of 4, 4 and a short 1, some targets ignored: each weighting as its loop forms it."""
+    model, g = tiny(), torch.Generator().manual_seed(9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    held = batch(g, rows=9)
+    targets = held.clone()
+    targets[:, :2] = -100  # prompt tokens: not counted
+    targets[8, :5] = -100  # the short batch's row counts one token only
+    monitor = Monitor(weighting=weighting)
+    with watching(monitor):
+        opt.zero_grad()
+        lm_loss(model, batch(g)).backward()
+        opt.step()
+        with torch.no_grad():
+            calls = [(F.cross_entropy(model(held[i:i + 4]).reshape(-1, V), targets[i:i + 4].reshape(-1)).item(),
+                      len(held[i:i + 4]), int((targets[i:i + 4] != -100).sum())) for i in (0, 4, 8)]
+    (point,) = monitor.finish("finished").evals
+    by = {"calls": [(loss, 1) for loss, _, _ in calls], "rows": [(loss, n) for loss, n, _ in calls],
+          "tokens": [(loss, t) for loss, _, t in calls]}
+    means = {name: sum(v * w for v, w in pairs) / sum(w for _, w in pairs) for name, pairs in by.items()}
+    assert point.weighting == weighting and point.loss == pytest.approx(means[weighting], rel=1e-6)
+    assert (point.rows, point.tokens) == (9, 8 * 4 + 1)
+    assert point.row_weighted == pytest.approx(means["rows"], rel=1e-6)
+    assert point.token_weighted == pytest.approx(means["tokens"], rel=1e-6)
+    assert len({round(m, 6) for m in means.values()}) == 3  # the three differ here
+
+
+def test_evaluation_points_keep_their_source_through_json():
+    from tfdoctor.watching.series import EvalPoint, RunSeries
+
+    series = RunSeries(evals=[EvalPoint(0, 2.5, rows=8, trained_rows=7, calls=2, source="t.py:3#1",
+                                        split="training-split", weighting="rows", tokens=40, row_weighted=2.5,
+                                        token_weighted=2.4),
+                              EvalPoint(0, 2.9, rows=8, source="t.py:3#2", split="held-out")])
+    back = RunSeries.from_dict(series.to_dict())
+    assert back.evals[0] == series.evals[0]
+    assert back.evals[1].split == "held-out" and math.isnan(back.evals[1].token_weighted)
+    assert back.evaluation() == [back.evals[1]] and back.training_split() == [back.evals[0]]
+    old = RunSeries.from_dict({"evals": {"step": [5], "loss": [2.0], "rows": [4]}})  # before sources
+    assert old.evals[0].split == "unknown" and old.evaluation() == old.evals
+
+
+def test_a_pass_is_cut_only_where_the_trained_share_changes_beyond_chance():
+    from tfdoctor.watching.sources import EvalCall, eval_points
+
+    def calls(trained):
+        return [EvalCall(1.0, "t.py:3", None, rows=16, trained=t) for t in trained]
+
+    two = eval_points([(0, calls([15, 14, 16, 15, 0, 0, 1, 0]))], set())
+    assert [(p.calls, p.split) for p in two] == [(4, "training-split"), (4, "held-out")]
+    leaked = eval_points([(0, calls([14, 13, 15, 16, 12, 14, 15, 14]))], set())  # shuffled leak: no change
+    assert [(p.calls, p.split, p.trained_rows) for p in leaked] == [(8, "held-out", 113)]
+    unseen = eval_points([(0, [EvalCall(1.0, "t.py:3", None)] * 3)], set())  # no rows fingerprinted
+    assert [(p.calls, p.split) for p in unseen] == [(3, "unknown")]
+
+
+def test_a_small_share_is_cut_where_the_evaluations_pooled_say():
+    """nanoGPT early in a run: ~3% of the train split's rows trained on, calls with none among them (the
+    last ones here); each evaluation alone is cut too early, all of them pooled call by call at 4."""
+    from tfdoctor.watching.sources import EvalCall, eval_points
+
+    def calls(trained):
+        return [EvalCall(1.0, "t.py:3", None, rows=64, trained=t) for t in trained]
+
+    evaluations = [(0, calls([2, 3, 2, 0, 0, 0, 0, 0])), (100, calls([3, 2, 0, 2, 0, 0, 0, 0])),
+                   (200, calls([0, 2, 3, 0, 0, 0, 0, 0])), (300, calls([3, 3, 3, 0, 0, 0, 0, 0]))]
+    points = eval_points(evaluations, set())
+    assert [(p.step, p.calls, p.split) for p in points] == [
+        (step, 4, split) for step in (0, 100, 200, 300) for split in ("training-split", "held-out")]

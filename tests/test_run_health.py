@@ -4,6 +4,7 @@ memory-growth and eval-gap. Edge cases on RunSeries built here from numbers the 
 bad fixture in fixtures/watch/ (right status, right step) and quiet on the healthy runs."""
 
 import math
+import re
 
 import pytest
 
@@ -444,39 +445,75 @@ def trained(n: int = 300, evals=(), dropout: bool = False) -> RunSeries:
     return RunSeries(rows(n, loss=loss), list(evals), facts={"dropout": dropout})
 
 
+def held_out(step, loss, rows=128, trained=0, source="train.py:40#1"):
+    return EvalPoint(step, loss, rows=rows, trained_rows=trained, source=source, split="held-out")
+
+
+def train_split(step, loss, rows=320, trained=290, source="train.py:40#1"):
+    return EvalPoint(step, loss, rows=rows, trained_rows=trained, source=source, split="training-split")
+
+
+def healthy_eval(s):
+    return 1.8 + (math.log(64) - 1.8) * math.exp(-s / 60) + 0.1
+
+
 def test_eval_held_out_and_above_training_passes():
-    series = trained(evals=[EvalPoint(s, 1.8 + (math.log(64) - 1.8) * math.exp(-s / 60) + 0.1, rows=128)
-                            for s in (50, 100, 150, 200, 250, 300)])
+    series = trained(evals=[held_out(s, healthy_eval(s)) for s in (50, 100, 150, 200, 250, 300)])
     result = judge(series, "eval-gap")
     assert result.status == Status.PASS, result.message
+    assert "none of the 768 rows of the held-out evaluation train.py:40#1" in result.message
 
 
 def test_eval_on_trained_rows_fails_at_the_first_evaluation_with_them():
     # the first evaluation's batches had no token ids to fingerprint (rows=0): the finding dates from 100
-    evals = [EvalPoint(s, 2.0, rows=128 if s >= 100 else 0, trained_rows=128 if s >= 100 else 0)
-             for s in (50, 100, 150)]
+    evals = [held_out(s, 2.0, rows=128 if s >= 100 else 0, trained=128 if s >= 100 else 0) for s in (50, 100, 150)]
     result = judge(trained(evals=evals), "eval-gap")
     assert result.status == Status.FAIL
     assert result.details["step"] == 100
 
 
-def test_eval_partly_on_trained_rows_passes_with_the_overlap_said():
-    # nanoGPT's estimate_loss: the train split (trained rows, by design) beside the val split (none)
-    evals = [EvalPoint(s, 2.5, rows=256, trained_rows=120) for s in (50, 100, 150)]
+def test_a_train_split_estimate_beside_a_held_out_one_is_no_leak():
+    """nanoGPT's estimate_loss: the train split (rows the loop trains on, by design) and the val split
+    (none), two sources at one line; before, they were one point with 45% of its rows trained on."""
+    evals = [p for s in (0, 100, 200, 300)
+             for p in (train_split(s, healthy_eval(s) - 0.3, source="train.py:60#1"),
+                       held_out(s, healthy_eval(s), rows=320, source="train.py:60#2"))]
     result = judge(trained(evals=evals), "eval-gap")
-    assert result.status == Status.PASS
-    assert "360 of the 768 evaluation rows (47%)" in result.message
+    assert result.status == Status.PASS, result.message
+    assert "train-split estimate train.py:60#1 read 1160 trained rows of 1280" in result.message
+    assert "none of the 1280 rows of the held-out evaluation train.py:60#2" in result.message
+    assert result.details["leak_share"] == 0.0
+
+
+@pytest.mark.parametrize("trained_rows, status", [(113, Status.FAIL), (64, Status.FAIL), (40, Status.WARN),
+                                                  (12, Status.PASS)])
+def test_a_held_out_set_partly_made_of_trained_rows(trained_rows, status):
+    """113 of 128 rows (88%): a leak, even beside a training-split estimate that once excused it; from
+    half, most of the evaluation is memorisation (fail); from a tenth, a partial leak (warn)."""
+    evals = [p for s in (50, 100, 150)
+             for p in (train_split(s, healthy_eval(s) - 0.3, source="train.py:60#1"),
+                       held_out(s, healthy_eval(s), trained=trained_rows, source="train.py:60#2"))]
+    result = judge(trained(evals=evals), "eval-gap")
+    assert result.status == status, result.message
+    if status != Status.PASS:
+        assert f"{3 * trained_rows} of the 384 rows of the held-out evaluation train.py:60#2" in result.message
+        assert f"({trained_rows / 128:.0%})" in result.message
+        assert result.details["step"] == 50
 
 
 def test_eval_below_training_warns_without_dropout_and_passes_with_it():
     def below(s):
         return 0.8 * (1.8 + (math.log(64) - 1.8) * math.exp(-s / 60))
 
-    evals = [EvalPoint(s, below(s), rows=128) for s in (50, 100, 150, 200, 250)]
+    evals = [held_out(s, below(s)) for s in (50, 100, 150, 200, 250)]
     result = judge(trained(evals=evals), "eval-gap")
     assert result.status == Status.WARN
-    assert result.details["step"] == 50
+    assert result.details["step"] == 50 and result.details["source"] == "train.py:40#1"
     assert judge(trained(evals=evals, dropout=True), "eval-gap").status == Status.PASS
+    # a training-split estimate below the training loss is no finding: it is the training data
+    estimates = [train_split(s, below(s)) for s in (50, 100, 150, 200, 250)]
+    result = judge(trained(evals=estimates), "eval-gap")
+    assert result.status == Status.PASS and "no held-out evaluation was seen" in result.message
 
 
 # ---------------------------------------------------------------------------------- whole watched runs
@@ -490,6 +527,7 @@ PLANTED_RUNS = {
     "slow_leak": ("memory-growth", Status.FAIL),
     "lightning_warmup_per_epoch": ("lr-trajectory", Status.FAIL),
     "eval_on_train": ("eval-gap", Status.FAIL),
+    "val_copied": ("eval-gap", Status.FAIL),
 }
 
 
@@ -499,7 +537,7 @@ def watched(watch_audit, name: str):
 
 
 @pytest.mark.parametrize("name", ["healthy", "healthy_accum", "fp16_healthy", "lightning_warmup", "healthy_stairs",
-                                  *PLANTED_RUNS])
+                                  "nanogpt_splits", *PLANTED_RUNS])
 def test_a_watched_run_trips_only_its_own_judge(name, watch_audit):
     report, _ = watched(watch_audit, name)
     tripped = {r.id: r.status for r in report if r.id in HEALTH and r.status not in (Status.PASS, Status.SKIP)}
@@ -595,3 +633,36 @@ def test_healthy_stairs_pass_however_the_allocator_climbs(watch_audit):
     result = report["memory-growth"]
     assert result.status == Status.PASS, result.message
     assert not result.details["growing"]
+
+
+def test_nanogpt_estimate_loss_is_two_sources_and_the_evaluation_is_its_val_loss(watch_audit):
+    """estimate_loss() computes the train split's losses, then the val split's, at one line: two sources,
+    the val split the evaluation, equal to the val loss the script prints (it printed the mean of both)."""
+    report, series = watched(watch_audit, "nanogpt_splits")
+    printed = {int(step): (float(train), float(val)) for step, train, val in
+               re.findall(r"step (\d+): train loss ([\d.]+), val loss ([\d.]+)", report.script_output)}
+    assert sorted(printed) == [0, 100, 200, 300]
+    evaluation, estimate = series.evaluation(), series.training_split()
+    assert {p.split for p in evaluation} == {"held-out"} and {p.split for p in estimate} == {"training-split"}
+    assert evaluation[0].source != estimate[0].source and len(series.evals) == 8
+    assert {p.step: p.loss for p in evaluation} == pytest.approx({s: v for s, (_, v) in printed.items()}, rel=1e-6)
+    assert {p.step: p.loss for p in estimate} == pytest.approx({s: t for s, (t, _) in printed.items()}, rel=1e-6)
+    assert printed[300][1] > printed[300][0] * 1.2  # a real gap between the splits
+    assert all(p.trained_rows == 0 for p in evaluation) and all(p.trained_rows > p.rows / 2 for p in estimate)
+    result = report["eval-gap"]
+    assert result.status == Status.PASS
+    assert "train-split estimate" in result.message and result.details["leak_share"] == 0.0
+    from tfdoctor.report.watched import watched_lines
+
+    header = " ".join(line.plain for line in watched_lines(report))
+    assert f"evaluation {evaluation[-1].loss:.4g} at the end" in header  # the val split, as printed
+    assert f"train-split estimate {estimate[-1].loss:.4g} at the end" in header
+
+
+def test_val_copied_fails_naming_the_source_and_its_share(watch_audit):
+    report, series = watched(watch_audit, "val_copied")
+    result = report["eval-gap"]
+    (source,) = series.sources()  # one pass: nothing along it changes
+    assert all(p.split == "held-out" and (p.rows, p.trained_rows) == (128, 113) for p in series.evals)
+    assert source in result.message and "(88%)" in result.message
+    assert result.details["step"] == series.evals[0].step == 50

@@ -90,11 +90,12 @@ class LiveWatch:
         return self.stack is not None
 
     def start(self, name: str, main: bool = True, max_steps: Optional[int] = None, schedulers: Iterable[Any] = (),
-              step: int = 0, planned_from: Optional[str] = None) -> None:
+              step: int = 0, planned_from: Optional[str] = None, weighting: str = "calls") -> None:
         """Training starts, at optimizer step `step` (a resumed run's): on the main process, install the
         hooks. `max_steps` is the framework's plan and `planned_from` where it came from; `schedulers`
         are the rate schedulers the framework made before the hooks were in place (the monitor hears
-        only later ones)."""
+        only later ones); `weighting`, how the framework averages an evaluation's batch losses
+        (watching/monitor.py)."""
         self.close()  # the hooks (and our handler) of an earlier run of this callback, if it was never ended
         self.name, self.report, self.logged, self.stopped_by, self.judged_at = name, None, set(), [], step
         self.judged_time, self.judge_cost, self.live = 0.0, 0.0, True
@@ -111,7 +112,8 @@ class LiveWatch:
         from tfdoctor.watching.hooks import watching
         from tfdoctor.watching.monitor import Monitor
 
-        monitor = Monitor(stop=False, max_steps=max_steps, planned_from=planned_from or "the framework's plan")
+        monitor = Monitor(stop=False, max_steps=max_steps, planned_from=planned_from or "the framework's plan",
+                          weighting=weighting)
         for scheduler in schedulers:
             monitor.scheduler_made(scheduler)
         stack = contextlib.ExitStack()

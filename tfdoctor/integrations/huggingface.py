@@ -62,7 +62,11 @@ class TfdoctorCallback(TrainerCallback):
         self.live.start(f"Trainer {type(model).__name__}" if model is not None else "Trainer",
                         main=state.is_world_process_zero, max_steps=state.max_steps or None,
                         schedulers=[lr_scheduler] if lr_scheduler is not None else [], step=state.global_step,
-                        planned_from="the Trainer's state.max_steps")
+                        planned_from="the Trainer's state.max_steps",
+                        # eval_loss is a mean over samples: evaluation_loop repeats each batch's loss once per
+                        # row (losses.repeat(batch_size), the last batch cut to its rows by accelerate's
+                        # gather_for_metrics), so a short last batch weighs its rows, not a full batch's
+                        weighting="rows")
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.live.step_ended(state.global_step):

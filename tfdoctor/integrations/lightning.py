@@ -61,7 +61,10 @@ class TfdoctorCallback(Callback):
         max_steps = int(planned) if math.isfinite(planned) else None
         self.live.start(f"Lightning {type(pl_module).__name__}", main=trainer.global_rank == 0,
                         max_steps=max_steps, schedulers=schedulers, step=trainer.global_step,
-                        planned_from="the Trainer's max_steps" if given else "Lightning's estimated_stepping_batches")
+                        planned_from="the Trainer's max_steps" if given else "Lightning's estimated_stepping_batches",
+                        # self.log(..., on_epoch=True) averages a validation epoch weighted by each batch's
+                        # size (its mean metric sums value * batch_size over cumulated_batch_size)
+                        weighting="rows")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         # called per batch, so per micro-batch under accumulate_grad_batches: LiveWatch judges once per

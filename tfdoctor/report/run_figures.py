@@ -122,10 +122,14 @@ def _loss(series: RunSeries, steps: list):
     losses = series.column("loss")
     _trace(ax, steps, losses, COLOURS["series"], "training loss (each step)", linewidth=0.8, alpha=0.35)
     _trace(ax, steps, _smoothed(losses), COLOURS["series"], "training loss (smoothed)", linewidth=1.8)
-    if series.evals:
-        ax.plot([e.step for e in series.evals], [e.loss for e in series.evals], linewidth=1.4,
-                marker="o" if len(series.evals) <= MAX_EVAL_MARKERS else None, markersize=4,
-                color=COLOURS["second"], label="evaluation loss")
+    # the held-out evaluation is "evaluation loss"; a training-split estimate (nanoGPT's estimate_loss on
+    # 'train') is drawn beside it under its own name, never averaged into it
+    for points, colour, label in ((series.training_split(), COLOURS["third"], "train-split estimate"),
+                                  (series.evaluation(), COLOURS["second"], "evaluation loss")):
+        if points:
+            ax.plot([e.step for e in points], [e.loss for e in points], linewidth=1.4,
+                    marker="o" if len(points) <= MAX_EVAL_MARKERS else None, markersize=4, color=colour,
+                    label=label, linestyle="--" if label != "evaluation loss" else "-")
     broken = [s for s, v in zip(steps, losses) if isinstance(v, float) and not math.isfinite(v)]
     if log_scale_helps(losses):
         ax.set_yscale("log")

@@ -25,10 +25,10 @@ def watched_lines(report) -> list[Text]:
         lines.append(f"the script ended with {found['error']}")
     ends = loss_ends(series.get("loss", []))
     if ends:
-        eval_losses = finite(evals.get("loss", []))
-        lines.append(f"loss {ends}")
-        lines.append(f"best eval {min(eval_losses):.4g} ({len(evals['loss'])} evaluations)" if eval_losses
-                     else "no evaluation seen")
+        evaluations = _evaluations(evals)
+        lines.append(f"loss {ends}" + ("" if evaluations else ", no evaluation seen"))
+        if evaluations:
+            lines.append(evaluations)
     norms = finite(series.get("grad_norm", []))
     if norms:
         lines.append(f"gradient norm (before clipping) median {_median(norms):.3g}, max {max(norms):.3g}")
@@ -49,6 +49,21 @@ def watched_lines(report) -> list[Text]:
         lines.append(", ".join(filter(None, [f"RSS peak {max(rss) / 2 ** 20:,.0f} MiB" if rss else "",
                                              f"CUDA allocated peak {max(cuda) / 2 ** 20:,.0f} MiB" if cuda else ""])))
     return [Text.assemble(("watched    " if i == 0 else "           ", "evidence"), line) for i, line in enumerate(lines)]
+
+
+def _evaluations(evals: dict) -> str:
+    """The script's evaluation (its held-out source), and a training-split estimate beside it, labelled
+    as one: nanoGPT's estimate_loss prints both, and only the val split is the evaluation. "" if none."""
+    from tfdoctor.watching.series import RunSeries
+
+    series = RunSeries.from_dict({"evals": evals})
+    said = []
+    for points, name in ((series.evaluation(), "evaluation"), (series.training_split(), "train-split estimate")):
+        losses = finite(point.loss for point in points)
+        if losses:
+            said.append(f"{name} {losses[-1]:.4g} at the end, best {min(losses):.4g} ({len(points)} at "
+                        f"{points[0].source})")
+    return "; ".join(said)
 
 
 def _ended(ended) -> str:

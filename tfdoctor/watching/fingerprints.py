@@ -33,8 +33,12 @@ class TrainedRows:
 
     def trained(self, prints: torch.Tensor) -> int:
         """How many of `prints` are fingerprints of trained rows."""
+        return int(self.members(prints).sum())
+
+    def members(self, prints: torch.Tensor) -> torch.Tensor:
+        """Which of `prints` are fingerprints of trained rows (a bool per print)."""
         self._merge()
-        return int(torch.isin(prints.detach().to("cpu", torch.int64), self.merged).sum())
+        return torch.isin(prints.detach().to("cpu", torch.int64), self.merged)
 
     def _merge(self) -> None:
         if self.chunks:

@@ -44,7 +44,7 @@ class LiveFeed:
 
     def flush(self, now: Optional[float] = None) -> None:
         if self.rows:
-            evals = self.monitor.series.evals if self.monitor is not None else []
+            evals = self.monitor.series.evaluation() if self.monitor is not None else []  # the held-out one
             latest = {"step": evals[-1].step, "loss": evals[-1].loss} if evals else None
             self.send(Event.ROWS, rows=self.rows, eval=latest)
             self.rows = []

@@ -12,7 +12,10 @@ or a few times per step (watching/hooks.py installs them):
 - GradScaler's scale / unscale_ / step / update: the scale, and steps it skipped;
 - the DataLoader iterator's `__next__`: the time spent waiting for a batch;
 - the trained model's forward (a pre-hook on the one model, bound at the first step): its tokens, and
-  fingerprints of its rows, so an evaluation on rows the loop trained on is seen.
+  fingerprints of its rows, so an evaluation on rows the loop trained on is seen;
+- an evaluation loss (no graph) is kept per call with its call site, the DataLoader its batch came
+  from, its rows and target tokens: watching/sources.py tells the evaluation's sources apart (nanoGPT's
+  train split from its val split) and averages each as the loop does (`weighting`).
 
 Values stay tensors until the step after theirs ends (`_finalise` runs one step late), so a GPU run
 is not made to wait for its own queue at every step.
@@ -21,6 +24,8 @@ is not made to wait for its own queue at every step.
 from __future__ import annotations
 
 import math
+import os
+import sys
 import time
 from typing import Any, Callable, Optional
 
@@ -29,13 +34,18 @@ import torch
 from tfdoctor.watching.resident import close_reader, rss_reader
 from tfdoctor.watching.fingerprints import TrainedRows, fingerprints
 from tfdoctor.watching.promise import Promise
-from tfdoctor.watching.series import EvalPoint, RunSeries, StepRow
+from tfdoctor.watching.series import RunSeries, StepRow
+from tfdoctor.watching.sources import WEIGHTINGS, EvalCall, eval_points
 
 
 
 # Trained ids held before they are fingerprinted together: one hash per this many forwards, not one
 # each (three tensor ops a forward cost a tiny model's step about 1%).
 HASH_EVERY = 16
+# What one evaluation call's record holds (an EvalCall, its float and counts, its list slot): measured,
+# 152 bytes a call over 200,000 calls' RSS. Counted in own_bytes with the rows' prints (8 bytes a row):
+# Karpathy's train.py keeps 400 calls an evaluation, a long run hundreds of evaluations.
+EVAL_CALL_BYTES = 152
 
 
 class StopWatching(BaseException):
@@ -48,7 +58,16 @@ class Monitor:
     is finalised (the live view, a callback's findings); `max_steps` / `max_time` stop the run."""
 
     def __init__(self, on_row: Optional[Callable[[StepRow], None]] = None, max_steps: Optional[int] = None,
-                 max_time: Optional[float] = None, stop: bool = True, planned_from: Optional[str] = None) -> None:
+                 max_time: Optional[float] = None, stop: bool = True, planned_from: Optional[str] = None,
+                 weighting: str = "calls") -> None:
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting={weighting!r}: one of {WEIGHTINGS}")
+        # How an evaluation's losses are averaged, as the loop that runs it averages them: the Trainer
+        # and Lightning weigh each batch by its rows ("rows": integrations pass it); a plain script by
+        # default as nanoGPT's estimate_loss and `sum(losses) / len(loader)` do, one batch one vote
+        # ("calls"). Equal batches make the three agree; each point keeps the rows- and token-weighted
+        # means beside it.
+        self.weighting = weighting
         self.series = RunSeries()
         self.on_row = on_row
         self.max_steps, self.max_time, self.stop = max_steps, max_time, stop
@@ -62,10 +81,15 @@ class Monitor:
         self.candidates: list[torch.nn.Module] = []  # modules called under grad before the first step
         self._reset_step()
         self.pending: Optional[dict] = None  # the last closed step, finalised when the next one closes
-        self.eval_losses: list[torch.Tensor] = []
+        # the evaluation under way: per loss call (value, target tokens, call site, loader, its rows' prints)
+        self.eval_calls: list[tuple] = []
         self.eval_at = 0
-        self.eval_prints: list[torch.Tensor] = []
-        self.eval_rows: list[tuple[int, torch.Tensor]] = []  # (eval point index, its rows' fingerprints)
+        self.eval_prints: list[torch.Tensor] = []  # prints of the rows fed to the model since the last call
+        self.eval_draws = 0  # batches drawn when the last evaluation call (or step) was seen
+        # evaluations done: (steps done, [EvalCall], [its rows' prints or None]) (resolved into EvalPoints)
+        self.evaluations: list[tuple[int, list[EvalCall], list[Optional[torch.Tensor]]]] = []
+        self.draws = 0  # DataLoader batches drawn so far
+        self.eval_bytes = 0  # what the evaluations' records hold (calls, their float, their rows' prints)
         self.trained = TrainedRows()
         self.train_ids: list[tuple[torch.Tensor, int]] = []  # trained ids not fingerprinted yet
         self.refilled = 0  # trained rows whose buffer changed before they were fingerprinted
@@ -114,11 +138,30 @@ class Monitor:
             if value.requires_grad:
                 self.ce_train.append(mean)
             else:
-                if not self.eval_losses:  # the steps done when this evaluation began
-                    self.eval_at = len(self.series) + (self.pending is not None)
-                self.eval_losses.append(mean)
+                self._eval_called(mean, target, ignore_index)
         finally:
             self.busy = False
+
+    def _eval_called(self, mean: torch.Tensor, target: Any, ignore_index: int) -> None:
+        """An evaluation loss: kept with what tells its source (call site, DataLoader, rows) and its
+        weights (rows, target tokens). Only evaluation calls pay for the call-site walk: measured 2.5 us
+        with the loss at the stack's top, 6 us under 20 more frames, 14 us under 60 (a Trainer's eval
+        runs ~40 deep), against the eval forward of even a tiny model (~1 ms for TinyLM's batch of 32)."""
+        if not self.eval_calls:  # the steps done when this evaluation began
+            self.eval_at = len(self.series) + (self.pending is not None)
+        tokens = None
+        if isinstance(target, torch.Tensor) and not target.is_floating_point():
+            with torch.no_grad():
+                tokens = (target != ignore_index).sum()
+        if self.draws > self.eval_draws:  # this call's batch came from a DataLoader
+            loader = self.last_loader
+        else:  # another loss on the same batch, or rows the script sliced itself
+            loader = self.eval_calls[-1][3] if self.eval_calls else None
+        self.eval_draws = self.draws
+        prints = (self.eval_prints[0] if len(self.eval_prints) == 1 else torch.cat(self.eval_prints)) \
+            if self.eval_prints else None
+        self.eval_prints = []
+        self.eval_calls.append((mean, tokens, _call_site(), loader, prints))
 
     def backward_called(self, loss: torch.Tensor) -> None:
         """One micro-batch ends: its loss is the cross-entropy computed for it, else the tensor
@@ -143,8 +186,14 @@ class Monitor:
             return
         ids = _token_ids(args, kwargs)
         if self.model is None:  # before the first step: which module is the model (the outermost)
-            if torch.is_grad_enabled() and module not in self.candidates:
-                self.candidates.append(module)
+            if torch.is_grad_enabled():
+                if module not in self.candidates:
+                    self.candidates.append(module)
+            elif ids is not None and not self.eval_prints:
+                # an evaluation before the first step (nanoGPT's at iteration 0): the first module called
+                # with token ids since the last evaluation loss is the model (pre-hooks fire outermost
+                # first); its submodules see the same ids again
+                self._eval_forward(ids)
             return
         if ids is None:
             return
@@ -158,11 +207,14 @@ class Monitor:
                 self.loaders[self.last_loader]["trains"] = True
                 self.training_loaders.add(self.last_loader)
         else:
-            self.busy = True
-            try:
-                self.eval_prints.append(self._fingerprints(ids))
-            finally:
-                self.busy = False
+            self._eval_forward(ids)
+
+    def _eval_forward(self, ids: torch.Tensor) -> None:
+        self.busy = True
+        try:
+            self.eval_prints.append(self._fingerprints(ids))
+        finally:
+            self.busy = False
 
     def batch_waited(self, loader: Any, seconds: float) -> None:
         key = id(loader)
@@ -171,6 +223,7 @@ class Monitor:
             self.loaders[key] = held = {"batches": 0, "wait": 0.0, "trains": False, "facts": _loader_facts(loader)}
         held["batches"] += 1
         held["wait"] += seconds
+        self.draws += 1
         self.last_loader = key
         self.wait[key] = self.wait.get(key, 0.0) + seconds
 
@@ -221,6 +274,7 @@ class Monitor:
                   "rss": self.rss(), "cuda": _cuda_memory(),
                   "scale": None, "index": len(self.series) + (self.pending is not None), "position": self.position}
         self.last_close = now
+        self.eval_draws = self.draws  # batches drawn for training are no evaluation's
         self._reset_step()
         self.unscaled = False
         if self.pending is not None:
@@ -356,7 +410,7 @@ class Monitor:
                       cuda_reserved=reserved, batches=closed["batches"], scheduler_steps=closed["position"])
         if self.row_bytes is None:
             self.row_bytes = _deep_size(row)
-        row.own_bytes = (len(self.series.steps) + 1) * self.row_bytes + 8 * self.trained.count
+        row.own_bytes = (len(self.series.steps) + 1) * self.row_bytes + 8 * self.trained.count + self.eval_bytes
         self.series.steps.append(row)
         if len(self.train_ids) >= HASH_EVERY:
             self._hash_trained()
@@ -364,23 +418,45 @@ class Monitor:
             self.on_row(row)
 
     def _close_eval(self) -> None:
-        """The evaluation losses met since the last step become one EvalPoint at the steps done then."""
-        if not self.eval_losses:
+        """The evaluation losses met since the last step become EvalPoints at the steps done then, one
+        per source (watching/sources.py), labelled against the rows trained so far (the run's end
+        labels them again against all of them)."""
+        if not self.eval_calls:
             self.eval_prints = []
             return
-        values = [_number(v) for v in self.eval_losses]
-        finite = [v for v in values if v is not None and math.isfinite(v)]
-        point = EvalPoint(step=self.eval_at, loss=sum(finite) / len(finite) if finite else math.nan, calls=len(values))
-        self.series.evals.append(point)
-        if self.eval_prints:  # on the CPU now: an evaluation's prints must not hold accelerator memory
-            self.eval_rows.append((len(self.series.evals) - 1, torch.cat([p.cpu() for p in self.eval_prints])))
-        self.eval_losses, self.eval_prints = [], []
+        calls, prints = [], []
+        for value, tokens, site, loader, rows in self.eval_calls:
+            loss = _number(value)
+            calls.append(EvalCall(loss=loss if loss is not None and math.isfinite(loss) else math.nan, site=site,
+                                  loader=loader, rows=rows.numel() if rows is not None else 0,
+                                  tokens=int(tokens) if tokens is not None else 0))
+            prints.append(rows.cpu() if rows is not None else None)  # accelerator memory is the run's
+        self.evaluations.append((self.eval_at, calls, prints))
+        self.eval_bytes += EVAL_CALL_BYTES * len(calls) + sum(8 * p.numel() for p in prints if p is not None)
+        self.eval_calls, self.eval_prints = [], []
+        self._hash_trained()
+        self._count_trained(calls, prints)
+        self._sources()
 
     def _resolve_eval_rows(self) -> None:
+        """Every evaluation's sources again, against all the rows trained so far: a row is trained on
+        whenever the run trained on it, before or after the evaluation."""
         self._hash_trained()
-        for index, prints in self.eval_rows:
-            point = self.series.evals[index]
-            point.rows, point.trained_rows = prints.numel(), self.trained.trained(prints)
+        for _, calls, prints in self.evaluations:
+            self._count_trained(calls, prints)
+        self._sources()
+
+    def _count_trained(self, calls: list[EvalCall], prints: list) -> None:
+        seen = [p for p in prints if p is not None]
+        if seen:
+            trained = self.trained.members(torch.cat(seen))
+            for call, rows in zip([c for c, p in zip(calls, prints) if p is not None],
+                                  torch.split(trained, [p.numel() for p in seen])):
+                call.trained = int(rows.sum())
+
+    def _sources(self) -> None:
+        self.series.evals[:] = eval_points([(step, calls) for step, calls, _ in self.evaluations],
+                                           self.training_loaders, self.weighting)
 
     # ------------------------------------------------------------------ helpers
 
@@ -446,6 +522,29 @@ class Monitor:
             self.stopped = "max-time"
         if self.stopped:
             raise StopWatching(self.stopped)
+
+
+# Frames of these packages are the machinery, not the script: torch's, and tfdoctor's own hooks.
+_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["tfdoctor"]))
+_MODULE_CALL = os.path.join("torch", "nn", "modules", "module.py")
+
+
+def _call_site() -> str:
+    """Where an evaluation loss comes from, as "file.py:line": the frame that called the outermost module
+    on the stack (the model: nanoGPT's `model(X, Y)` in estimate_loss, the Trainer's compute_loss), else
+    the innermost frame outside torch and tfdoctor (a loss computed by the script itself). The whole
+    stack is walked, once per evaluation call; training calls never pay for it."""
+    frame, site = sys._getframe(1), None
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.endswith(_MODULE_CALL):
+            site = None  # the frames so far ran inside a module: the one above this call is the caller
+        elif site is None and not name.startswith(_LIBRARY_DIRS):
+            site = frame
+        frame = frame.f_back
+    if site is None:
+        return "?"
+    return sys.intern(f"{os.path.basename(site.f_code.co_filename)}:{site.f_lineno}")  # one string per site
 
 
 def _norm_of(grads: list) -> torch.Tensor:

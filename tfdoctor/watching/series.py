@@ -38,15 +38,27 @@ class StepRow:
     scheduler_steps: Optional[int] = None
 
 
+# EvalPoint.split: what the source's rows are, as the monitor could tell (watching/sources.py)
+HELD_OUT, TRAINING_SPLIT, UNKNOWN = "held-out", "training-split", "unknown"
+
+
 @dataclass
 class EvalPoint:
-    """The evaluation losses the script computed between two optimizer steps (no_grad or eval())."""
+    """One evaluation source's losses between two optimizer steps (computed under no_grad or eval()).
+    A source is one evaluation pass: its call site and the rows it read (watching/sources.py), so that
+    nanoGPT's estimate_loss gives two points per evaluation, its train split and its val split."""
 
     step: int  # optimizer steps completed when it ran
-    loss: float  # the mean of the evaluation losses computed there
+    loss: float  # the mean of the source's losses, weighted as `weighting` says
     rows: int = 0  # evaluation rows whose tokens were fingerprinted
     trained_rows: int = 0  # of those, rows the loop also trained on (at any step of the run)
     calls: int = 0  # loss computations averaged
+    source: str = ""  # the evaluation pass: "train.py:52#1" (the call site, then its pass there)
+    split: str = UNKNOWN  # held-out | training-split | unknown (rows not fingerprinted)
+    weighting: str = "calls"  # how `loss` weighs its calls: calls (a plain mean) | rows | tokens
+    tokens: int = 0  # target tokens counted (ignore_index left out) over the calls
+    row_weighted: float = math.nan  # the same losses weighted by each call's rows ...
+    token_weighted: float = math.nan  # ... and by its target tokens (NaN where not counted)
 
 
 @dataclass
@@ -75,6 +87,32 @@ class RunSeries:
 
     def __len__(self) -> int:
         return len(self.steps)
+
+    def sources(self) -> dict[str, list[EvalPoint]]:
+        """The evaluation points by source, in the order the sources first ran."""
+        out: dict[str, list[EvalPoint]] = {}
+        for point in self.evals:
+            out.setdefault(point.source, []).append(point)
+        return out
+
+    def evaluation(self) -> list[EvalPoint]:
+        """The script's evaluation: the points of its held-out source (the one evaluated most often, the
+        first on a tie), else of a source whose rows could not be told; [] when every source is a
+        training-split estimate (or nothing was evaluated)."""
+        for split in (HELD_OUT, UNKNOWN):
+            best: list[EvalPoint] = []
+            for points in self.sources().values():
+                chosen = [p for p in points if p.split == split]
+                if len(chosen) > len(best):
+                    best = chosen
+            if best:
+                return best
+        return []
+
+    def training_split(self) -> list[EvalPoint]:
+        """The training-split estimates (nanoGPT's estimate_loss on 'train'): the most evaluated source."""
+        return max(([p for p in points if p.split == TRAINING_SPLIT] for points in self.sources().values()),
+                   key=len, default=[])
 
     # ------------------------------------------------------------------ as data (JSON, the channel)
 
