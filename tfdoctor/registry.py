@@ -36,6 +36,7 @@ CHECK_MODULES = (
     "tfdoctor.checks.depth",
     "tfdoctor.checks.curves",
     "tfdoctor.checks.run_health",
+    "tfdoctor.checks.run_schedule",
 )
 
 # The catalogue's order, which is the report's order: stated here, so that moving a check to another

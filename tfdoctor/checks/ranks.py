@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Optional
 
 from tfdoctor.registry import check
 from tfdoctor.result import Result, counted
@@ -233,30 +234,11 @@ def rank_sync(subject, trace) -> Result:
                     f"the ranks train different parameters: rank {base['rank']}'s {held['class']} holds "
                     f"{len(held['names'])} tensors, rank {other['rank']}'s {count}",
                     "build the same model and optimizer on every rank", {"optimizer": held["class"]})
-            states = min(len(held["states"]), len(theirs["states"]))
-            for s in range(states):
-                apart = []
-                for i, name in enumerate(held["names"]):
-                    if held["sharded"][i] or theirs["sharded"][i] or name in shards:
-                        sharded.add(name)
-                        continue
-                    a, b = held["states"][s][i], theirs["states"][s][i]
-                    if a is None or b is None:
-                        sharded.add(name)
-                        continue
-                    if by_hand and s == 0 and _differs(a, b, held["numel"][i]):
-                        shards.add(name)
-                        sharded.add(name)
-                        continue
-                    compared += s == 0 and other is digests[1]
-                    if _differs(a, b, held["numel"][i]):
-                        apart.append((name, _drift(a, b), abs(a[0] - b[0])))
-                if apart:
-                    if first is None or s < first["state"]:
-                        first = {"state": s, "ranks": (base["rank"], other["rank"]), "apart": apart,
-                                 "tensors": len(held["names"]), "optimizer": held["class"],
-                                 "last": _last_drift(held, theirs)}
-                    break
+            count, state, apart = _compare_pair(held, theirs, by_hand, shards, sharded)
+            compared += count if other is digests[1] else 0
+            if apart and (first is None or state < first["state"]):
+                first = {"state": state, "ranks": (base["rank"], other["rank"]), "apart": apart,
+                         "tensors": len(held["names"]), "optimizer": held["class"], "last": _last_drift(held, theirs)}
     steps = min(len(o["states"]) for d in digests for o in d["params"]) - 1
     details = {"ranks": len(digests), "steps_compared": steps, "tensors_compared": compared,
                "sharded_tensors": len(sharded)}
@@ -299,6 +281,30 @@ def rank_sync(subject, trace) -> Result:
         f"the ranks' weights differ {where}: {len(names)} of {first['tensors']} parameter tensors ({shown}) differ "
         f"between rank {first['ranks'][0]} and rank {first['ranks'][1]}, norms up to {drift:.1e} apart (relative)"
         + (f", {first['last']:.1e} by step {steps}" if first["state"] < steps else ""), hint, details)
+
+
+def _compare_pair(held: dict, theirs: dict, by_hand: bool, shards: set, sharded: set) -> tuple[int, Optional[int], list]:
+    """One optimizer's checksums on two ranks: (tensors compared at the start, the first state at which
+    some differ or None, those as (name, drift, |sum difference|)). Sharded tensors go to `sharded`;
+    under tensor parallelism by hand (`by_hand`), tensors that differ at the start are its shards."""
+    compared = 0
+    for s in range(min(len(held["states"]), len(theirs["states"]))):
+        apart = []
+        for i, name in enumerate(held["names"]):
+            a, b = held["states"][s][i], theirs["states"][s][i]
+            if held["sharded"][i] or theirs["sharded"][i] or name in shards or a is None or b is None:
+                sharded.add(name)
+                continue
+            if by_hand and s == 0 and _differs(a, b, held["numel"][i]):
+                shards.add(name)
+                sharded.add(name)
+                continue
+            compared += s == 0
+            if _differs(a, b, held["numel"][i]):
+                apart.append((name, _drift(a, b), abs(a[0] - b[0])))
+        if apart:
+            return compared, s, apart
+    return compared, None, []
 
 
 def _last_drift(a: dict, b: dict) -> float:

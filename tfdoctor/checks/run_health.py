@@ -1,6 +1,5 @@
 """Run health judges: what a whole watched run did besides its loss and gradients. The GradScaler's
-skipped steps and scale (scaler-overflow), the rate the optimizer really used (lr-trajectory), time
-spent waiting for batches (data-wait), memory that rises step after step (memory-growth), and the
+skipped steps and scale (scaler-overflow), time spent waiting for batches (data-wait), memory that rises step after step (memory-growth), and the
 evaluations the script ran (eval-gap). Each is a pure function of the RunSeries that `tfdoctor watch`
 or a callback recorded (tfdoctor/watching/series.py); no torch here.
 """
@@ -9,10 +8,9 @@ from __future__ import annotations
 
 import statistics
 
-from tfdoctor.checks.run_schedule import stepping_verdict
 from tfdoctor.registry import check
 from tfdoctor.result import Result
-from tfdoctor.watching.series import HELD_OUT, TRAINING_SPLIT, EvalPoint, RunSeries
+from tfdoctor.watching.series import HELD_OUT, TRAINING_SPLIT, EvalPoint, RunSeries, trailing
 
 MIB = 2 ** 20
 
@@ -29,22 +27,6 @@ SCALE_FLOOR = 1.0  # a scale below 1 shrinks the loss: the gradients overflow ev
 
 # lr-trajectory. A cosine decay to exactly 0 spends its last 6% of steps below 1% of its peak (cos
 # schedule: 1 - 2/pi * asin(0.1)), a linear decay to 0 its last 1%; healthy.py's floor of 0.1 none.
-MIN_RATE_STEPS = 20  # fewer steps say nothing about a schedule
-NEAR_ZERO = 0.01  # a rate below this share of the run's peak is "about 0"
-# The run's peak is the highest rate held this many steps in a row: a rate spike of a step or two (the
-# curves fixture lr_spike.py: x50 for two steps) is loss-spike's to judge, not a new peak to decay from.
-PEAK_SPAN = 5
-DECAY_WARN_SHARE = 0.10  # the run's last 10% at about 0: more than any decay that ends at the run's end
-DECAY_FAIL_SHARE = 0.25  # a quarter of the run's steps changed (almost) nothing
-RISING_TAIL = 0.2  # warm-up never finished: the rate still rising over the run's last 20%
-RISING_MIN_RATIO = 1.05  # by at least 5% (a rate flat within float rounding is not rising)
-# A shorter run is a smoke test (the shipped fixtures/scripts/lightning_correct.py: 20 steps of a
-# 100-step warm-up): a warm-up longer than it is expected there, not a fault.
-WARMUP_MIN_STEPS = 100
-
-# data-wait. Watched, the healthy runs (TensorDataset, num_workers=0, tiny model on a CPU) wait 1-4%
-# of a typical step for their batch, also on a loaded machine; slow_loader.py (8 ms per row in
-# __getitem__) 66-79%. A GPU idle a fifth of the time is worth knowing about.
 DATA_WAIT_SHARE = 0.20
 MIN_TIMED_STEPS = 10
 
@@ -107,15 +89,6 @@ def _scale(value: float | None) -> str:
     return "none" if value is None else f"{value:.0f}" if value >= 1 else f"{value:.3g}"
 
 
-def _trailing(flags: list[bool]) -> int:
-    count = 0
-    for flag in reversed(flags):
-        if not flag:
-            break
-        count += 1
-    return count
-
-
 @check("scaler-overflow", title="The GradScaler settles: few skipped float16 steps", inputs=("series",))
 def scaler_overflow(series: RunSeries) -> Result:
     """Catches a float16 run whose GradScaler keeps skipping optimizer steps: the gradients overflow
@@ -140,7 +113,7 @@ def scaler_overflow(series: RunSeries) -> Result:
     calibration, settled = _scaler_calibration(skipped)
     after = skipped[calibration:]
     share = sum(after) / len(after) if after else 1.0
-    tail = _trailing(skipped)
+    tail = trailing(skipped)
     details = {"steps": len(rows), "skipped": sum(skipped), "calibration_steps": calibration, "settled": settled,
                "calm_steps": CALM_STEPS, "calibration_skipped": sum(skipped[:calibration]),
                "skipped_after_calibration": sum(after), "share_after_calibration": share,
@@ -193,119 +166,6 @@ def _scaler_settings(series: RunSeries) -> str:
     said = [f"{key}={scaler[key]:g}" for key in ("growth_interval", "growth_factor", "backoff_factor")
             if isinstance(scaler.get(key), (int, float))]
     return f"; GradScaler({', '.join(said)})" if said else ""
-
-
-def _schedulers(series: RunSeries) -> str:
-    """The schedulers the run stepped, for the message: " (schedulers seen: LambdaLR)"."""
-    seen = series.facts.get("schedulers") or []
-    names = [s.get("name", "?") if isinstance(s, dict) else str(s) for s in seen]
-    return f" (schedulers seen: {', '.join(names)})" if names else " (no scheduler seen)"
-
-
-def _scheduler_names(series: RunSeries) -> set[str]:
-    return {s.get("name", "") if isinstance(s, dict) else str(s) for s in series.facts.get("schedulers") or []}
-
-
-@check("lr-trajectory", title="The learning rate the optimizer used follows a sane schedule", inputs=("series",))
-def lr_trajectory(series: RunSeries) -> Result:
-    """Catches a learning rate that wastes the run, judged on the rate the optimizer really used at
-    each step: stuck at 0 (nothing trains), a decay that reached about 0 long before the run's end (a
-    schedule told half the run's length: its second half changes nothing), and a warm-up still rising
-    when the run finished on its own (the model never trained at its intended rate).
-
-    And the rate used against what the scheduler itself promises at each optimizer step (its lambda,
-    its milestones): a scheduler stepped per epoch (Lightning's default `interval`), never, or several
-    times per optimizer step (once per micro-batch) walks its schedule at the wrong speed. Stepped
-    less often, it fails when the run gets through under 10% of the schedule's change over its planned
-    length (a warm-up in optimizer steps stepped per epoch: the rate sits at its first warm-up values);
-    a schedule written in epochs (StepLR(30) over 90 epochs, a cosine over max_epochs) gets through it
-    and passes. Stepped k times per step, it fails when the schedule ends within the planned optimizer
-    steps (it runs k times too fast).
-
-    Fix: give the schedule the run's real number of optimizer steps (len(loader) * epochs //
-    accumulation), a warm-up of a few percent of it, and call scheduler.step() once per optimizer step
-    (Lightning: "interval": "step").
-    """
-    rated = [(row.step, max(row.lrs)) for row in series.steps if row.lrs]
-    if len(rated) < MIN_RATE_STEPS:
-        return Result.skipped(f"{len(rated)} steps with a recorded learning rate: too few to judge a "
-                              f"schedule (needs {MIN_RATE_STEPS})")
-    rates = [rate for _, rate in rated]
-    peak = max(min(rates[i:i + PEAK_SPAN]) for i in range(len(rates) - PEAK_SPAN + 1))
-    seen = _schedulers(series)
-    details = {"steps": len(rated), "peak": peak, "first": rates[0], "last": rates[-1],
-               "near_zero": NEAR_ZERO * peak, "schedulers": [
-                   {k: v for k, v in s.items() if k != "promise"} if isinstance(s, dict) else s
-                   for s in series.facts.get("schedulers") or []]}
-    stepped_wrong = stepping_verdict(series, details)
-    if stepped_wrong is not None:
-        return stepped_wrong
-    if peak <= 0:
-        details["step"] = rated[0][0]
-        return Result.failed(f"the optimizer's learning rate was 0 at every one of {len(rated)} steps: no step "
-                             f"changed the weights{seen}",
-                             "set the optimizer's lr (a scheduler's factor multiplies it), and check the "
-                             "scheduler's lambda at step 0", details)
-    zero_tail = _near_zero_tail(rates, NEAR_ZERO * peak)
-    if zero_tail:
-        return _decay_verdict(series, rated, zero_tail, details, seen)
-    return _warmup_verdict(series, rated, details, seen)
-
-
-def _near_zero_tail(rates: list[float], near_zero: float) -> int:
-    """How many of the last steps ran at about 0, after the rate had been above it."""
-    tail = _trailing([rate <= near_zero for rate in rates])
-    return tail if tail < len(rates) else 0
-
-
-def _decay_verdict(series: RunSeries, rated, zero_tail: int, details: dict, seen: str) -> Result:
-    share = zero_tail / len(rated)
-    step = rated[len(rated) - zero_tail][0]
-    details.update({"step": step, "steps_at_zero": zero_tail, "share_at_zero": share,
-                    "warn_share": DECAY_WARN_SHARE, "fail_share": DECAY_FAIL_SHARE})
-    if share < DECAY_WARN_SHARE:
-        return Result.passed(f"the rate peaked at {details['peak']:.3g} and decayed to about 0 over the last "
-                             f"{zero_tail} of {len(rated)} steps{seen}", details)
-    message = (f"the learning rate reached about 0 (below {NEAR_ZERO:.0%} of its peak {details['peak']:.3g}) "
-               f"at step {step} and stayed there: the last {zero_tail} of {len(rated)} steps ({share:.0%}) "
-               f"changed (almost) nothing{seen}")
-    hint = ("the schedule was told a shorter run than the loop trains: pass the real number of optimizer "
-            "steps (len(loader) * epochs // accumulation steps) as its total (num_training_steps, T_max, "
-            "total_iters)")
-    # ReduceLROnPlateau cuts the rate on purpose when the loss stalls: a rate it took near 0 is its min_lr.
-    if share >= DECAY_FAIL_SHARE and "ReduceLROnPlateau" not in _scheduler_names(series):
-        return Result.failed(message, hint, details)
-    return Result.warned(message, hint, details)
-
-
-def _warmup_verdict(series: RunSeries, rated, details: dict, seen: str) -> Result:
-    rates = [rate for _, rate in rated]
-    start = rates[int(len(rates) * (1 - RISING_TAIL))]
-    never_fell = all(b >= a * (1 - 1e-6) for a, b in zip(rates, rates[1:]))
-    rising = never_fell and rates[-1] >= start * RISING_MIN_RATIO
-    ended = series.facts.get("ended")
-    details.update({"step": rated[-1][0], "rising_at_end": rising, "tail_start_rate": start,
-                    "rising_min_ratio": RISING_MIN_RATIO, "ended": ended})
-    if not rising:
-        brief = (f", {max(rates):.3g} for fewer than {PEAK_SPAN} steps in a row" if max(rates) > details["peak"]
-                 else "")
-        ran = (f"the rate held at {details['peak']:.3g}" if min(rates) == details["peak"] else
-               f"the rate ran between {min(rates):.3g} and {details['peak']:.3g}")
-        return Result.passed(f"{ran}{brief}, and ended at {rates[-1]:.3g}{seen}", details)
-    if len(rates) < WARMUP_MIN_STEPS:
-        return Result.passed(f"the rate was still rising at the end of this {len(rates)}-step run ({rates[-1]:.3g}): "
-                             f"a run this short is a smoke test, its warm-up is not judged (from "
-                             f"{WARMUP_MIN_STEPS} steps){seen}", details)
-    if ended != "finished":
-        how = ended or "how, unknown"
-        return Result.passed(f"the rate was still rising when the run was stopped ({how}) at {rates[-1]:.3g}: "
-                             f"its warm-up may finish later, not judged{seen}", details)
-    return Result.warned(
-        f"the learning rate was still rising when the run finished: {rates[0]:.3g} at its first step, "
-        f"{start:.3g} at {1 - RISING_TAIL:.0%} of the run, {rates[-1]:.3g} at its last; the warm-up never "
-        f"finished, so the model never trained at its intended rate{seen}",
-        "make the warm-up a few percent of the run's optimizer steps (counted in optimizer steps, not "
-        "samples or micro-batches), or train for longer", details)
 
 
 @check("data-wait", title="Training steps do not wait on the data loader", inputs=("series",))

@@ -24,8 +24,6 @@ is not made to wait for its own queue at every step.
 from __future__ import annotations
 
 import math
-import os
-import sys
 import time
 from typing import Any, Callable, Optional
 
@@ -34,6 +32,8 @@ import torch
 from tfdoctor.watching.resident import close_reader, rss_reader
 from tfdoctor.watching.fingerprints import TrainedRows, fingerprints
 from tfdoctor.watching.promise import Promise
+from tfdoctor.watching.readings import (count_params, cuda_memory, deep_size, device_of, driven, eval_call_site,
+                                        has_dropout, loader_facts, norm_of, number, scale_of, token_ids)
 from tfdoctor.watching.series import RunSeries, StepRow
 from tfdoctor.watching.sources import WEIGHTINGS, EvalCall, eval_points
 
@@ -161,7 +161,7 @@ class Monitor:
         prints = (self.eval_prints[0] if len(self.eval_prints) == 1 else torch.cat(self.eval_prints)) \
             if self.eval_prints else None
         self.eval_prints = []
-        self.eval_calls.append((mean, tokens, _call_site(), loader, prints))
+        self.eval_calls.append((mean, tokens, eval_call_site(), loader, prints))
 
     def backward_called(self, loss: torch.Tensor) -> None:
         """One micro-batch ends: its loss is the cross-entropy computed for it, else the tensor
@@ -184,7 +184,7 @@ class Monitor:
     def forward_called(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         if self.busy:
             return
-        ids = _token_ids(args, kwargs)
+        ids = token_ids(args, kwargs)
         if self.model is None:  # before the first step: which module is the model (the outermost)
             if torch.is_grad_enabled():
                 if module not in self.candidates:
@@ -220,7 +220,7 @@ class Monitor:
         key = id(loader)
         held = self.loaders.get(key)
         if held is None:
-            self.loaders[key] = held = {"batches": 0, "wait": 0.0, "trains": False, "facts": _loader_facts(loader)}
+            self.loaders[key] = held = {"batches": 0, "wait": 0.0, "trains": False, "facts": loader_facts(loader)}
         held["batches"] += 1
         held["wait"] += seconds
         self.draws += 1
@@ -241,14 +241,14 @@ class Monitor:
                                                    "backoff_factor": scaler.get_backoff_factor()}}
         self.scaler_seen = self.scaler_seen or bool(getattr(scaler, "_enabled", False))
         if isinstance(out, torch.Tensor) and getattr(scaler, "_enabled", False):
-            self.last_scale = _scale_of(scaler)
+            self.last_scale = scale_of(scaler)
             self.scaled = {id(out): self.last_scale}
 
     def step_begins(self, optimizer: torch.optim.Optimizer) -> bool:
         """Before `optimizer.step`: whether it is the watched optimizer (then the rates and gradient
         norms of this step are read now, before the update)."""
         if self.main is None or (optimizer is not self.main and len(self.series) + bool(self.pending) < 3
-                                 and _count(optimizer) > _count(self.main)):
+                                 and count_params(optimizer) > count_params(self.main)):
             self.main = optimizer
         if self.model is None and optimizer is self.main:  # also when a GradScaler skip set main first
             self._bind(optimizer)
@@ -271,7 +271,7 @@ class Monitor:
         closed = {"micro": self.micro, "clip": self.clip_norm, "groups": self.group_norms, "lrs": self.lrs,
                   "skipped": skipped, "wall": now - self.last_close, "tokens": self.tokens, "wait": wait,
                   "batches": sum(self.loaders[key]["batches"] for key in trains),
-                  "rss": self.rss(), "cuda": _cuda_memory(),
+                  "rss": self.rss(), "cuda": cuda_memory(),
                   "scale": None, "index": len(self.series) + (self.pending is not None), "position": self.position}
         self.last_close = now
         self.eval_draws = self.draws  # batches drawn for training are no evaluation's
@@ -284,7 +284,7 @@ class Monitor:
 
     def scale_updated(self, scaler: Any) -> None:
         if self.pending is not None and getattr(scaler, "_enabled", False):
-            self.pending["scale"] = _scale_of(scaler)
+            self.pending["scale"] = scale_of(scaler)
 
     def scheduler_made(self, scheduler: Any) -> None:
         """A rate scheduler was made (or handed over by a callback): its settings, and a copy to project
@@ -323,7 +323,7 @@ class Monitor:
         """The step() calls so far of the scheduler that drives `optimizer` (the newest one made on it)."""
         driving = None
         for held in self.scheduled.values():
-            if _driven(held["scheduler"]) is optimizer:
+            if driven(held["scheduler"]) is optimizer:
                 driving = held
         return None if driving is None else driving["calls"]
 
@@ -352,7 +352,7 @@ class Monitor:
         facts = self.series.facts
         facts.update(ended=ended, seconds=time.perf_counter() - self.started, max_steps=self.max_steps,
                      vocab=self.vocab, schedulers=self.schedulers, scaler=self.scaler_seen,
-                     device=_device_of(self.main), dropout=_has_dropout(self.model),
+                     device=device_of(self.main), dropout=has_dropout(self.model),
                      planned_steps=self.max_steps, planned_from=self.planned_from if self.max_steps else None)
         self._promises()
         if self.refilled or self.trained.full:  # the eval-gap evidence is partial: say so
@@ -379,7 +379,7 @@ class Monitor:
             for held in self.scheduled.values():
                 record = held["record"]
                 record.update(steps_called=held["calls"], epoch_given=held["explicit"],
-                              watched=self.main is not None and _driven(held["scheduler"]) is self.main)
+                              watched=self.main is not None and driven(held["scheduler"]) is self.main)
                 rates = held["promise"].extend(horizon) if record["watched"] else []
                 if rates:
                     record["promise"] = list(rates)
@@ -390,10 +390,10 @@ class Monitor:
 
     def _finalise(self, closed: dict) -> None:
         self._close_eval()
-        micro = [_number(m) for m in closed["micro"]]
+        micro = [number(m) for m in closed["micro"]]
         finite = [m for m in micro if m is not None]
-        clip = _number(closed["clip"])
-        groups = [clip if g is closed["clip"] else _number(g) for g in closed["groups"]]
+        clip = number(closed["clip"])
+        groups = [clip if g is closed["clip"] else number(g) for g in closed["groups"]]
         norm = clip if clip is not None else (
             math.sqrt(sum(g * g for g in groups)) if groups and all(math.isfinite(g) for g in groups)
             else (math.inf if groups else None))
@@ -405,11 +405,11 @@ class Monitor:
         allocated, reserved = closed["cuda"]
         row = StepRow(step=closed["index"], loss=sum(finite) / len(finite) if finite else None,
                       micro_losses=finite, grad_norm=norm, group_norms=groups, lrs=closed["lrs"],
-                      scale=_number(closed["scale"]), skipped=closed["skipped"], wall=closed["wall"], data_wait=closed["wait"],
+                      scale=number(closed["scale"]), skipped=closed["skipped"], wall=closed["wall"], data_wait=closed["wait"],
                       tokens=closed["tokens"] or None, rss=closed["rss"], cuda_allocated=allocated,
                       cuda_reserved=reserved, batches=closed["batches"], scheduler_steps=closed["position"])
         if self.row_bytes is None:
-            self.row_bytes = _deep_size(row)
+            self.row_bytes = deep_size(row)
         row.own_bytes = (len(self.series.steps) + 1) * self.row_bytes + 8 * self.trained.count + self.eval_bytes
         self.series.steps.append(row)
         if len(self.train_ids) >= HASH_EVERY:
@@ -426,7 +426,7 @@ class Monitor:
             return
         calls, prints = [], []
         for value, tokens, site, loader, rows in self.eval_calls:
-            loss = _number(value)
+            loss = number(value)
             calls.append(EvalCall(loss=loss if loss is not None and math.isfinite(loss) else math.nan, site=site,
                                   loader=loader, rows=rows.numel() if rows is not None else 0,
                                   tokens=int(tokens) if tokens is not None else 0))
@@ -482,7 +482,7 @@ class Monitor:
             with torch.no_grad():
                 for group in optimizer.param_groups:
                     grads = [p.grad for p in group["params"] if p.grad is not None and not p.grad.is_sparse]
-                    norms.append(_norm_of(grads) if grads else 0.0)
+                    norms.append(norm_of(grads) if grads else 0.0)
             return norms
         finally:
             self.busy = False
@@ -522,124 +522,3 @@ class Monitor:
             self.stopped = "max-time"
         if self.stopped:
             raise StopWatching(self.stopped)
-
-
-# Frames of these packages are the machinery, not the script: torch's, and tfdoctor's own hooks.
-_LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["tfdoctor"]))
-_MODULE_CALL = os.path.join("torch", "nn", "modules", "module.py")
-
-
-def _call_site() -> str:
-    """Where an evaluation loss comes from, as "file.py:line": the frame that called the outermost module
-    on the stack (the model: nanoGPT's `model(X, Y)` in estimate_loss, the Trainer's compute_loss), else
-    the innermost frame outside torch and tfdoctor (a loss computed by the script itself). The whole
-    stack is walked, once per evaluation call; training calls never pay for it."""
-    frame, site = sys._getframe(1), None
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if name.endswith(_MODULE_CALL):
-            site = None  # the frames so far ran inside a module: the one above this call is the caller
-        elif site is None and not name.startswith(_LIBRARY_DIRS):
-            site = frame
-        frame = frame.f_back
-    if site is None:
-        return "?"
-    return sys.intern(f"{os.path.basename(site.f_code.co_filename)}:{site.f_lineno}")  # one string per site
-
-
-def _norm_of(grads: list) -> torch.Tensor:
-    """The L2 norm of all `grads` together: one foreach pass, then the norm of the per-tensor norms."""
-    per = torch._foreach_norm(grads)
-    try:
-        return torch.linalg.vector_norm(torch.stack(per))
-    except RuntimeError:  # mixed dtypes or devices (a model split across devices)
-        return torch.linalg.vector_norm(torch.stack([n.float().to(per[0].device) for n in per]))
-
-
-def _deep_size(row: StepRow) -> int:
-    """A StepRow's bytes with its lists and numbers (sys.getsizeof, one level down: measured within 5%
-    of the RSS 100,000 rows take)."""
-    import sys
-
-    size = sys.getsizeof(row) + sys.getsizeof(row.__dict__)
-    for value in row.__dict__.values():
-        size += sys.getsizeof(value) + (sum(sys.getsizeof(v) for v in value) if isinstance(value, list) else 0)
-    return size
-
-
-def _driven(scheduler) -> Any:
-    """The torch optimizer a scheduler sets the rates of: the one inside an accelerate
-    AcceleratedOptimizer (the Hugging Face Trainer's), whose steps the hooks see."""
-    optimizer = getattr(scheduler, "optimizer", None)
-    inner = getattr(optimizer, "optimizer", None)
-    return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
-
-
-def _count(optimizer) -> int:
-    return sum(p.numel() for group in optimizer.param_groups for p in group["params"])
-
-
-def _number(value) -> Optional[float]:
-    if value is None:
-        return None
-    if isinstance(value, torch.Tensor):
-        value = value.item()
-    return float(value)
-
-
-def _scale_of(scaler) -> Any:
-    """The scaler's current scale as a copy of its tensor, read later (float(get_scale()) would make a
-    GPU run wait for its queue at every micro-batch)."""
-    scale = getattr(scaler, "_scale", None)
-    return scale.detach().clone().reshape(()) if isinstance(scale, torch.Tensor) else float(scaler.get_scale())
-
-
-def _token_ids(args: tuple, kwargs: dict) -> Optional[torch.Tensor]:
-    """The model's token ids: `input_ids=`, else the first integer tensor argument."""
-    ids = kwargs.get("input_ids")
-    if isinstance(ids, torch.Tensor):
-        return ids
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor) and not value.is_floating_point() and value.dtype != torch.bool \
-                and value.dim() >= 1:
-            return value
-    return None
-
-
-def _loader_facts(loader) -> dict:
-    """num_workers, pin_memory and batch_size of a DataLoader, or of its iterator when the iterator was
-    made before the hooks (Lightning makes it before on_train_start): the iterator keeps them private."""
-    def read(name: str, default=None):
-        value = getattr(loader, name, None)
-        return getattr(loader, "_" + name, default) if value is None else value
-
-    sampler = getattr(loader, "_index_sampler", None)
-    batch_size = read("batch_size")
-    try:  # batches per epoch, for the planned length and a scheduler stepped per epoch
-        length = len(loader)
-    except TypeError:  # an IterableDataset without __len__
-        length = None
-    return {"num_workers": int(read("num_workers", 0) or 0), "pin_memory": bool(read("pin_memory", False)),
-            "batch_size": batch_size if batch_size is not None else getattr(sampler, "batch_size", None),
-            "name": type(loader).__name__, "batches_per_epoch": length}
-
-
-def _cuda_memory() -> tuple[Optional[int], Optional[int]]:
-    if not torch.cuda.is_initialized():  # a flag: is_available() would ask the driver every step
-        return None, None
-    return int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())
-
-
-def _device_of(optimizer) -> str:
-    if optimizer is None:
-        return "cpu"
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            return str(p.device)
-    return "cpu"
-
-
-def _has_dropout(model) -> bool:
-    if model is None:
-        return False
-    return any("Dropout" in type(m).__name__ and float(getattr(m, "p", 0) or 0) > 0 for m in model.modules())

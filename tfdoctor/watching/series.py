@@ -156,3 +156,13 @@ def _number(value):
     if value in ("nan", "inf", "-inf"):
         return float(value)
     return value
+
+
+def trailing(flags: list) -> int:
+    """How many of the last `flags` in a row are true (a run that ends on skipped steps, on a rate at 0)."""
+    count = 0
+    for flag in reversed(flags):
+        if not flag:
+            break
+        count += 1
+    return count
