@@ -149,4 +149,5 @@ PLANTED = {
                       [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass"), (watch("healthy_stairs"), "pass")]),
     "eval-gap": ([(watch("eval_on_train"), "fail"), (watch("val_copied"), "fail")],
                  [(watch("healthy"), "pass"), (watch("healthy_accum"), "pass"), (watch("nanogpt_splits"), "pass")]),
+    "eval-mode-steps": ([(watch("eval_mode_stuck"), "fail")], [(watch("healthy_accum"), "pass"), (watch("healthy"), "pass")]),
 }

@@ -37,6 +37,7 @@ CHECK_MODULES = (
     "tfdoctor.checks.curves",
     "tfdoctor.checks.run_health",
     "tfdoctor.checks.run_schedule",
+    "tfdoctor.checks.run_mode",
 )
 
 # The catalogue's order, which is the report's order: stated here, so that moving a check to another
@@ -53,7 +54,7 @@ CATALOGUE = (
     "rank-data", "rank-sync", "ddp-accumulation", "rank-uniform", "rank-equivalence",
     # the judges of a whole watched run (`tfdoctor watch`, the callbacks): they read a RunSeries
     "loss-spike", "loss-divergence", "loss-plateau", "grad-norm-trend", "scaler-overflow", "lr-trajectory",
-    "data-wait", "memory-growth", "eval-gap",
+    "data-wait", "memory-growth", "eval-gap", "eval-mode-steps",
 )
 
 

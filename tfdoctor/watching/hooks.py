@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from tfdoctor.sites import call_site
 from tfdoctor.watching.monitor import Monitor
 
 # cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
@@ -72,6 +73,7 @@ def watching(monitor: Monitor) -> Iterator[Monitor]:
         for name in ("cross_entropy", "nll_loss"):
             patch(F, name, lambda original: _loss(monitor, original))
         patch(torch.Tensor, "backward", lambda original: _backward(monitor, original))
+        patch(torch.nn.Module, "train", lambda original: _mode(monitor, original))
         for owner in (torch.nn.utils, torch.nn.utils.clip_grad):
             patch(owner, "clip_grad_norm_", lambda original: _returns_norm(monitor, original))
         patch(torch.nn.utils, "get_total_norm", lambda original: _returns_norm(monitor, original))
@@ -121,6 +123,24 @@ def _backward(monitor: Monitor, original: Callable) -> Callable:
 
     backward.__wrapped__ = original
     return backward
+
+
+def _mode(monitor: Monitor, original: Callable) -> Callable:
+    """Module.train(mode), which eval() calls: the outermost call on the watched model, with its line (a
+    few calls per evaluation, never per step)."""
+    depth = [0]
+
+    def train(module, mode=True):
+        if depth[0] == 0 and monitor.model is not None:
+            monitor.mode_set(module, mode, call_site() or "")
+        depth[0] += 1
+        try:
+            return original(module, mode)
+        finally:
+            depth[0] -= 1
+
+    train.__wrapped__ = original
+    return train
 
 
 def _returns_norm(monitor: Monitor, original: Callable) -> Callable:

@@ -42,6 +42,8 @@ from tfdoctor.watching.sources import WEIGHTINGS, EvalCall, eval_points
 # Trained ids held before they are fingerprinted together: one hash per this many forwards, not one
 # each (three tensor ops a forward cost a tiny model's step about 1%).
 HASH_EVERY = 16
+# The model's latest train()/eval() calls kept for the facts (Lightning makes two per validation).
+MODE_CALLS_KEPT = 64
 # What one evaluation call's record holds (an EvalCall, its float and counts, its list slot): measured,
 # 152 bytes a call over 200,000 calls' RSS. Counted in own_bytes with the rows' prints (8 bytes a row):
 # Karpathy's train.py keeps 400 calls an evaluation, a long run hundreds of evaluations.
@@ -79,6 +81,8 @@ class Monitor:
         self.main: Optional[torch.optim.Optimizer] = None  # the optimizer whose steps are the rows
         self.model: Optional[torch.nn.Module] = None  # the trained model, bound at the first step
         self.candidates: list[torch.nn.Module] = []  # modules called under grad before the first step
+        self.forward_in_eval = False  # the last forward under grad ran with the model in eval mode
+        self.mode_calls: list[tuple[int, bool, str]] = []  # (steps done, mode, where) of the model's train()/eval()
         self._reset_step()
         self.pending: Optional[dict] = None  # the last closed step, finalised when the next one closes
         # the evaluation under way: per loss call (value, target tokens, call site, loader, its rows' prints)
@@ -115,6 +119,7 @@ class Monitor:
         self.clip_norm: Any = None
         self.tokens = 0
         self.wait: dict[int, float] = {}  # loader id -> seconds waited in this step
+        self.eval_mode_micro = 0  # micro-batches whose forward ran in eval mode before their backward
 
     # ------------------------------------------------------------------ what the hooks call
 
@@ -180,6 +185,9 @@ class Monitor:
         if value is not None:
             self.micro.append(value)
         self.ce_train = []
+        if self.forward_in_eval:  # the forward this backward ends ran with the model in eval mode
+            self.eval_mode_micro += 1
+            self.forward_in_eval = False
 
     def forward_called(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         if self.busy:
@@ -197,6 +205,9 @@ class Monitor:
             return
         if ids is None:
             return
+        # under grad in eval mode: training in eval mode if a backward follows (see backward_called), an
+        # evaluation left under grad if none does
+        self.forward_in_eval = torch.is_grad_enabled() and not module.training
         training = torch.is_grad_enabled() and module.training
         if training:
             self.tokens += ids.numel()
@@ -215,6 +226,15 @@ class Monitor:
             self.eval_prints.append(self._fingerprints(ids))
         finally:
             self.busy = False
+
+    def mode_set(self, module: torch.nn.Module, mode: bool, where: str) -> None:
+        """`module.train(mode)` (an `eval()` is one) on the watched model or a module holding it."""
+        if self.model is None or not (module is self.model or any(m is self.model for m in module.modules())):
+            return
+        if self.mode_calls and self.mode_calls[-1][1] == bool(mode):  # the Trainer calls train() every step
+            return
+        self.mode_calls.append((len(self.series) + (self.pending is not None), bool(mode), where))
+        del self.mode_calls[:-MODE_CALLS_KEPT]
 
     def batch_waited(self, loader: Any, seconds: float) -> None:
         key = id(loader)
@@ -272,7 +292,8 @@ class Monitor:
                   "skipped": skipped, "wall": now - self.last_close, "tokens": self.tokens, "wait": wait,
                   "batches": sum(self.loaders[key]["batches"] for key in trains),
                   "rss": self.rss(), "cuda": cuda_memory(),
-                  "scale": None, "index": len(self.series) + (self.pending is not None), "position": self.position}
+                  "scale": None, "index": len(self.series) + (self.pending is not None), "position": self.position,
+                  "eval_mode": bool(self.micro) and self.eval_mode_micro >= len(self.micro)}
         self.last_close = now
         self.eval_draws = self.draws  # batches drawn for training are no evaluation's
         self._reset_step()
@@ -353,6 +374,7 @@ class Monitor:
         facts.update(ended=ended, seconds=time.perf_counter() - self.started, max_steps=self.max_steps,
                      vocab=self.vocab, schedulers=self.schedulers, scaler=self.scaler_seen,
                      device=device_of(self.main), dropout=has_dropout(self.model),
+                     mode_calls=[list(call) for call in self.mode_calls[-MODE_CALLS_KEPT:]],
                      planned_steps=self.max_steps, planned_from=self.planned_from if self.max_steps else None)
         self._promises()
         if self.refilled or self.trained.full:  # the eval-gap evidence is partial: say so
@@ -407,7 +429,8 @@ class Monitor:
                       micro_losses=finite, grad_norm=norm, group_norms=groups, lrs=closed["lrs"],
                       scale=number(closed["scale"]), skipped=closed["skipped"], wall=closed["wall"], data_wait=closed["wait"],
                       tokens=closed["tokens"] or None, rss=closed["rss"], cuda_allocated=allocated,
-                      cuda_reserved=reserved, batches=closed["batches"], scheduler_steps=closed["position"])
+                      cuda_reserved=reserved, batches=closed["batches"], scheduler_steps=closed["position"],
+                      eval_mode=closed["eval_mode"])
         if self.row_bytes is None:
             self.row_bytes = deep_size(row)
         row.own_bytes = (len(self.series.steps) + 1) * self.row_bytes + 8 * self.trained.count + self.eval_bytes

@@ -36,6 +36,9 @@ class StepRow:
     # scheduler.step() calls made so far on the scheduler driving the optimizer: the position in its
     # promise (facts["schedulers"][i]["promise"]) that this step's rate should come from
     scheduler_steps: Optional[int] = None
+    # the step's micro-batches were trained with the model in eval mode (its dropout off): the forward
+    # before each backward ran under grad with module.training False
+    eval_mode: bool = False
 
 
 # EvalPoint.split: what the source's rows are, as the monitor could tell (watching/sources.py)
