@@ -222,10 +222,6 @@ class _Budgets:
         return ""
 
 
-# `watch`: after Ctrl-C, how long the worker gets to judge the steps it recorded and send the report.
-CTRL_C_GRACE_SECONDS = 60.0
-
-
 def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float, per_check: float,
            progress, output_read: Optional[int] = None, forward_ctrl_c: bool = False) -> Outcome:
     budgets = _Budgets(timeout, per_check)
@@ -245,8 +241,13 @@ def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float
             if not forward_ctrl_c or stopped_by(interrupt).signum != signal.SIGINT or proc.poll() is not None:
                 raise
             forward_ctrl_c, state["forwarded"] = False, True
-            os.kill(proc.pid, signal.SIGINT)
-            budgets = _Budgets(CTRL_C_GRACE_SECONDS, CTRL_C_GRACE_SECONDS)
+            # to the worker's process group, as a terminal's Ctrl-C reaches the bare script's (its
+            # DataLoader workers, its subprocesses); the run keeps its budgets: the script's own
+            # KeyboardInterrupt handler may save a checkpoint of any size, and a second Ctrl-C stops all
+            try:
+                os.killpg(proc.pid, signal.SIGINT)
+            except (ProcessLookupError, PermissionError):
+                os.kill(proc.pid, signal.SIGINT)
             continue
         if output_read is not None and output_read in ready:
             _relay_output(output_read, progress, watched)
