@@ -42,6 +42,9 @@ from tfdoctor.watching.sources import WEIGHTINGS, EvalCall, eval_points
 # Trained ids held before they are fingerprinted together: one hash per this many forwards, not one
 # each (three tensor ops a forward cost a tiny model's step about 1%).
 HASH_EVERY = 16
+# With a clip (which measures the global norm) and several param groups, their own norms (a pass over
+# the gradients, ~1% of a 3 ms step, for the HTML figure alone) are measured every this many steps.
+GROUP_NORMS_EVERY = 10
 # The model's latest train()/eval() calls kept for the facts (Lightning makes two per validation).
 MODE_CALLS_KEPT = 64
 # What one evaluation call's record holds (an EvalCall, its float and counts, its list slot): measured,
@@ -499,6 +502,8 @@ class Monitor:
         group and a clip that has measured the norm already, that norm is the group's: no second pass."""
         if self.clip_norm is not None and len(optimizer.param_groups) == 1:
             return [self.clip_norm]
+        if self.clip_norm is not None and (len(self.series) + (self.pending is not None)) % GROUP_NORMS_EVERY:
+            return []  # the clip measured the global norm; the groups' are for the figure, drawn every few steps
         self.busy = True
         try:
             norms = []
