@@ -106,9 +106,9 @@ def test_model_holding_non_leaf_tensors_is_copied_detached():
     clone, note = trainable_copy(model)
     assert "2 non-leaf tensor(s)" in note and clone.blocks[0].attn.attn.grad_fn is None
     assert model.blocks[0].attn.attn.grad_fn is not None  # the user's own attribute is left as it was
+    # in the battery, masked-row-nan's forward with gradients leaves those non-leaf tensors behind
     report = run_checks(model, only=["masked-row-nan", "overfit-batch"], pad_id=0)
     assert report["overfit-batch"].status.value == "pass", report["overfit-batch"].message
-    assert "non-leaf tensor(s)" in report["overfit-batch"].message
     looped = overfit_with("correct", "gpt_keeps_attention")  # through a loop: its copies too
     assert looped.status.value == "pass", looped.message
 
