@@ -32,7 +32,8 @@ def cache_consistency(subject) -> Result:
     drawn tokens), so each model's convention is followed: its cache or state object, the arguments
     its prepare_inputs_for_generation passes; under each attention implementation, also with a
     left-padded prompt batch and its attention mask. A model whose generate() feeds the whole
-    sequence again at every step keeps no cache: skipped, saying so. Other models are run when given
+    sequence again at every step keeps no cache: skipped, saying so; so is a library whose own cached
+    decoding crashes (its exception and line named as the library's). Other models are run when given
     Subject(incremental=fn) with fn(model, input_ids [B, t], state) -> (logits, state), state None on
     the first call. In bfloat16 or float16 a difference within that precision's rounding is measured
     again in float32 before it is judged. Reports the first position that diverges and by how much.
@@ -244,7 +245,7 @@ def own_decoder_verdict(run, departs: list, memorised, shown, details: dict) -> 
         "method": own.method, "location": own.location, "greedy_by": own.how, "returned": own.returned,
         "arguments": own.arguments, "tokens_compared": n, "first_departure_per_row": firsts}
     found = [(t, r) for r, t in enumerate(firsts) if t is not None and memorised(r, t)]
-    call = f"{own.method}() ({own.location}, called with {own.how})"
+    call = f"{own.method}() ({own.location}, greedy by {own.how})"
     if found and own.repeatable is False:
         evidence["repeatable"] = False
         return None, (f"; {call} decodes at random even so (two seeds gave different tokens): its tokens are not "

@@ -489,12 +489,20 @@ def generation(subject) -> Result:
     token there (same prefix, so the same prediction is due), the model is judged inconsistent, at
     that position. Then the same decoding runs through the cache: departing only there through your
     Subject.incremental fails (the cache path differs); through a library's generate() it is noted and
-    cache-consistency judges. Skips when the model did not memorise the batch, and under --train
-    (overfit-batch trains through your loop, which stops long before memorising).
+    cache-consistency judges (a library whose cached decoding crashes is named as the library's).
+    A model with a generate() method of its own (nanoGPT's generate(idx, max_new_tokens, temperature,
+    top_k), minGPT's, nanochat's) is decoded through it too, from the same first tokens, greedily
+    (do_sample=False, top_k=1, else a tiny temperature, else each torch.multinomial draw taken as its
+    most likely choice; seeded): departing from the batch where tfdoctor's loop reproduces it fails,
+    naming the method's line (a window left-filled with a filler token, each cached token embedded at
+    position 0). A method that cannot be called with token ids, or samples at random even so, is
+    noted and not judged. Skips when the model did not memorise the batch or cannot be trained on it,
+    and under --train (overfit-batch trains through your loop, which stops long before memorising).
 
     Fix: give every position at training exactly the context it has when decoding: a causal mask
     `torch.tril(ones(T, T))`, positions counted from the start (`arange(past, past + T)`), nothing
-    that depends on the sequence's length or its future.
+    that depends on the sequence's length or its future; make generate() feed the model the last
+    block_size tokens as they are, each new cached token at position cache length.
     """
     from tfdoctor.errors import first_line
     from tfdoctor.probes.decoding import MODEL_ERRORS, raised_by_model

@@ -42,8 +42,8 @@ GREEDY_SWITCHES = {"do_sample": False, "sample": False, "sampling": False, "use_
 # A temperature where the decoder has no other switch: logits / 1e-4 make a token 1e-3 nats behind
 # the top one 1e-4 times as likely (exp(-10)); the memorised tokens the check judges lead by >= 1 nat.
 TEMPERATURE = 1e-4
-# The prompt parameter's name where the decoder takes a Python list per sequence.
-PROMPT_NAMES = ("idx", "input_ids", "ids", "tokens", "x", "prompt", "context", "inputs", "input", "token_ids")
+# A first parameter that takes text or a tokenizer, not token ids (mamba.py's generate(tokenizer, prompt, ...)).
+TEXT_WORDS = ("tokenizer", "enc", "text", "string")
 
 
 class NotDrivable(Exception):
@@ -114,6 +114,9 @@ def _plan(method: Callable, device: torch.device, seed: int) -> _Plan:
     if not positional:
         raise NotDrivable("it takes no positional prompt (generate(idx, max_new_tokens, ...) is what is called)")
     prompt = positional[0]
+    if any(word in prompt.name.lower() for word in TEXT_WORDS) or prompt.annotation in (str, "str"):
+        raise NotDrivable(f"its first parameter is {prompt.name}: it decodes text, not token ids (tfdoctor calls "
+                          "generate(ids, n, ...))")
     by_name = {p.name.lower(): p for p in named[1:]}
     count = next((by_name[n] for n in NEW_TOKEN_NAMES + TOTAL_LENGTH_NAMES if n in by_name), None)
     if count is None:  # the second positional parameter without a default, as generate(idx, 100) passes it
@@ -143,8 +146,8 @@ def _plan(method: Callable, device: torch.device, seed: int) -> _Plan:
         hows.append(f"{temperature.name}={TEMPERATURE:g}")
     required = [p.name for p in named if p.default is p.empty and p not in (prompt, count) and p.name not in fixed]
     if required:
-        raise NotDrivable(f"it requires {', '.join(required)}, which tfdoctor cannot give "
-                          f"(it calls generate({prompt.name}, {count.name}, ...) with token ids)")
+        raise NotDrivable(f"it requires {', '.join(required)} besides {prompt.name} and {count.name}, which "
+                          "tfdoctor cannot give")
     patch = not hows
     how = ", ".join(hows) if hows else "every torch.multinomial draw taken as its most likely choice"
     return _Plan(prompt, count, count.name.lower() in TOTAL_LENGTH_NAMES, fixed, how, patch)
