@@ -108,8 +108,9 @@ def test_a_decoder_that_departs_only_through_its_own_generate_fails_naming_it(fi
     json.dumps(d)
 
 
-@pytest.mark.parametrize("fixture", ["gpt_generate", "gpt_generate_cached"])
+@pytest.mark.parametrize("fixture", ["gpt_generate", "gpt_generate_cached", "mamba_generate"])
 def test_a_correct_own_generate_reproduces_the_batch(fixture, report_of):
+    """With or without a cache of its own: a key/value cache, or a Mamba's recurrent state and window."""
     result = report_of(fixture, GENERATION)["generation"]
     assert result.status.value == "pass", result.message
     own = result.details["own_decoder"]
