@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
 
@@ -222,9 +223,13 @@ def _call(method: Callable, plan: _Plan, prompt, amount: int, seed: int):
         args.append(amount)
     else:
         kwargs[plan.count.name] = amount
-    with torch.random.fork_rng(devices=devices), _argmax_draws(plan.patch_multinomial), torch.no_grad():
+    # a sampler that prints what it decodes (or a progress bar) prints into tfdoctor's report: kept out
+    with torch.random.fork_rng(devices=devices), _argmax_draws(plan.patch_multinomial), torch.no_grad(), \
+            contextlib.redirect_stdout(io.StringIO()):
         torch.manual_seed(seed)
-        return method(*args, **kwargs)
+        out = method(*args, **kwargs)
+        # a generator runs its body only when iterated: inside the patch and the seed
+        return list(out) if inspect.isgenerator(out) else out
 
 
 def _row_by_row(method, plan: _Plan, prompt: torch.Tensor, new: int, amount: int, seed: int, device,
