@@ -110,3 +110,27 @@ MORE_MODELS = {
                     decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
                     decoder_ffn_dim=128, max_position_embeddings=64),
 }
+
+
+def hf_blt():
+    """Tiny BLT (transformers 5.25): its cached decoding raises in the library (use_cache off so that
+    its forward runs at all)."""
+    from transformers import BltConfig, BltForCausalLM
+
+    sub = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=128, head_dim=16,
+               max_position_embeddings=256, sliding_window=64, num_hidden_layers=1)
+    return BltForCausalLM(BltConfig(
+        vocab_size=260, max_position_embeddings=256, patch_size=4, patching_mode=None, patch_in_forward=False,
+        encoder_hash_byte_group_vocab=1000, encoder_hash_byte_group_size=[3, 4], local_attention_window_len=64,
+        use_cache=False, patcher_config=dict(sub, vocab_size=260),
+        encoder_config=dict(sub, hidden_size_global=64, vocab_size=260),
+        decoder_config=dict(sub, hidden_size_global=64, vocab_size=260), global_config=sub))
+
+
+def hf_xlstm():
+    """Tiny xLSTM (transformers 5.25) as configured by default (use_cache=True): its backward refuses
+    the state it updated in place. qk_dim_factor=1 (the default 0.5 does not run at this size)."""
+    from transformers import xLSTMConfig, xLSTMForCausalLM
+
+    return xLSTMForCausalLM(xLSTMConfig(vocab_size=512, hidden_size=64, embedding_dim=64, num_hidden_layers=2,
+                                        num_blocks=2, num_heads=4, chunk_size=16, qk_dim_factor=1.0))

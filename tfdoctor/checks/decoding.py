@@ -32,7 +32,8 @@ def cache_consistency(subject) -> Result:
     drawn tokens), so each model's convention is followed: its cache or state object, the arguments
     its prepare_inputs_for_generation passes; under each attention implementation, also with a
     left-padded prompt batch and its attention mask. A model whose generate() feeds the whole
-    sequence again at every step keeps no cache: skipped, saying so. Other models are run when given
+    sequence again at every step keeps no cache: skipped, saying so; so is a library whose own cached
+    decoding crashes (its exception and line named as the library's). Other models are run when given
     Subject(incremental=fn) with fn(model, input_ids [B, t], state) -> (logits, state), state None on
     the first call. In bfloat16 or float16 a difference within that precision's rounding is measured
     again in float32 before it is judged. Reports the first position that diverges and by how much.
@@ -58,7 +59,7 @@ def _cache_arms(subject, hugging_face: bool) -> list:
 
     from tfdoctor.context import current
     from tfdoctor.errors import first_line
-    from tfdoctor.probes.decoding import MODEL_ERRORS, compare_cache, raised_by_model
+    from tfdoctor.probes.decoding import MODEL_ERRORS, compare_cache, crash_reason, library_crash, raised_by_model
     from tfdoctor.probes.generation import accepts
     from tfdoctor.probes.modes import evaluation
 
@@ -73,7 +74,8 @@ def _cache_arms(subject, hugging_face: bool) -> list:
                 if not raised_by_model(exc):
                     raise
                 raised.append(("left-padded prompts with their attention mask" if left_padded else
-                               "a prompt then one token at a time", first_line(exc)))
+                               "a prompt then one token at a time", first_line(exc),
+                               crash_reason(subject.model, exc) if library_crash(exc) else None))
     return arms, raised
 
 
@@ -84,14 +86,18 @@ def _judge_cache(subject, hugging_face: bool) -> Result:
         arms, raised = _cache_arms(subject, hugging_face)
     except NotComparable as exc:
         return Result.skipped(f"no cached decoding to compare: {exc}")
+    if raised and not arms and all(library for _, _, library in raised):
+        # the library's own decoding breaks on every variant (transformers 5.25's BLT): its failure, named
+        return Result.skipped(f"no cached decoding to compare: {raised[0][2]}",
+                              {"raised": {variant: error for variant, error, _ in raised}, "library_crash": True})
     verdict = _judged_arms(subject, hugging_face, arms) if arms else None
     if raised and (verdict is None or verdict.status.value in ("pass", "skip")):
-        variant, error = raised[0]
+        variant, error, _ = raised[0]
         agreed = f"; {verdict.message}" if verdict is not None else ""
         return Result.warned(f"the model raises when decoding {variant} ({error}), the way "
                              f"{'generate()' if hugging_face else 'Subject.incremental'} runs it{agreed}",
                              "make the model run this variant (batched generation pads prompts on the left and "
-                             "passes their attention mask)", {"raised": dict(raised)})
+                             "passes their attention mask)", {"raised": {v: e for v, e, _ in raised}})
     return verdict
 
 
@@ -211,3 +217,53 @@ def _length_dependent_result(arm, details: dict, where: str, gap: float, note: s
         f"the full forward of the whole sequence differs from them first at {where}, by {gap:.3g}: it gives a "
         f"position other logits when more tokens follow it (see future-leak{' and padding-equivalence' if batch else ''})"
         f"{note}", details)
+
+
+# --- generation's arm through the model's own generate() method (checks/learning.py generation) ------
+
+def own_decoder_verdict(run, departs: list, memorised, shown, details: dict) -> tuple:
+    """(a failure or None, a note for the pass) on the tokens the model's own generate() decoded
+    greedily from each row's first token (run.own), against the memorised batch. `departs` holds,
+    per row, where tfdoctor's greedy loop (the whole prefix through forward) first left the batch
+    (None: never); `memorised(r, t)` whether the full forward predicts the batch's token there with
+    confidence. The method is judged at its first departure in a row where the loop still followed
+    the batch: the same prefix, so the same prediction is due. Its evidence goes to
+    details["own_decoder"]."""
+    own = run.own
+    if own is None:
+        if run.own_missing:
+            details["own_decoder"] = {"not_run": run.own_missing}
+        return None, (f"; {run.own_missing}" if run.own_missing else "")
+    B, L = run.rows.shape
+    n = min(own.tokens.shape[1], L)
+    firsts = []
+    for r in range(B):
+        upto = min(n, (departs[r] if departs[r] is not None else L - 1) + 1)
+        diff = (own.tokens[r, 1:upto] != run.rows[r, 1:upto]).nonzero()
+        firsts.append(int(diff[0]) + 1 if diff.numel() else None)
+    evidence = details["own_decoder"] = {
+        "method": own.method, "location": own.location, "greedy_by": own.how, "returned": own.returned,
+        "arguments": own.arguments, "tokens_compared": n, "first_departure_per_row": firsts}
+    found = [(t, r) for r, t in enumerate(firsts) if t is not None and memorised(r, t)]
+    call = f"{own.method}() ({own.location}, greedy by {own.how})"
+    if found and own.repeatable is False:
+        evidence["repeatable"] = False
+        return None, (f"; {call} decodes at random even so (two seeds gave different tokens): its tokens are not "
+                      "judged")
+    if not found:
+        short = f", {n} of {L} tokens (it stopped early)" if n < L else ""
+        return None, f" and through your {own.method}(){short}"
+    t, r = min(found)
+    decoded, wanted = own.tokens[r], run.rows[r]
+    details.update(row=r, position=t, expected_token=int(wanted[t]), decoded_token=int(decoded[t]),
+                   decoded=shown(decoded, t), memorised=shown(wanted, t), departing_rows=len(found))
+    argmax = " (its argmax path)" if own.sampled else ""
+    return Result.failed(
+        f"your decoder {call}{argmax} departs from the memorised batch at position {t} of row {r}: token "
+        f"{int(decoded[t])} where the batch has {int(wanted[t])}, which tfdoctor's greedy loop (the whole prefix "
+        f"through forward) decodes and the full forward predicts ({len(found)} of {B} rows depart): "
+        f"{own.method}() gives the model another context than training does",
+        f"make {own.method}() feed the model what training feeds it: the last block_size tokens as they are "
+        "(idx[:, -block_size:], nothing filled in front), positions counted from the first token, and with a "
+        "cache each new token at position cache length (arange(past, past + t)) with keys/values appended once",
+        details), ""

@@ -489,12 +489,20 @@ def generation(subject) -> Result:
     token there (same prefix, so the same prediction is due), the model is judged inconsistent, at
     that position. Then the same decoding runs through the cache: departing only there through your
     Subject.incremental fails (the cache path differs); through a library's generate() it is noted and
-    cache-consistency judges. Skips when the model did not memorise the batch, and under --train
-    (overfit-batch trains through your loop, which stops long before memorising).
+    cache-consistency judges (a library whose cached decoding crashes is named as the library's).
+    A model with a generate() method of its own (nanoGPT's generate(idx, max_new_tokens, temperature,
+    top_k), minGPT's, nanochat's) is decoded through it too, from the same first tokens, greedily
+    (do_sample=False, top_k=1, else a tiny temperature, else each torch.multinomial draw taken as its
+    most likely choice; seeded): departing from the batch where tfdoctor's loop reproduces it fails,
+    naming the method's line (a window left-filled with a filler token, each cached token embedded at
+    position 0). A method that cannot be called with token ids, or samples at random even so, is
+    noted and not judged. Skips when the model did not memorise the batch or cannot be trained on it,
+    and under --train (overfit-batch trains through your loop, which stops long before memorising).
 
     Fix: give every position at training exactly the context it has when decoding: a causal mask
     `torch.tril(ones(T, T))`, positions counted from the start (`arange(past, past + T)`), nothing
-    that depends on the sequence's length or its future.
+    that depends on the sequence's length or its future; make generate() feed the model the last
+    block_size tokens as they are, each new cached token at position cache length.
     """
     from tfdoctor.errors import first_line
     from tfdoctor.probes.decoding import MODEL_ERRORS, raised_by_model
@@ -506,7 +514,12 @@ def generation(subject) -> Result:
     if subject.vocab_size < OVERFIT_MIN_VOCAB:
         return Result.skipped(f"a vocabulary of {subject.vocab_size} tokens: overfit-batch cannot judge "
                               "memorising it, so there is no memorised copy to decode")
-    result, kept = _memorised(subject)
+    try:
+        result, kept = _memorised(subject)
+    except MODEL_ERRORS as exc:  # overfit-batch reports the crash; here there is nothing to decode
+        if not raised_by_model(exc):
+            raise
+        return Result.skipped(_untrainable(subject, exc), {"error": first_line(exc)})
     if "model" not in kept:
         return Result.skipped(f"the model did not memorise the batch (overfit-batch: {result.status.value}), so "
                               "what it decodes says nothing about a mismatch")
@@ -521,6 +534,23 @@ def generation(subject) -> Result:
         return Result.skipped(f"the model refuses the short prefixes greedy decoding feeds it (from 1 token on): "
                               f"{first_line(exc)}", {"error": first_line(exc)})
     return _generation_verdict(run)
+
+
+def _untrainable(subject, exc) -> str:
+    """Why generation has no memorised copy when training a copy raised in the model's code."""
+    from tfdoctor.errors import first_line
+    from tfdoctor.probes.decoding import library_crash, modified_in_place
+    from tfdoctor.probes.implementations import library_release
+
+    cause = first_line(exc)
+    if modified_in_place(exc):
+        cause = ("its backward refuses the graph: a tensor the forward saved for the gradient is modified in place "
+                 "afterwards (a recurrent state or cache updated in place)")
+    where = library_crash(exc) if not modified_in_place(exc) else None
+    whose = (f" inside {library_release(subject.model)} ({where})" if where else
+             f" ({library_release(subject.model)})" if modified_in_place(exc) else "")
+    return (f"the model cannot be trained on a batch{whose}: {cause}; so there is no memorised copy to decode "
+            "(overfit-batch reports the same)")
 
 
 def _first_departure(a, b, upto: int) -> list:
@@ -565,6 +595,11 @@ def _generation_verdict(run) -> Result:
             f"at position {t}: token {int(decoded[t])} where the batch has {int(wanted[t])}, although the full forward "
             f"of the batch, from the same prefix, predicts {int(wanted[t])}{repeats} ({len(mismatched)} of {B} rows "
             "depart where the full forward is right): what training sees is not what decoding sees", hint, details)
+    from tfdoctor.checks.decoding import own_decoder_verdict
+
+    failed, own_note = own_decoder_verdict(run, departs, memorised, _shown, details)
+    if failed is not None:
+        return failed
     if run.cached is not None:
         agreed = [t if t is not None else run.cached_upto for t in departs]
         cache_departs = [_first_departure(run.cached[r:r + 1], run.uncached[r:r + 1], min(run.cached_upto, a + 1))[0]
@@ -596,4 +631,4 @@ def _generation_verdict(run) -> Result:
         note = (f"; {len(unmemorised)} row(s) depart where the model had not memorised the token (row {r} at "
                 f"position {t}: its full forward misses it too), judged up to there")
     return Result.passed(f"greedy decoding from each row's first token writes the memorised batch again ({B} rows of "
-                         f"{L} tokens) {arms}{note}", details)
+                         f"{L} tokens) {arms}{own_note}{note}", details)

@@ -18,30 +18,74 @@ from tfdoctor.tolerances import EQUIVALENCE_TOLERANCE
 DECODE_STEPS = 8
 
 
-# What a model's own code raises when it cannot run a variant (a padded mask, another kernel).
-MODEL_ERRORS = (RuntimeError, ValueError, IndexError, TypeError, AssertionError, NotImplementedError)
+# What a model's own code raises when it cannot run a variant (a padded mask, another kernel), or
+# where its library breaks (transformers 5.25's BLT reads config.num_hidden_layers, which its config
+# lacks, as soon as generate() builds its cache: AttributeError). raised_by_model tells them from
+# tfdoctor's own.
+MODEL_ERRORS = (RuntimeError, ValueError, IndexError, TypeError, AssertionError, NotImplementedError,
+                AttributeError, KeyError)
 
 
 class NotComparable(Exception):
     """The model's decoding has nothing to compare (no cache kept): a reason to skip, not a fault."""
 
 
+def _frames(exc: BaseException) -> list:
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    return frames
+
+
+def _torch_root() -> str:
+    import os
+
+    return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+def modified_in_place(exc: BaseException) -> bool:
+    """An autograd error on a tensor the forward saved and then changed in place: raised in the
+    backward() tfdoctor calls, but caused by the model's forward (transformers 5.25's xLSTM updates
+    its recurrent state in place when use_cache=True, in train and eval mode alike)."""
+    return isinstance(exc, RuntimeError) and "modified by an inplace operation" in str(exc)
+
+
 def raised_by_model(exc: BaseException) -> bool:
     """Whether the exception comes from the model's (or its library's) code: the innermost frame
-    outside torch itself is not tfdoctor's. tfdoctor's own exceptions stay errors."""
+    outside torch itself is not tfdoctor's, or autograd refused a graph the forward changed in place.
+    tfdoctor's own exceptions stay errors."""
     import os
 
     import tfdoctor
 
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        frames.append(os.path.abspath(tb.tb_frame.f_code.co_filename))
-        tb = tb.tb_next
+    if modified_in_place(exc):
+        return True
     ours = os.path.dirname(os.path.abspath(tfdoctor.__file__)) + os.sep
-    library = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-    innermost = next((f for f in reversed(frames) if not f.startswith(library)), None)
+    library = _torch_root()
+    files = [os.path.abspath(f) for f, _ in _frames(exc)]
+    innermost = next((f for f in reversed(files) if not f.startswith(library)), None)
     return innermost is not None and not innermost.startswith(ours)
+
+
+def library_crash(exc: BaseException) -> Optional[str]:
+    """Where an installed library other than torch raised `exc` ("transformers/cache_utils.py:2121"),
+    when no user code is on its way (a library's model class used as it is): the library's crash,
+    not the user's model's. None when the user's code is in the traceback, or no such library is."""
+    import os
+
+    from tfdoctor.sites import is_library
+
+    torch_root = _torch_root()
+    frames = _frames(exc)
+    if any(not is_library(f) for f, _ in frames):  # "<frozen ...>" is no user file: is_library sees the raw name
+        return None
+    for path, line in reversed([(os.path.abspath(f), line) for f, line in frames]):
+        for marker in (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}"):
+            if marker in path and not path.startswith(torch_root):
+                return f"{path.split(marker, 1)[1]}:{line}"
+    return None
 
 
 @dataclass
@@ -240,3 +284,17 @@ def compare_cache(subject: Subject, generator: torch.Generator, left_padded: boo
     if left_padded:
         comparison.details["pads_per_row"] = (~real[:, :prefill]).sum(1).tolist()
     return comparison
+
+
+def crash_reason(model: torch.nn.Module, exc: BaseException) -> str:
+    """What to say when the model's generate() raised: the library's crash, named with its release
+    and the line that raised, or the model's."""
+    from tfdoctor.errors import first_line
+    from tfdoctor.probes.implementations import library_release
+
+    name = type(model).__name__
+    where = library_crash(exc)
+    if where is not None:
+        return (f"{name}'s cached decoding crashes inside {library_release(model)} itself ({first_line(exc)}, "
+                f"raised at {where}): the library's failure, not your model's")
+    return f"{name}.generate() raises {first_line(exc)}"

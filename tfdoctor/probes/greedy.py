@@ -8,7 +8,9 @@ measures three things on the model that overfit-batch trained (probes/memorise.p
 - `cached`: the prediction at every position through the model's cache, fed the uncached decode's
   tokens (Subject.incremental, or a Hugging Face model's own generate() forced to those tokens, as
   cache-consistency drives it), so its first departure from `uncached` is where cached greedy
-  decoding would part from it.
+  decoding would part from it;
+- `own`: the tokens the model's own generate() method decodes greedily from each row's first token
+  (nanoGPT's generate(idx, max_new_tokens, ...), probes/own_decoder.py), with or without its cache.
 Predictions only; the check (checks/learning.py generation) judges them.
 """
 
@@ -20,10 +22,12 @@ from typing import Optional
 
 import torch
 
+from tfdoctor.probes.decoding import MODEL_ERRORS, crash_reason, raised_by_model
 from tfdoctor.probes.generation import decode_as_generate, why_not_generate, without_stop_tokens
 from tfdoctor.probes.invariance import hf_causal
 from tfdoctor.probes.loss import LMBatch
 from tfdoctor.probes.modes import evaluation
+from tfdoctor.probes.own_decoder import OwnDecode
 from tfdoctor.subject import Subject, call, extract_logits
 
 
@@ -39,6 +43,8 @@ class GreedyRun:
     details: dict = field(default_factory=dict)
     # [B, L] the full forward's log-probability margin of its top token over the next (column 0: inf)
     margin: Optional[torch.Tensor] = None
+    own: Optional[OwnDecode] = None  # the model's own generate() method, greedy from each row's first token
+    own_missing: Optional[str] = None  # why that method was not run (none, not drivable, it raised)
 
 
 def _argmax(logits) -> torch.Tensor:
@@ -106,10 +112,45 @@ def decode_memorised(subject: Subject, model: torch.nn.Module, batch: LMBatch) -
             run.cached = torch.cat([uncached[:, :1], _through_incremental(clone, along)], dim=1)
             run.cached_upto, run.cache_driver = rows.shape[1], "incremental"
         elif hf_causal(subject) and why_not_generate(model) is None:
-            preds, upto, run.no_cache = _through_generate(clone, along)
+            try:
+                preds, upto, run.no_cache = _through_generate(clone, along)
+            except MODEL_ERRORS as exc:  # its generate() cannot decode: said, and the loop's arm still judged
+                if not raised_by_model(exc):
+                    raise
+                preds, run.no_cache = None, f"no cached decoding: {crash_reason(model, exc)}"
             if preds is not None:
                 run.cached = torch.cat([uncached[:, :1], preds.cpu()], dim=1)
                 run.cached_upto, run.cache_driver = upto, "generate"
         else:
             run.no_cache = "no cached decoding: pass Subject(incremental=fn) (Hugging Face causal LMs need none)"
+        run.own, run.own_missing = _through_own_generate(model, rows[:, :1], rows.shape[1] - 1, uncached)
     return run
+
+
+def _through_own_generate(model: torch.nn.Module, first: torch.Tensor, new: int, uncached: torch.Tensor):
+    """(the model's own generate() from `first`, or None and why not). A model without such a method
+    has None and None; an exception its generate() raises is the reason, tfdoctor's own propagates.
+    Where its tokens part from `uncached`, it is called again with another seed: a decoder that still
+    samples (a draw its switches did not turn off) is then marked not repeatable."""
+    from tfdoctor.context import current
+    from tfdoctor.errors import first_line
+    from tfdoctor.probes.own_decoder import NotDrivable, decode_with_own_generate, describe, own_generate
+
+    method = own_generate(model)
+    if method is None:
+        return None, None
+    name = describe(method)[0]
+    seed = current().seed
+    try:
+        own = decode_with_own_generate(model, first, new, seed)
+        n = min(own.tokens.shape[1], uncached.shape[1])
+        if not torch.equal(own.tokens[:, :n], uncached[:, :n]):
+            again = decode_with_own_generate(model, first, new, seed + 1)
+            own.repeatable = again.tokens.shape == own.tokens.shape and torch.equal(again.tokens, own.tokens)
+        return own, None
+    except NotDrivable as exc:
+        return None, f"{name}() cannot be called here: {exc}"
+    except MODEL_ERRORS as exc:
+        if not raised_by_model(exc):
+            raise
+        return None, f"{name}() raised {first_line(exc)} decoding from a one-token prompt"
