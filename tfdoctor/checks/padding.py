@@ -215,13 +215,13 @@ def masked_row_nan(subject) -> Result:
     Fix: fill masks with `torch.finfo(scores.dtype).min` instead of `float('-inf')`.
     """
     import torch
-    import torch.nn.functional as F
 
     from tfdoctor.context import current
     from tfdoctor.probes.modes import BackwardRefused, DropoutOff
     from tfdoctor.probes.nonfinite import explained, first_nonfinite
+    from tfdoctor.probes.loss import random_targets, task_loss
     from tfdoctor.probes.padding import padded_batch
-    from tfdoctor.subject import call, random_tokens
+    from tfdoctor.subject import call
 
     params = [(name, p) for name, p in subject.model.named_parameters() if p.requires_grad]
     if not params:
@@ -233,12 +233,11 @@ def masked_row_nan(subject) -> Result:
         graded = batch.real_outputs.clone()
         if subject.kind == "seq2seq":
             graded[0] = False  # the target of an all-padding source is not graded either
-        targets = random_tokens(subject, *graded.shape, generator=generator).masked_fill(~graded, -100)
+        targets = random_targets(subject, graded, generator)  # a classifier: its labels, -100 on unread rows
 
         def forward_backward():
             logits = call(subject, *batch.inputs)
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                   ignore_index=-100)
+            loss = task_loss(subject, logits, targets)
             return logits, loss, torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
 
         # eval() switches dropout off; a backward that refuses eval() (Reformer, RWKV) runs in train()
@@ -249,7 +248,7 @@ def masked_row_nan(subject) -> Result:
         except BackwardRefused as refused:
             return Result.skipped(f"no gradient can be taken at these shapes: {refused} (pass the --seq-len "
                                   "the model trains at)")
-        bad_outputs = (~torch.isfinite(logits.detach()).all(dim=-1)).cpu()
+        bad_outputs = (~torch.isfinite(logits.detach()).all(dim=-1)).cpu().reshape(logits.shape[0], -1)  # (B, T or 1)
         bad_params = [name for (name, _), g in zip(params, grads) if g is not None and not bool(torch.isfinite(g).all())]
         details = {"pad_side": batch.side, "pads_per_row": batch.padded.sum(1).tolist(),
                    "loss": float(loss.detach()), "nonfinite_outputs": int(bad_outputs.sum()),
