@@ -32,10 +32,10 @@ HINTS = {
 CAUSES = {
     "edge-position": "only the pad at the row's {edge} position moves them: the head pools that position, "
                      "which is a pad in a {side}-padded row, not the row's {token} token",
-    "attends-pads": "the pads' content moves them and real tokens give the pad keys up to {share:.2g} of their "
-                    "attention: the encoder attends to its pads",
-    "pools-pads": "the pads' content moves them while no attention reaches the pads: the pooling (a mean or "
-                  "max over every position) takes the pads in",
+    "attends-pads": "the pads' content moves them and reaches the encoder's states at real positions{share}: "
+                    "the encoder attends to its pads",
+    "pools-pads": "the pads' content moves them, although the encoder's states at real positions ignore it: "
+                  "the pooling (a mean or max over every position) takes the pads in",
     "reads-pads": "the pads' content moves them: the pads reach the pooled state (attention to the pads, or a "
                   "pooling over every position)",
     "pad-count": "the pads' content changes nothing, yet their number does: a mean divided by the padded length, "
@@ -53,7 +53,9 @@ def _side(subject) -> tuple[str, str]:
 
 def _cause_text(cause: str, evidence: dict, side: str) -> str:
     edge, token = ("last", "last real") if side == "right" else ("first", "first real")
-    return CAUSES[cause].format(edge=edge, side=side, token=token, share=evidence.get("largest_attention_on_pads") or 0)
+    share = evidence.get("largest_attention_on_pads")
+    share = f" (real tokens give the pad keys up to {share:.2g} of their attention)" if share else ""
+    return CAUSES[cause].format(edge=edge, side=side, token=token, share=share)
 
 
 def _judged(subject, judge) -> Result:
@@ -67,6 +69,20 @@ def _judged(subject, judge) -> Result:
             return judge(implementation)
 
     return judged_per_implementation(subject, judged_as_run(subject.model, in_eval))
+
+
+POOLING_CAUSES = ("edge-position", "pools-pads", "pad-count")
+
+
+def _located(subject, rows, cause: str, details: dict) -> None:
+    """A pooling bug is found where the pooled state meets the head: the user's line calling it (the
+    runner would name the attention line, right only when the encoder attends to its pads)."""
+    from tfdoctor.probes.pooled import head_site
+
+    if cause in POOLING_CAUSES:
+        where = head_site(subject, rows.ids)
+        if where:
+            details.update(location=where, call="the classification head, fed the pooled state")
 
 
 def _noise(subject, rows) -> float:
@@ -111,6 +127,7 @@ def pooled_padding_mask(subject) -> Result:
                                  f"their pads' content (largest change {float(change.max()):.2g}){why_side}", details)
         cause, evidence = pooling_cause(subject, rows, generator)
         details.update(evidence, cause=cause)
+        _located(subject, rows, cause, details)
         return Result.failed(f"the class scores of {len(moved)} of {len(rows.lengths)} {side}-padded rows move with "
                              f"their pads' content (largest change {float(change.max()):.3g}): "
                              f"{_cause_text(cause, evidence, side)}", HINTS[cause], details)
@@ -160,6 +177,7 @@ def pooled_padding_equivalence(subject) -> Result:
                                  details)
         cause, evidence = pooling_cause(subject, rows, generator)
         details.update(evidence, cause=cause)
+        _located(subject, rows, cause, details)
         return Result.failed(f"with {side} padding, {len(differs)} of {len(pads)} rows get other class scores than "
                              f"the same sequence alone ({per_row}; largest in the row with {pads[worst]} pads): "
                              f"{_cause_text(cause, evidence, side)}", HINTS[cause], details)

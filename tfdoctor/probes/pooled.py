@@ -80,6 +80,36 @@ def pad_content_change(subject: Subject, rows: PaddedRows, where: torch.Tensor,
     return row_gaps(moved, base) if calls else None
 
 
+def real_state_change(subject: Subject, rows: PaddedRows, generator: torch.Generator) -> Optional[float]:
+    """The largest change of the last block's output (the backbone's states, before any pooling) at
+    real positions when the pads' embeddings are pushed off; None when no repeated block returning
+    [B, T, D] is found. Moved: the blocks read the pads (attention); still: only the pooling does."""
+    from tfdoctor.probes.depth import find_stack
+
+    embedding, stack = input_embedding(subject), find_stack(subject.model)
+    if embedding is None or stack is None:
+        return None
+    seen: list[torch.Tensor] = []
+
+    def keep(module, args, output):
+        state = output[0] if isinstance(output, (tuple, list)) and output else output
+        if isinstance(state, torch.Tensor) and state.shape[:2] == rows.ids.shape:
+            seen.append(state.detach().float())
+
+    handle = stack.blocks[-1][1].register_forward_hook(keep)
+    try:
+        with torch.no_grad():
+            call(subject, rows.ids)
+            with perturbed_pads(embedding, rows.ids, rows.pads, generator):
+                call(subject, rows.ids)
+    finally:
+        handle.remove()
+    if len(seen) != 2:
+        return None
+    real = (~rows.pads).to(seen[0].device)
+    return float(torch.nan_to_num((seen[1] - seen[0]).abs(), nan=float("inf")).amax(-1)[real].max())
+
+
 # Causes pooling_cause names, each with what it means and the fix.
 EDGE, ATTENDED, POOLED_OVER_PADS, READ, COUNT = "edge-position", "attends-pads", "pools-pads", "reads-pads", "pad-count"
 
@@ -90,9 +120,10 @@ def pooling_cause(subject: Subject, rows: PaddedRows, generator: torch.Generator
     - "edge-position": only the pad at the row's edge (the last position of a right-padded row, the
       first of a left-padded one) moves the scores: the head reads that one position, a pad here;
     - "attends-pads": the pads' content moves the scores and real queries give the pad keys a share of
-      their attention (softmax weights seen): the encoder attends to the pads;
-    - "pools-pads": the pads' content moves the scores, no attention on them: the pooling (a mean or
-      max over every position) takes the pads in;
+      their attention (softmax weights seen), or the last block's states at real positions move with it
+      (a fused kernel): the encoder attends to the pads;
+    - "pools-pads": the pads' content moves the scores, no attention on them and the states at real
+      positions stay still: the pooling (a mean or max over every position) takes the pads in;
     - "reads-pads": the pads' content moves the scores, the attention weights not seen (a fused kernel);
     - "pad-count": the pads' content changes nothing, yet their number does: a mean divided by the
       padded length, or positions counted from the row's start.
@@ -125,4 +156,30 @@ def pooling_cause(subject: Subject, rows: PaddedRows, generator: torch.Generator
         return ATTENDED, evidence
     if share is not None and share < PAD_ATTENTION_SHARE[0]:
         return POOLED_OVER_PADS, evidence
+    moved = real_state_change(subject, rows, generator)  # the weights not seen: a fused kernel
+    if moved is not None:
+        evidence["largest_real_state_change_from_pad_content"] = moved
+        states_tol = EQUIVALENCE_TOLERANCE * max(evidence["largest_change_from_pad_content"], 1.0)
+        return (ATTENDED if moved > states_tol else POOLED_OVER_PADS), evidence
     return READ, evidence  # the weights not seen (a fused kernel), or a share too small to claim either
+
+
+def head_site(subject: Subject, ids: torch.Tensor) -> Optional[str]:
+    """The user's "path:line" where the module returning the class scores (the head, fed the pooled
+    state) is called, or None (no such submodule, or it is called from library code only)."""
+    from tfdoctor.sites import call_site
+
+    found: list[tuple[torch.Tensor, Optional[str]]] = []
+
+    def hook(module, args, output):
+        if isinstance(output, torch.Tensor) and output.dim() == 2 and output.shape[0] == ids.shape[0]:
+            found.append((output, call_site(2)))
+
+    handles = [m.register_forward_hook(hook) for name, m in subject.model.named_modules() if name]
+    try:
+        with torch.no_grad():
+            out = call(subject, ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return next((where for tensor, where in reversed(found) if tensor is out or torch.equal(tensor, out)), None)
