@@ -21,7 +21,8 @@ TOKENS = ("token-weighting", "accumulation-scaling")  # tests/test_invariance.py
 GENERATION = ("overfit-batch", "generation")  # tests/test_generation.py's runs (one memorisation shared)
 DETERMINISM = ("eval-determinism",)  # tests/test_determinism.py's table
 DEPTH = ("depth-signal",)  # tests/test_depth.py's table
-BOUNDARIES = ("eos-trained", "packing-labels")  # tests/test_boundaries.py's loop runs on the tiny GPT-2
+BOUNDARIES = ("eos-trained", "packing-labels")
+CLASSIFIER = ("padding-mask", "padding-equivalence", "init-loss", "overfit-batch")  # tests/test_classifiers.py  # tests/test_boundaries.py's loop runs on the tiny GPT-2
 MEMORY_TIGHT = {"train_batch": 8, "train_seq": 64, "budget": "1MiB"}  # tests/test_memory_traced.py
 MEMORY_ROOMY = {"train_batch": 2, "train_seq": 16, "budget": "80GB"}
 
@@ -72,18 +73,23 @@ PLANTED = {
                            [(model("gpt_correct", NUMERICS), "pass"), (model("gpt_sdpa", NUMERICS), "pass")]),
     "half-precision-mask": ([(model("gpt_mask_minus_1e9", NUMERICS), "fail")],
                             [(model("gpt_correct", NUMERICS), "pass"), (model("gpt_sdpa", NUMERICS), "pass")]),
-    "padding-mask": ([(model("gpt_left_padded", PADDING), "fail"), (model("gpt_pad_unmasked", PADDING), "warn")],
-                     [(model("gpt_pad_masked", PADDING), "pass"), (model("gpt_right_padded", PADDING), "pass")]),
+    "padding-mask": ([(model("gpt_left_padded", PADDING), "fail"), (model("gpt_pad_unmasked", PADDING), "warn"),
+                      (model("classifier_attends_pads", CLASSIFIER), "fail")],
+                     [(model("gpt_pad_masked", PADDING), "pass"), (model("gpt_right_padded", PADDING), "pass"),
+                      (model("classifier_correct", CLASSIFIER), "pass")]),
     "masked-row-nan": ([(model("gpt_pad_neg_inf", PADDING), "fail")],
                        [(model("gpt_pad_masked", PADDING), "pass")]),
-    "padding-equivalence": ([(model("gpt_left_pad_positions", ["padding-equivalence"]), "fail")],
-                            [(model("gpt_left_pad_mask_positions", ["padding-equivalence"]), "pass")]),
+    "padding-equivalence": ([(model("gpt_left_pad_positions", ["padding-equivalence"]), "fail"),
+                             (model("classifier_mean_over_pads", CLASSIFIER), "fail"),
+                             (model("classifier_last_position", CLASSIFIER), "fail")],
+                            [(model("gpt_left_pad_mask_positions", ["padding-equivalence"]), "pass"),
+                             (model("classifier_correct", CLASSIFIER), "pass")]),
     "packing-isolation": ([(model("gpt_packed_no_doc_mask", ["packing-isolation"]), "fail")],
                           [(model("gpt_packed", ["packing-isolation"]), "pass")]),
     "cache-consistency": ([(model("gpt_kv_cache_no_mask", ["cache-consistency"]), "fail")],
                           [(model("gpt_kv_cache", ["cache-consistency"]), "pass")]),
     "init-loss": ([(model("gpt_big_init", ["init-loss"]), "fail")],
-                  [(model("gpt_correct", ["init-loss"]), "pass")]),
+                  [(model("gpt_correct", ["init-loss"]), "pass"), (model("classifier_correct", CLASSIFIER), "pass")]),
     "eval-determinism": ([(model("gpt_functional_dropout", DETERMINISM), "fail"),
                           (model("gpt_dropout_unused", DETERMINISM), "warn")],
                          [(model("gpt_functional_dropout_mode", DETERMINISM), "pass"),
@@ -93,7 +99,8 @@ PLANTED = {
                      [(model("gpt_correct", DEPTH), "pass"), (model("postln_deep", DEPTH), "pass")]),
     "overfit-batch": ([(model("gpt_ignores_tokens", ["overfit-batch"]), "fail")],
                       [(model("gpt_correct", ["overfit-batch"]), "pass"),
-                       (model("gpt_big_init", ["overfit-batch"]), "pass")]),
+                       (model("gpt_big_init", ["overfit-batch"]), "pass"),
+                       (model("classifier_correct", CLASSIFIER), "pass")]),
     "generation": ([(model("gpt_triu_mask", GENERATION), "fail"), (model("gpt_positions_from_end", GENERATION), "fail"),
                     (model("gpt_kv_cache_positions", GENERATION), "fail"),
                     (model("gpt_generate_window", GENERATION), "fail"),

@@ -104,11 +104,11 @@ def script_argument(argv: list, module: Optional[str], command: str) -> Optional
     return script
 
 
-def model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id=None) -> dict:
+def model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id=None, task=None) -> dict:
     """The Subject fields the flags give (the ones left out are the Subject's or discovered)."""
     fields = dict(vocab_size=vocab, seq_len=seq_len, batch_size=batch, pad_id=pad_id, eos_id=eos_id,
                   kind=kind.value if kind else None, padding_side=padding_side.value if padding_side else None,
-                  packing=packing.value if packing else None)
+                  packing=packing.value if packing else None, task=task.value if task else None)
     return {k: v for k, v in fields.items() if v is not None}
 
 

@@ -11,6 +11,9 @@ what the model itself says, most trusted first:
    masked and causal LMs, and XLM's class sits in both mappings): does the first output move when
    the last token changes? Then the model reads both ways, an encoder; else causal.
 4. the class names: *ForCausalLM causal, *ForMaskedLM encoder.
+5. a task head (*ForSequenceClassification, *ForTokenClassification) says nothing about its backbone
+   (BERT's and GPT-2's classifiers are named alike): the same measurement, on the backbone's last hidden
+   states (output_hidden_states=True), since a pooled head has no per-position output.
 
 `is_decoder=False` says nothing: GPT-NeoX's causal LM carries it.
 """
@@ -92,9 +95,10 @@ def named_kind(model) -> Optional[str]:
     return None
 
 
-def measured_kind(model, vocab_size: Optional[int], length: int = 8) -> Optional[str]:
+def measured_kind(model, vocab_size: Optional[int], length: int = 8, states: bool = False) -> Optional[str]:
     """"encoder" when output 0 moves as the last of `length` tokens changes, "causal" when it does
-    not, None when the model cannot be called that way. Two rows, one forward, eval mode."""
+    not, None when the model cannot be called that way. Two rows, one forward, eval mode. `states`:
+    measured on the last hidden states instead of the logits (a classifier's backbone)."""
     import torch
 
     from tfdoctor.probes.modes import evaluation
@@ -108,10 +112,15 @@ def measured_kind(model, vocab_size: Optional[int], length: int = 8) -> Optional
     ids = ids.to(next(model.parameters(), torch.empty(0)).device)
     try:
         with torch.no_grad(), evaluation(model):
-            output = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+            output = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                           **({"output_hidden_states": True} if states else {}))
     except Exception:  # a model that wants other inputs: the name-based default stands
         return None
-    logits = getattr(output, "logits", output[0] if isinstance(output, (tuple, list)) else output)
+    if states:
+        hidden = getattr(output, "hidden_states", None)
+        logits = hidden[-1] if isinstance(hidden, (tuple, list)) and hidden else None
+    else:
+        logits = getattr(output, "logits", output[0] if isinstance(output, (tuple, list)) else output)
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != ids.shape or not bool(torch.isfinite(logits).all()):
         return None
     logits = logits.float()
@@ -128,4 +137,6 @@ def hugging_face_kind(model) -> Optional[str]:
     lineage = _lineage(model)
     if any("LMHead" in name for name in lineage) and not named_kind(model):
         return measured_kind(model, getattr(config, "vocab_size", None)) or "causal"
+    if any(name.endswith(("ForSequenceClassification", "ForTokenClassification")) for name in lineage):
+        return measured_kind(model, getattr(config, "vocab_size", None), states=True)
     return named_kind(model)

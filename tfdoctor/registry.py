@@ -15,6 +15,12 @@ from typing import Callable
 from tfdoctor.errors import UsageError
 
 KINDS = ("causal", "encoder", "seq2seq")
+# What the model predicts (tfdoctor/tasks.py infers it): logits over the vocabulary at every position
+# (next-token, masked or seq2seq LM: the kind says which), one score vector per row from a pooled state,
+# one per token over labels unrelated to the vocabulary, or real-valued outputs per row.
+TASKS = ("lm", "sequence-classification", "token-classification", "regression")
+# Tasks whose prediction is one vector per row: no per-position output to read a mask from.
+POOLED_TASKS = ("sequence-classification", "regression")
 
 # One module per family. A new family adds its module here (and its ids to CATALOGUE).
 CHECK_MODULES = (
@@ -38,6 +44,7 @@ CHECK_MODULES = (
     "tfdoctor.checks.run_health",
     "tfdoctor.checks.run_schedule",
     "tfdoctor.checks.run_mode",
+    "tfdoctor.checks.pooled",  # how padding-mask and padding-equivalence judge a pooled classifier
 )
 
 # The catalogue's order, which is the report's order: stated here, so that moving a check to another
@@ -67,7 +74,7 @@ class CheckSpec:
     # Subject fields that must be set, e.g. ("pad_id",). "train" is the loop: set on the Subject (the
     # runner records it once) or recorded by another driver and handed to run_checks(trace=...).
     needs: tuple[str, ...] = ()
-    skip_reasons: dict[str, str] = field(default_factory=dict)  # kind -> why it does not apply
+    skip_reasons: dict[str, str] = field(default_factory=dict)  # kind or task -> why it does not apply
     # The recorded calls whose user's line the finding names (details "location" and "call"): the first
     # kind recorded with a location wins, e.g. ("loss", "backward"). The runner adds them.
     located: tuple[str, ...] = ()
@@ -75,6 +82,16 @@ class CheckSpec:
     # recorded loop), "initial_weights" (the model as initialised). run_checks(absent={input: why})
     # skips every check that reads an input it cannot have, with that reason.
     inputs: tuple[str, ...] = ()
+    # The tasks whose predictions the check judges (see TASKS); any other is skipped with its reason.
+    tasks: tuple[str, ...] = TASKS
+    # Reads per-position outputs: a pooled classifier (POOLED_TASKS) is judged on its backbone's
+    # per-position states where the model exposes them (probes/backbone.py), else skipped with why.
+    per_position: bool = False
+
+    def func_for(self, task: str) -> Callable:
+        """The function that judges this task: a task's own variant (registered with @judges) or the
+        check's own function."""
+        return _VARIANTS.get(self.id, {}).get(task, self.func)
 
     @property
     def fixtures(self) -> tuple[str, ...]:
@@ -107,11 +124,12 @@ class CheckSpec:
 
 
 _REGISTRY: dict[str, CheckSpec] = {}
+_VARIANTS: dict[str, dict[str, Callable]] = {}  # check id -> {task: the function judging that task}
 
 
 def check(id: str, title: str, kinds: tuple[str, ...] = KINDS, needs: tuple[str, ...] = (),
           skip_reasons: dict[str, str] | None = None, located: tuple[str, ...] = (),
-          inputs: tuple[str, ...] | None = None):
+          inputs: tuple[str, ...] | None = None, tasks: tuple[str, ...] = TASKS, per_position: bool = False):
     """Register a check function `(subject) -> Result`, or `(subject, trace) -> Result` for a judge of
     the recorded loop, or `(series) -> Result` with inputs=("series",) for a judge of a whole watched
     run, under a stable id. `inputs` defaults to ("trace",) for a check that needs "train", else
@@ -122,7 +140,20 @@ def check(id: str, title: str, kinds: tuple[str, ...] = KINDS, needs: tuple[str,
             raise RuntimeError(f"check id {id!r} registered twice")
         read = tuple(inputs) if inputs is not None else ("trace",) if "train" in needs else ("model",)
         _REGISTRY[id] = CheckSpec(id, title, func, tuple(kinds), tuple(needs), dict(skip_reasons or {}),
-                                  tuple(located), read)
+                                  tuple(located), read, tuple(tasks), per_position)
+        return func
+
+    return register
+
+
+def judges(id: str, tasks: tuple[str, ...]):
+    """Register `func(subject) -> Result` as how check `id` judges these tasks (the same problem, seen
+    in another prediction's shape: padding-equivalence on a pooled classifier's class scores). The
+    check keeps its id, title and place in the catalogue."""
+
+    def register(func: Callable) -> Callable:
+        for task in tasks:
+            _VARIANTS.setdefault(id, {})[task] = func
         return func
 
     return register

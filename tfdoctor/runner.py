@@ -212,8 +212,14 @@ def _refuse_meta(model) -> None:
 
 def _applies(spec: CheckSpec, subject: Subject, fixtures: Fixtures) -> str | None:
     """Why the check does not apply to this subject, or None when it does."""
+    from tfdoctor.tasks import LM, NAMES, SHAPES
+
     if subject.kind not in spec.kinds:
         return spec.skip_reasons.get(subject.kind, f"does not apply to {subject.kind} models")
+    task = subject.task or LM
+    if task not in spec.tasks and spec.func_for(task) is spec.func:
+        return spec.skip_reasons.get(task, f"written for language models' logits over the vocabulary; "
+                                           f"{NAMES[task]} predicts {SHAPES[task]}")
     for field in spec.needs:
         given = fixtures.has_loop() if field == "train" else getattr(subject, field) is not None
         if not given:
@@ -227,14 +233,18 @@ def _run_one(spec: CheckSpec, subject: Subject, seed: int, fixtures: Fixtures) -
     from tfdoctor.probes.modes import preserved_process_state
 
     start = time.perf_counter()
-    reason = _applies(spec, subject, fixtures)
+    judged, func, unjudged = _judged_as(spec, subject)
+    reason = _applies(spec, subject, fixtures) or unjudged
     if reason is not None:
         result = Result.skipped(reason)
     else:
         with preserved_process_state():
             torch.manual_seed(seed)
             try:
-                result = spec.func(subject, **{name: fixtures[name] for name in spec.fixtures})
+                result = func(judged, **{name: fixtures[name] for name in spec.fixtures})
+                if judged is not subject and result.status is not Status.SKIP:  # a pooled classifier's backbone
+                    result.message += " (measured on the backbone's per-position states: a pooled classifier has none of its own)"
+                    result.details["measured_on"] = "backbone states"
                 if not isinstance(result, Result):
                     raise TypeError(f"check returned {type(result).__name__}, not Result")
                 result = fixtures.located(spec, result)
@@ -248,6 +258,21 @@ def _run_one(spec: CheckSpec, subject: Subject, seed: int, fixtures: Fixtures) -
     result = _stamped(spec, result)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _judged_as(spec: CheckSpec, subject: Subject) -> tuple:
+    """(the subject the check reads, the function judging it, None): the task's own variant, or for a
+    check of per-position outputs on a pooled classifier its backbone's states; (None, None, why) when
+    a pooled classifier exposes none."""
+    from tfdoctor.probes.backbone import backbone_view
+    from tfdoctor.tasks import LM, pooled
+
+    task = subject.task or LM
+    func = spec.func_for(task)
+    if func is spec.func and spec.per_position and pooled(task):
+        view, how = backbone_view(subject)
+        return (view, func, None) if view is not None else (None, None, how)
+    return subject, func, None
 
 
 def assert_healthy(model_or_subject, only=None, skip=None, *, strict: bool = False, **kwargs) -> Report:

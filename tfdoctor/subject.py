@@ -1,5 +1,6 @@
 """What is examined: the `Subject` contract, and the adapters that turn any supported model into
-"token ids in, logits [B, T, V] out".
+"token ids in, logits out": [B, T, V] for a language model, [B, C] / [B, T, C] for a classifier
+(tfdoctor/tasks.py tells which).
 
 `Subject` itself needs no torch, so `import tfdoctor` stays cheap; the adapters import it lazily.
 """
@@ -12,7 +13,7 @@ from typing import Any, Callable, Optional
 
 from tfdoctor.errors import OutputShapeError, SubjectError, UsageError
 from tfdoctor.modes import evaluation
-from tfdoctor.registry import KINDS
+from tfdoctor.registry import KINDS, TASKS
 from tfdoctor.tolerances import RELATIVE_TOLERANCE
 
 DEFAULT_SEQ_LEN = 32
@@ -59,6 +60,16 @@ class Subject:
     incremental: incremental(model, input_ids [B, t], state) -> (logits [B, t, V], state), the model's
                 cached decoding (state None on the first call), for cache-consistency. Hugging Face
                 causal LMs need none: their use_cache / past_key_values path is used.
+    task:       what the model predicts: "lm" (logits [B, T, V] over the vocabulary: next-token, masked
+                or seq2seq, as `kind` says), "sequence-classification" (class scores [B, C] from a
+                pooled state), "token-classification" ([B, T, C], labels unrelated to the vocabulary)
+                or "regression" ([B, K] real values per row). None: a Hugging Face head's class, else
+                the output's shape (tfdoctor/tasks.py). A declared task always wins.
+    num_labels: C, the classes (or regression outputs) a classifier scores; filled in from the output
+                (V for a language model).
+    states:     states(model, input_ids [B, T]) -> [B, T, H], a pooled classifier's per-position
+                backbone states, for the mask checks (future-leak, mask-direction,
+                bidirectional-encoder). Hugging Face classifiers need none: their hidden states are read.
     """
 
     model: Any
@@ -75,6 +86,9 @@ class Subject:
     packing: Any = None
     incremental: Optional[Callable] = None
     eos_id: Optional[int] = None
+    task: Optional[str] = None
+    num_labels: Optional[int] = None
+    states: Optional[Callable] = None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -284,6 +298,8 @@ def resolve(subject: Subject) -> Subject:
                            "return the model (or a tfdoctor.Subject) from the factory")
     if subject.kind is not None and subject.kind not in KINDS:
         raise UsageError(f"unknown kind {subject.kind!r}", f"use one of {', '.join(KINDS)}")
+    if subject.task is not None and subject.task not in TASKS:
+        raise UsageError(f"unknown task {subject.task!r}", f"use one of {', '.join(TASKS)}")
     if subject.padding_side is not None and subject.padding_side not in PADDING_SIDES:
         raise UsageError(f"unknown padding side {subject.padding_side!r}", f"use one of {', '.join(PADDING_SIDES)}")
     if subject.batch_first not in (None, True, False):
@@ -296,6 +312,11 @@ def resolve(subject: Subject) -> Subject:
         # A Subject with its own forward decides how the model is called, so the model's class says
         # nothing about what that forward computes: it stays a causal LM unless it declares otherwise.
         kind = (inferred_kind(subject.model) if subject.forward is None else None) or "causal"
+    task = subject.task
+    if task is None and subject.forward is None and is_hugging_face(subject.model):
+        from tfdoctor.tasks import named_task
+
+        task = named_task(subject.model)  # None: told by the output's shape in the preflight
     pad_id = subject.pad_id
     for default in (tokenizer_pad_id(subject.tokenizer), config_pad_id(subject.model)):
         pad_id = default if pad_id is None else pad_id
@@ -334,18 +355,16 @@ def resolve(subject: Subject) -> Subject:
         eos_id = None  # a config's eos beyond a shrunk vocabulary (a tiny test config): no EOS to judge
 
     resolved = dataclasses.replace(subject, vocab_size=vocab, seq_len=seq_len, batch_size=batch, kind=kind,
-                                   pad_id=pad_id, padding_side=padding_side, eos_id=eos_id)
+                                   pad_id=pad_id, padding_side=padding_side, eos_id=eos_id, task=task)
     if subject.batch_first is not None:
-        _preflight(resolved)
-        return resolved
+        return _preflight(resolved)[0]
     resolved = dataclasses.replace(resolved, batch_first=True)
     try:
-        ids, logits = _preflight(resolved)
+        resolved, ids, logits = _preflight(resolved)
     except SubjectError:
-        resolved, (ids, logits) = _at_decoded_length(resolved, subject.seq_len, max_positions)
+        resolved, ids, logits = _at_decoded_length(resolved, subject.seq_len, max_positions)
     if _behaves_sequence_first(resolved, ids, logits):
-        resolved = dataclasses.replace(resolved, batch_first=False)
-        _preflight(resolved)
+        resolved = _preflight(dataclasses.replace(resolved, batch_first=False))[0]
     return resolved
 
 
@@ -353,7 +372,7 @@ def _at_decoded_length(resolved: Subject, given_seq_len: Optional[int], max_posi
     """A model that decodes a fixed number of outputs, its maximum positions, whatever the input
     length (Perceiver's decoder queries) fails the preflight at the default length: it is probed at
     its maximum positions, where inputs and outputs line up. Re-raises the preflight's error when the
-    length was given, or the model fails there too. Returns (subject, (ids, logits))."""
+    length was given, or the model fails there too. Returns (subject, ids, logits)."""
     import sys
 
     import torch
@@ -370,7 +389,7 @@ def _at_decoded_length(resolved: Subject, given_seq_len: Optional[int], max_posi
         raise error
     refit = dataclasses.replace(resolved, seq_len=max_positions)
     try:
-        return refit, _preflight(refit)
+        return _preflight(refit)
     except SubjectError:
         raise error from None
 
@@ -385,8 +404,12 @@ def _twin_ids(subject: Subject) -> tuple:
 
 
 def _preflight(subject: Subject) -> tuple:
-    """Call the model once on two identical rows and check the logits' shape. Returns (ids, logits)."""
+    """Call the model once on two identical rows and check the logits' shape against the task (the
+    shape tells the task when none is known yet). Returns (the subject with its task and num_labels,
+    ids, logits)."""
     import torch
+
+    from tfdoctor import tasks
 
     ids = _twin_ids(subject)
     B, T = ids[0].shape
@@ -398,14 +421,20 @@ def _preflight(subject: Subject) -> tuple:
         except Exception as exc:  # the user's forward: anything can come out of it
             raise SubjectError(f"calling the model on ids [{B}, {T}] raised {type(exc).__name__}: {exc}",
                                "check --kind, --vocab and --seq-len, or give Subject(forward=...)") from exc
-    shape = tuple(logits.shape)
-    if shape != (B, T, subject.vocab_size):
+    shape, V = tuple(logits.shape), subject.vocab_size
+    task = subject.task or tasks.shaped_task(shape, B, T, V)
+    if task is None or not tasks.fits(task, shape, B, T, V):
+        expected = (f"[B, T, V] = [{B}, {T}, {V}]" if task in (None, tasks.LM)
+                    else f"{tasks.SHAPES[task]} with B = {B}" + (f", T = {T}" if task == tasks.TOKEN else ""))
+        told = "" if subject.task is None else f" for --task {task}"
         raise OutputShapeError(
-            f"output shape [B, T, V] = [{B}, {T}, {subject.vocab_size}] expected but got {list(shape)}",
-            "return logits over the vocabulary for every position, or pass the right --vocab",
+            f"output shape {expected} expected{told} but got {list(shape)}",
+            "return logits over the vocabulary for every position, or pass the right --vocab; a classifier "
+            "takes --task sequence-classification / token-classification / regression",
         )
+    subject = dataclasses.replace(subject, task=task, num_labels=tasks.outputs_of(task, shape, V))
     _refuse_unusable_logits(logits, subject)
-    return ids, logits
+    return subject, ids, logits
 
 
 class NonFiniteLogits(SubjectError):
@@ -471,6 +500,6 @@ def _behaves_sequence_first(subject: Subject, ids: tuple, logits) -> bool:
         except Exception:  # the model cannot even be called time-major: not sequence-first
             return False
     T = ids[0].shape[1]
-    if tuple(columns.shape) != (T, 2, subject.vocab_size):
+    if tuple(columns.shape) != (T, 2, logits.shape[-1]):
         return False
     return _agree(columns[:, 0], columns[:, 1])

@@ -13,6 +13,7 @@ from tfdoctor.recording.wiped import wiped_steps
 from tfdoctor.recording.windows import (backward_window, micro_batch_weights, micro_batches, no_scores,
                                         optimizer_families, step_norms, stepped, window_weights)
 from tfdoctor.registry import check
+from tfdoctor.tasks import for_classifiers
 from tfdoctor.result import Result, counted
 
 # accumulation-scaling: the step's summed token weight must be 1 (the mean) within float rounding;
@@ -148,7 +149,9 @@ def accumulation_scaling(subject, trace) -> Result:
 
 
 @check("token-weighting", title="Every trained token weighs the same within an optimizer step",
-       needs=("train", "pad_id"), located=("loss", "backward"))
+       needs=("train", "pad_id"), located=("loss", "backward"), tasks=("lm",),
+       skip_reasons=for_classifiers("the weights of its graded labels are not read from the scores over "
+                                    "the vocabulary this check follows"))
 def token_weighting(subject, trace) -> Result:
     """Catches gradient accumulation that averages each micro-batch over its own tokens and then
     divides by k: with padding, micro-batches hold different numbers of real tokens, so a token in a

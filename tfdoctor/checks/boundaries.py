@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from tfdoctor.recording.windows import ALIGN_MIN_SHARE, no_scores
 from tfdoctor.registry import check
+from tfdoctor.tasks import for_classifiers
 from tfdoctor.result import Result
 
 # packing-labels: the share of document boundaries that may be graded. A target left out of the loss
@@ -20,7 +21,8 @@ MAX_GRADED_BOUNDARY_SHARE = 0.0
 @check("eos-trained", title="The end-of-sequence token is a graded target", kinds=("causal", "seq2seq"),
        needs=("train", "eos_id"),
        skip_reasons={"encoder": "an encoder is graded on its own (masked) positions; it is never asked to "
-                                "end a sequence"}, located=("loss", "backward"))
+                                "end a sequence", **for_classifiers("it is never asked to end a sequence")},
+       located=("loss", "backward"), tasks=("lm",))
 def eos_trained(subject, trace) -> Result:
     """Catches a loop that never grades the end-of-sequence token, so the model never learns to stop
     and generates until max_new_tokens. The classic cause: pad == eos (GPT-2 and Llama tokenizers
@@ -86,8 +88,9 @@ def eos_trained(subject, trace) -> Result:
        needs=("train",),
        skip_reasons={"encoder": "an encoder is graded on its own positions; no target crosses into the next "
                                 "document",
-                     "seq2seq": "an encoder-decoder is fed one target sequence per row"},
-       located=("loss", "backward"))
+                     "seq2seq": "an encoder-decoder is fed one target sequence per row",
+                     **for_classifiers("its targets are labels, not the next document's tokens")},
+       located=("loss", "backward"), tasks=("lm",))
 def packing_labels(subject, trace) -> Result:
     """Catches packed training that grades the last token of each document on the first token of the
     next one: the labels are the packed row shifted by one, so every boundary teaches the model to

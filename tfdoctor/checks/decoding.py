@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tfdoctor.checks.verdicts import judged_per_implementation
 from tfdoctor.registry import check
+from tfdoctor.tasks import for_classifiers
 from tfdoctor.result import Result
 
 CAUSAL_ONLY = "written for causal LMs"
@@ -18,7 +19,8 @@ def _judged(subject, judge) -> Result:
 
 
 @check("cache-consistency", title="Decoding with the cache gives the full forward's logits",
-       kinds=("causal",), skip_reasons={"encoder": CAUSAL_ONLY, "seq2seq": CAUSAL_ONLY})
+       kinds=("causal",), skip_reasons={"encoder": CAUSAL_ONLY, "seq2seq": CAUSAL_ONLY,
+                                        **for_classifiers("it predicts no next token to decode")}, tasks=("lm",))
 def cache_consistency(subject) -> Result:
     """Catches a key/value cache that changes the model: a cached path that drops the causal mask
     (a prompt of several tokens then reads its own future), positions not offset by the cache length

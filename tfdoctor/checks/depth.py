@@ -90,7 +90,7 @@ def depth_signal(subject) -> Result:
     from tfdoctor.probes.depth import find_stack, measure_depth
     import torch.nn.functional as F
 
-    from tfdoctor.probes.loss import lm_batch
+    from tfdoctor.probes.loss import lm_batch, task_loss
     from tfdoctor.subject import call
     from tfdoctor.probes.modes import BackwardRefused
 
@@ -103,6 +103,8 @@ def depth_signal(subject) -> Result:
 
     def loss():
         logits = call(subject, *batch.inputs)
+        if (subject.task or "lm") != "lm":  # a classifier: graded on its random labels, whatever its shape
+            return task_loss(subject, logits, batch.targets)
         if logits.shape[:2] != batch.targets.shape:  # Perceiver: a fixed number of latent outputs
             raise _Unaligned(f"{logits.shape[1]} outputs for {batch.targets.shape[1]} input tokens")
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch.targets.reshape(-1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tfdoctor.checks.verdicts import judged_per_implementation
 from tfdoctor.registry import check
+from tfdoctor.tasks import for_classifiers
 from tfdoctor.result import Result
 
 MAX_LISTED = 6
@@ -269,7 +270,8 @@ def _cache_note(subject, comparison, rows, details: dict) -> str:
 
 
 @check("packing-isolation", title="Packed documents do not see each other and restart their positions",
-       kinds=("causal",), skip_reasons={"encoder": CAUSAL_ONLY, "seq2seq": CAUSAL_ONLY})
+       kinds=("causal",), skip_reasons={"encoder": CAUSAL_ONLY, "seq2seq": CAUSAL_ONLY,
+                                        **for_classifiers(CAUSAL_ONLY)}, tasks=("lm",))
 def packing_isolation(subject) -> Result:
     """Catches packed training whose documents leak into each other: several documents packed into
     one row attend across the boundary (a causal mask with no document mask, under eager or SDPA),

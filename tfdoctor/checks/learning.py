@@ -6,6 +6,7 @@ import math
 import statistics
 
 from tfdoctor.registry import check
+from tfdoctor.tasks import for_classifiers
 from tfdoctor.result import Result
 
 # init-loss thresholds, in nats above or below ln(V). Logits with standard deviation s cost about
@@ -74,13 +75,16 @@ LOOP_MATCH_SHARE = 0.5
 
 
 @check("init-loss", title="Initial loss sits at the random-chance baseline ln(V)",
-       inputs=("model", "initial_weights"))
+       inputs=("model", "initial_weights"), tasks=("lm", "sequence-classification", "token-classification"),
+       skip_reasons={"regression": "a regression head has no chance level: its initial error is the targets' "
+                                   "spread, which only the data knows"})
 def init_loss(subject) -> Result:
     """Catches oversized initial logits (loss far above ln(V)) and a model that can see the answer
     it is asked to predict (loss below ln(V) before any training).
 
     Cross-entropy of the untrained model on random tokens, in eval mode, against ln(V), the loss of
-    a uniform guess. Assumes the factory returns an untrained model.
+    a uniform guess. Assumes the factory returns an untrained model. A classifier is judged the same
+    way against ln(C) for its C classes, on random labels.
 
     Fix: initialise embeddings and heads small (`std=0.02`); shift targets by one.
     """
@@ -89,7 +93,10 @@ def init_loss(subject) -> Result:
     from tfdoctor.context import current
     from tfdoctor.probes.loss import lm_batch, lm_loss
     from tfdoctor.probes.modes import evaluation
+    from tfdoctor.tasks import multi_label
 
+    if multi_label(subject.model):
+        return Result.skipped("a multi-label classifier (one sigmoid per label): its chance loss is not ln(C)")
     generator = torch.Generator().manual_seed(current().seed + 1)
     losses = []
     with torch.no_grad(), evaluation(subject.model):
@@ -97,11 +104,18 @@ def init_loss(subject) -> Result:
             batch = lm_batch(subject, subject.batch_size, subject.seq_len, generator)
             losses.append(float(lm_loss(subject, batch)))
     loss = sum(losses) / len(losses)
-    baseline = math.log(subject.vocab_size)
+    classes = subject.num_labels or subject.vocab_size  # V for a language model, C for a classifier
+    baseline = math.log(classes)
     excess = loss - baseline
     details = {"loss": loss, "ln_vocab": baseline, "excess_nats": excess, "vocab_size": subject.vocab_size,
                "tokens": INIT_LOSS_BATCHES * subject.batch_size * subject.seq_len}
-    summary = f"initial loss {loss:.3f} vs ln(V) = {baseline:.3f} ({excess:+.3f} nats)"
+    symbol = "V"
+    if (subject.task or "lm") != "lm":
+        symbol = "C"
+        details.update(ln_classes=baseline, classes=classes, task=subject.task,
+                       graded=INIT_LOSS_BATCHES * (subject.batch_size if subject.task != "token-classification"
+                                                   else subject.batch_size * subject.seq_len))
+    summary = f"initial loss {loss:.3f} vs ln({symbol}) = {baseline:.3f} ({excess:+.3f} nats)"
     if not math.isfinite(loss):
         return Result.failed(f"initial loss is {loss}", "look for -inf masks on fully masked rows, or "
                              "overflowing initial weights", details)
@@ -159,7 +173,7 @@ def overfit_batch(subject) -> Result:
     from tfdoctor.context import time_budget
 
     budget = time_budget()
-    if subject.train is not None and subject.kind != "encoder":
+    if subject.train is not None and subject.kind != "encoder" and (subject.task or "lm") == "lm":
         return _overfit_with_loop(subject, budget)
     return _memorised(subject, budget)[0]
 
@@ -186,7 +200,8 @@ def _overfit_alone(subject, budget, kept: dict) -> Result:
     from tfdoctor.probes.memorise import memorise, plans, trainable_copy
     from tfdoctor.probes.modes import BackwardRefused
 
-    if subject.vocab_size < OVERFIT_MIN_VOCAB:
+    classifier = (subject.task or "lm") != "lm"
+    if subject.vocab_size < OVERFIT_MIN_VOCAB and not classifier:  # a classifier's labels are dealt evenly
         return Result.skipped(f"a vocabulary of {subject.vocab_size} tokens: memorising random tokens this "
                               "coarse depends on the init more than on the wiring, so it cannot be judged")
     if not any(p.requires_grad for p in subject.model.parameters()):
@@ -205,7 +220,9 @@ def _overfit_alone(subject, budget, kept: dict) -> Result:
         return Result.skipped(f"the model returns {unmatched}: it decodes a fixed number of outputs rather "
                               "than one per token, so memorising a batch would measure its latent bottleneck, "
                               "not its wiring", {"outputs_vs_inputs": unmatched})
-    target = max(OVERFIT_TARGET_NATS, OVERFIT_TARGET_SHARE * math.log(subject.vocab_size))
+    # a classifier memorises its labels (ln(C) at chance; a regression head its values, MSE ~1 at chance)
+    chance = 1.0 if subject.task == "regression" else math.log(subject.num_labels or subject.vocab_size)
+    target = max(OVERFIT_TARGET_NATS, OVERFIT_TARGET_SHARE * chance)
     goal, floor, attempts, note = target, None, [], None
     for plan in plans(current().options.get("recorded_optimizers")):
         model, note = first if not attempts else trainable_copy(subject.model)
@@ -242,6 +259,8 @@ def _aligned_batch(subject, generator):
 
     batch = lm_batch(subject, min(OVERFIT_ROWS, subject.batch_size), min(OVERFIT_MAX_LEN, subject.seq_len),
                      generator)
+    if (subject.task or "lm") != "lm":  # a classifier's outputs are checked against its task (preflight)
+        return batch, None
     with torch.no_grad(), evaluation(subject.model):
         outputs = call(subject, *batch.inputs).shape[1]
     if outputs == batch.targets.shape[1]:
@@ -255,7 +274,7 @@ def _context_floor(subject, batch) -> dict:
     from tfdoctor.probes.dependency import token_dependency_map
     from tfdoctor.probes.memorise import context_floor, context_offsets
 
-    if subject.kind != "causal":
+    if subject.kind != "causal" or (subject.task or "lm") != "lm":
         return {}
     offsets = context_offsets(token_dependency_map(subject).depends)
     if offsets is None or len(offsets) > CONTEXT_FLOOR_MAX_OFFSETS:
@@ -343,7 +362,9 @@ def _overfit_with_loop(subject, budget) -> Result:
     from tfdoctor.context import current, progress
     from tfdoctor.recording.overfit import overfit_loop, replay
 
-    target = max(OVERFIT_TARGET_NATS, OVERFIT_TARGET_SHARE * math.log(subject.vocab_size))
+    # a classifier memorises its labels (ln(C) at chance; a regression head its values, MSE ~1 at chance)
+    chance = 1.0 if subject.task == "regression" else math.log(subject.num_labels or subject.vocab_size)
+    target = max(OVERFIT_TARGET_NATS, OVERFIT_TARGET_SHARE * chance)
     learned = lambda loss, start: loss < target or loss <= LOOP_PASS_SHARE * start  # noqa: E731
     run = overfit_loop(subject, LOOP_BATCHES, LOOP_PROBE_EVERY, learned, budget.exceeded,
                        progress("overfit-batch (your loop)", LOOP_BATCHES), current().seed)
@@ -475,7 +496,8 @@ GENERATION_MARGIN = 1.0
 
 @check("generation", title="Greedy decoding reproduces a memorised batch", kinds=("causal",),
        skip_reasons={"encoder": "an encoder does not decode left to right",
-                     "seq2seq": "written for causal LMs (a decoder given its source is not decoded here)"})
+                     "seq2seq": "written for causal LMs (a decoder given its source is not decoded here)",
+                     **for_classifiers("it predicts no next token to decode")}, tasks=("lm",))
 def generation(subject) -> Result:
     """Catches a train/inference mismatch: a model that trains well (the loss falls, even to nearly
     zero) but generates something else, such as its first token over and over. The forward that
@@ -511,7 +533,8 @@ def generation(subject) -> Result:
     if subject.train is not None:
         return Result.skipped("under --train, overfit-batch trains through your loop, which stops once the loss "
                               "falls by 10%: there is no memorised copy to decode (run without --train)")
-    if subject.vocab_size < OVERFIT_MIN_VOCAB:
+    classifier = (subject.task or "lm") != "lm"
+    if subject.vocab_size < OVERFIT_MIN_VOCAB and not classifier:  # a classifier's labels are dealt evenly
         return Result.skipped(f"a vocabulary of {subject.vocab_size} tokens: overfit-batch cannot judge "
                               "memorising it, so there is no memorised copy to decode")
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tfdoctor.checks.verdicts import judged_per_implementation
 from tfdoctor.registry import check
+from tfdoctor.tasks import for_classifiers
 from tfdoctor.result import Result
 
 ENCODER_SKIP = "encoder models attend both ways by design (see bidirectional-encoder)"
@@ -97,7 +98,7 @@ def _opened_note(dmap) -> str:
 
 
 @check("future-leak", title="No output position depends on a later input token",
-       kinds=("causal", "seq2seq"), skip_reasons={"encoder": ENCODER_SKIP}, located=("attention",))
+       kinds=("causal", "seq2seq"), skip_reasons={"encoder": ENCODER_SKIP}, located=("attention",), per_position=True)
 def future_leak(subject) -> Result:
     """Catches any path from a later token to an earlier prediction: a missing, inverted or
     off-by-one causal mask, or probabilities zeroed after the softmax.
@@ -164,7 +165,7 @@ def classify(depends) -> tuple[str, int]:
 
 
 @check("mask-direction", title="The attention mask is causal: each position sees itself and the past",
-       kinds=("causal", "seq2seq"), skip_reasons={"encoder": ENCODER_SKIP}, located=("attention",))
+       kinds=("causal", "seq2seq"), skip_reasons={"encoder": ENCODER_SKIP}, located=("attention",), per_position=True)
 def mask_direction(subject) -> Result:
     """Names the shape of the mask the model behaves as if it had: "causal" (past and self),
     "upper" (self and future but not the past: torch.triu used where torch.tril was meant), "none"
@@ -255,7 +256,8 @@ def _judge_mask_direction(dmap, subject) -> Result:
 @check("bidirectional-encoder", title="An encoder lets every position see both directions",
        kinds=("encoder",), skip_reasons={"causal": "causal models must not see later tokens (see future-leak)",
                                          "seq2seq": "the decoder is causal by design; the encoder is "
-                                                    "examined through cross-attention-mask"}, located=("attention",))
+                                                    "examined through cross-attention-mask"}, located=("attention",),
+       per_position=True)
 def bidirectional_encoder(subject) -> Result:
     """Catches a causal (or other one-way) mask left in a model that is declared or recognised as an
     encoder: BERT-style models must read the tokens on both sides of each position.
@@ -333,7 +335,9 @@ def _two_sided_reach(depends) -> tuple[int, int] | None:
 
 @check("cross-attention-mask", title="Every decoder position can read the whole source",
        kinds=("seq2seq",), skip_reasons={"causal": "no cross-attention in a decoder-only model",
-                                         "encoder": "no cross-attention in an encoder-only model"}, located=("attention",))
+                                         "encoder": "no cross-attention in an encoder-only model",
+                                         **for_classifiers("its decoder's per-position outputs are not read")},
+       located=("attention",), tasks=("lm",))
 def cross_attention_mask(subject) -> Result:
     """Catches a causal mask pasted into cross-attention: decoder position i may then read only
     source positions <= i, which quietly caps a translation model's quality.

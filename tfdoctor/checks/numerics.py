@@ -82,6 +82,7 @@ def finite_logits(subject) -> Result:
     with torch.no_grad(), evaluation(subject.model):
         logits = call(subject, *ids)
         bad = (torch.isnan(logits) | torch.isposinf(logits)).any(-1) | torch.isneginf(logits).all(-1)  # (B, T)
+        bad = bad.reshape(logits.shape[0], -1)  # a pooled classifier's one prediction per row: (B, 1)
         origin = first_nonfinite(subject.model, lambda: call(subject, *ids)) if bool(bad.any()) else None
     B, T = bad.shape
     details = {"probe_shape": [B, T], "nonfinite_positions": int(bad.sum()), "positions": B * T}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from tfdoctor.recording.windows import ALIGN_MIN_SHARE, OFFSETS, alignment, no_scores
 from tfdoctor.registry import check
+from tfdoctor.tasks import for_classifiers
 from tfdoctor.result import Result
 
 # ignore-index: pad targets must get no weight at all; anything above rounding is padding graded.
@@ -19,7 +20,9 @@ _LAYOUTS = {1: "batch-first [B, T]", 0: "sequence-first [T, B]"}
 @check("objective", title="Targets are the next input token (no identity, no double shift)",
        kinds=("causal", "seq2seq"), needs=("train",),
        skip_reasons={"encoder": "an encoder is graded on its own positions; the next-token alignment "
-                                "does not apply"}, located=("loss", "backward"))
+                                "does not apply",
+                     **for_classifiers("graded on labels from the data, not on the next input token")},
+       located=("loss", "backward"), tasks=("lm",))
 def objective(subject, trace) -> Result:
     """Catches a loss graded on the wrong targets: the input itself (input == target, the loss
     collapses to near zero in the first epoch and means nothing) or labels shifted twice (a library
@@ -101,7 +104,8 @@ def _end_of_text_pads(found: dict, pad_id: int) -> dict | None:
 
 
 @check("ignore-index", title="Padding targets are left out of the loss", needs=("train", "pad_id"),
-       located=("loss", "backward"))
+       located=("loss", "backward"), tasks=("lm",),
+       skip_reasons=for_classifiers("its targets are labels, not the padded token ids this check reads"))
 def ignore_index(subject, trace) -> Result:
     """Catches a loss that grades padding: pad targets that are neither given `ignore_index=pad_id`
     nor replaced by the ignore value (-100), so part of every update teaches the model to predict

@@ -49,6 +49,13 @@ class Kind(str, enum.Enum):
     seq2seq = "seq2seq"
 
 
+class Task(str, enum.Enum):  # registry.TASKS
+    lm = "lm"
+    sequence_classification = "sequence-classification"
+    token_classification = "token-classification"
+    regression = "regression"
+
+
 def shown(text: str) -> str:
     """The user's text in our line, escape sequences and control characters shown, not obeyed."""
     from tfdoctor.report.text import clean

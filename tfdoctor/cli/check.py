@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from tfdoctor.cli.app import DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK, Format, Kind, Packing, PaddingSide, app
+from tfdoctor.cli.app import DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK, Format, Kind, Task, Packing, PaddingSide, app
 from tfdoctor.cli.outcome import fail_usage, finish, report_of, supervised
 from tfdoctor.errors import TfdoctorError
 from tfdoctor.flags import check_battery_flags, format_ready, model_fields, positive, writable
@@ -27,6 +27,8 @@ def check(
     eos_id: Optional[int] = typer.Option(None, "--eos-id", help="end-of-sequence token id (default: tokenizer or "
                                                                 "config eos_token_id)"),
     kind: Optional[Kind] = typer.Option(None, "--kind", help="causal, encoder or seq2seq (default: what the model announces, else causal)"),
+    task: Optional[Task] = typer.Option(None, "--task", help="what the model predicts: lm, sequence-classification, "
+                                                           "token-classification or regression (default: detected)"),
     only: Optional[str] = typer.Option(None, "--only", help="run only these check ids (comma-separated)"),
     skip: Optional[str] = typer.Option(None, "--skip", help="skip these check ids (comma-separated)"),
     fmt: Format = typer.Option(Format.rich, "--format", help="report format"),
@@ -63,7 +65,7 @@ def check(
         format_ready(fmt)
     except TfdoctorError as error:
         fail_usage(error)
-    fields = model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id)
+    fields = model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id, task)
     request = dict(command="check", target=target, train=train, fields=fields, only=only, skip=skip, seed=seed,
                    device=device, options=options)
     outcome = supervised(request, fmt is Format.rich, timeout, timeout_per_check)

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from tfdoctor.cli.app import DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK, Format, Kind, Packing, PaddingSide, app
+from tfdoctor.cli.app import DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK, Format, Kind, Task, Packing, PaddingSide, app
 from tfdoctor.cli.outcome import fail_usage, finish, launched, report_of, supervised
 from tfdoctor.errors import TfdoctorError
 from tfdoctor.flags import (check_battery_flags, format_ready, model_fields, nproc_in_range, positive,
@@ -40,6 +40,8 @@ def run(
     eos_id: Optional[int] = typer.Option(None, "--eos-id", help="end-of-sequence token id (default: the script's "
                                                                 "tokenizer, else config eos_token_id)"),
     kind: Optional[Kind] = typer.Option(None, "--kind", help="causal, encoder or seq2seq (default: detected)"),
+    task: Optional[Task] = typer.Option(None, "--task", help="what the model predicts: lm, sequence-classification, "
+                                                           "token-classification or regression (default: detected)"),
     padding_side: Optional[PaddingSide] = typer.Option(None, "--padding-side", help="left or right (default: "
                                                                                    "discovered)"),
     packing: Optional[Packing] = typer.Option(None, "--packing", help="position_ids (default: discovered from "
@@ -84,7 +86,7 @@ def run(
     from tfdoctor.recording.distributed import world
 
     me = world()
-    fields = model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id)
+    fields = model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id, task)
     target = script if script is not None else f"-m {module}"
     request = dict(command="run", script=script, module=module, args=argv, steps=steps, model=model, target=target,
                    fields=fields, only=only, skip=skip, seed=seed, strict=strict, timeout=timeout,

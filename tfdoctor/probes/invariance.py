@@ -154,7 +154,7 @@ def alone(subject: Subject, generator: torch.Generator) -> PaddingProbe:
             full = torch.ones_like(ids, dtype=torch.bool)
             reference = padded_call(subject, ids, full).float()
         else:
-            reference = torch.zeros(B, T, subject.vocab_size, device=ids.device)
+            reference = torch.zeros(B, T, subject.num_labels or subject.vocab_size, device=ids.device)  # V, or C
             for r, L in enumerate(lengths):
                 row = ids[r:r + 1, :L]
                 reference[r, :L] = padded_call(subject, row, torch.ones_like(row, dtype=torch.bool)).float()[0]

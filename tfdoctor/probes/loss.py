@@ -1,4 +1,7 @@
-"""The language-modelling loss each kind of model is trained on, on random token batches."""
+"""The loss each kind of model is trained on, on random token batches: the language-modelling loss,
+or for a classifier (tfdoctor/tasks.py) cross-entropy over its C classes against random labels (one
+per row, or per token), and the mean squared error of a regression head against standard-normal
+targets."""
 
 from __future__ import annotations
 
@@ -21,7 +24,11 @@ class LMBatch:
 def lm_batch(subject: Subject, batch: int, length: int, generator: torch.Generator) -> LMBatch:
     """Causal: predict token t+1 from tokens <= t. Seq2seq: the decoder does the same on the target,
     given a source. Encoder: random labels drawn independently of the input, so the chance level is
-    exactly ln(V) even though an encoder legitimately sees every input token."""
+    exactly ln(V) even though an encoder legitimately sees every input token. A classifier: random
+    labels drawn independently of the input (chance is ln(C))."""
+    if (subject.task or "lm") != "lm":
+        ids = random_tokens(subject, batch, length, generator)
+        return LMBatch((ids,), random_targets(subject, torch.ones_like(ids, dtype=torch.bool), generator))
     ids = random_tokens(subject, batch, length + 1, generator)
     if subject.kind == "seq2seq":
         source = random_tokens(subject, batch, length, generator)
@@ -32,9 +39,40 @@ def lm_batch(subject: Subject, batch: int, length: int, generator: torch.Generat
 
 
 def lm_loss(subject: Subject, batch: LMBatch) -> torch.Tensor:
-    logits = call(subject, *batch.inputs)
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch.targets.reshape(-1),
-                           ignore_index=-100)
+    return task_loss(subject, call(subject, *batch.inputs), batch.targets)
+
+
+def random_targets(subject: Subject, graded: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Targets for the positions `graded` ((B, T) bool) marks, -100 elsewhere, as the task grades them:
+    token ids [B, T] (a language model), labels in [0, C) [B, T] (a token classifier), one label per
+    row [B] (a sequence classifier: -100 for a row with nothing graded), or standard-normal values
+    [B, K] (a regression head: NaN for such a row). Labels are dealt round-robin over the classes, then
+    shuffled, so every class appears once there are C rows: a model that ignores its input cannot beat
+    ln(C) on them by luck."""
+    from tfdoctor import tasks
+
+    task = subject.task or tasks.LM
+    B, T = graded.shape
+    device = graded.device
+    if task == tasks.LM:
+        return random_tokens(subject, B, T, generator).masked_fill(~graded.to(device), -100)
+    if task == tasks.REGRESSION:
+        values = torch.randn(B, subject.num_labels, generator=generator).to(device)
+        return values.masked_fill(~graded.any(-1, keepdim=True).to(device), float("nan"))
+    count = B if task == tasks.SEQUENCE else B * T
+    labels = (torch.arange(count) % subject.num_labels)[torch.randperm(count, generator=generator)].to(device)
+    if task == tasks.SEQUENCE:
+        return labels.masked_fill(~graded.any(-1).to(device), -100)
+    return labels.reshape(B, T).masked_fill(~graded.to(device), -100)
+
+
+def task_loss(subject: Subject, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over the last dimension ignoring -100 (language models and classifiers), or the
+    mean squared error over the rows whose targets are not NaN (a regression head)."""
+    if (subject.task or "lm") == "regression":
+        keep = ~torch.isnan(targets).any(-1)
+        return F.mse_loss(logits.float()[keep], targets[keep])
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
 
 
 def lm_batch_of(subject: Subject, batch) -> LMBatch:

@@ -277,6 +277,7 @@ def replay_forward(call: Optional[dict], model: torch.nn.Module, pad_id: Optiona
     if decoder_key is not None:
         return _replay_seq2seq(call, key, decoder_key, pad_id)
     shape = (call["args"][key[1]] if key[0] == "arg" else call["kwargs"][key[1]])["shape"]
+    recorded_ids = _value_of(call, key)
 
     def rebuild(name: str, spec: dict, ids: torch.Tensor):
         if not spec["tensor"]:
@@ -285,9 +286,11 @@ def replay_forward(call: Optional[dict], model: torch.nn.Module, pad_id: Optiona
             return spec["value"]
         dtype = getattr(torch, spec["dtype"])
         lowered = name.lower()
-        if any(w in lowered for w in _MASK_WORDS):
-            mask = ids != pad_id if pad_id is not None else torch.ones_like(ids, dtype=torch.bool)
-            return mask.to(dtype)
+        if any(w in lowered for w in _MASK_WORDS) or _padding_mask(spec, recorded_ids, pad_id):
+            # a mask by name, or an unnamed one (model(ids, mask)): its 0/1 values mark the pads
+            keep = ids != pad_id if pad_id is not None else torch.ones_like(ids, dtype=torch.bool)
+            marks_pads = _padding_mask(spec, recorded_ids, pad_id) == "pads"  # key_padding_mask: True = pad
+            return (~keep if marks_pads else keep).to(dtype)
         if any(w in lowered for w in _POSITION_WORDS):
             return torch.arange(ids.shape[1], device=ids.device).expand_as(ids).to(dtype)
         if name in _DOCUMENT_ARGUMENTS:  # a probe row is one document
@@ -308,6 +311,22 @@ def replay_forward(call: Optional[dict], model: torch.nn.Module, pad_id: Optiona
         return m(*args, **kwargs)
 
     return forward, "as the script called it"
+
+
+def _padding_mask(spec: dict, recorded_ids: Any, pad_id: Optional[int]) -> Optional[str]:
+    """Whether a recorded [B, T] argument is the rows' padding mask, told by its values: "keep" when it
+    is (ids != pad_id) (an attention mask), "pads" when it is (ids == pad_id) (a key-padding mask), None
+    otherwise (or without a pad id to compare with)."""
+    value = spec.get("value")
+    if pad_id is None or not isinstance(value, torch.Tensor) or not isinstance(recorded_ids, torch.Tensor) \
+            or value.shape != recorded_ids.shape or value.is_floating_point():
+        return None
+    if not bool(((value == 0) | (value == 1)).all()):
+        return None
+    pads = (recorded_ids == pad_id).to(value.device)
+    if torch.equal(value.bool(), ~pads):
+        return "keep"
+    return "pads" if torch.equal(value.bool(), pads) else None
 
 
 def _replay_seq2seq(call: dict, key, decoder_key, pad_id: Optional[int]) -> tuple[Optional[Callable], str]:
@@ -429,6 +448,7 @@ def discover(run: ScriptRun) -> dict:
     if disagreement:
         notes.append(disagreement)
     facts.update(discover_packing(trace))
+    facts.update(discover_task(trace, facts.get("batch_shape"), recorder.vocab))
     if getattr(recorder, "eos_ids", None):  # the tokenizer's end-of-sequence id (eos-trained)
         facts.update(eos_id=recorder.eos_ids[0][1], eos_id_source=f"{recorder.eos_ids[0][0]}.eos_token_id")
     facts.setdefault("pad_id", None)
@@ -436,6 +456,26 @@ def discover(run: ScriptRun) -> dict:
     if notes:
         facts["notes"] = notes
     return facts
+
+
+def discover_task(trace: Trace, batch_shape: Optional[list], vocab: Optional[int]) -> dict:
+    """What the model predicts, as the loss the loop grades its output with shows it: cross-entropy over
+    [B, C] scores (one label per row: a sequence classifier) or over [B * T, C] / [B, C, T] ones with C
+    not the vocabulary (a label per token). {} when no loss says (a language model's [*, V], an MSE)."""
+    if not batch_shape or len(batch_shape) != 2:
+        return {}
+    B, T = batch_shape
+    for loss in (e.data for e in trace.events if e.kind == "loss" and e.data.get("input_shape")):
+        shape = loss["input_shape"]
+        if shape[-1] == vocab or (len(shape) == 3 and shape[1] == vocab):
+            return {}
+        if shape == [B, shape[-1]] and shape[-1] >= 2:
+            return {"task": "sequence-classification",
+                    "task_source": f"the loss grades {shape} scores against one label per row ({loss['function']})"}
+        if (len(shape) == 2 and shape[0] == B * T) or (len(shape) == 3 and shape[0] == B and shape[2] == T):
+            return {"task": "token-classification",
+                    "task_source": f"the loss grades {shape} scores against a label per token ({loss['function']})"}
+    return {}
 
 
 def _key_name(key) -> Optional[str]:
@@ -545,9 +585,10 @@ def subject_of(run: ScriptRun, facts: dict, overrides: dict):
     fields = dict(vocab_size=vocab, seq_len=seq_len, eos_id=eos_id,
                   batch_size=overrides.get("batch_size"), pad_id=pad_id, kind=overrides.get("kind") or facts.get("kind"),
                   padding_side=overrides.get("padding_side") or facts.get("padding_side"), forward=forward,
-                  packing=overrides.get("packing") or _packing_for(facts, recorder, pad_id))
+                  packing=overrides.get("packing") or _packing_for(facts, recorder, pad_id),
+                  task=overrides.get("task") or facts.get("task"))
     given = {"vocab_size": "--vocab", "seq_len": "--seq-len", "batch_size": "--batch", "pad_id": "--pad-id",
              "eos_id": "--eos-id",
-             "kind": "--kind", "padding_side": "--padding-side", "packing": "--packing"}
+             "kind": "--kind", "padding_side": "--padding-side", "packing": "--packing", "task": "--task"}
     facts["overridden"] = {flag: overrides[name] for name, flag in given.items() if overrides.get(name) is not None}
     return Subject(judged.snapshot, **fields)

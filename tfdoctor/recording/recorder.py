@@ -231,7 +231,8 @@ class Recorder(PatchedCalls, TorchFunctionMode):
                           requires_grad=bool(out.requires_grad), reduction=bound.arguments.get("reduction"),
                           ignore_index=int(bound.arguments.get("ignore_index", -100)),
                           label_smoothing=float(bound.arguments.get("label_smoothing", 0.0) or 0.0),
-                          value=float(out.detach().float().sum()), grad=None, backward=None)
+                          value=float(out.detach().float().sum()), grad=None, backward=None,
+                          input_shape=list(bound.arguments["input"].shape))  # [B, C]: a classifier's scores
         if not target.is_floating_point():
             data["targets"] = target.detach().reshape(-1).cpu()
         if out.requires_grad:

@@ -1,0 +1,185 @@
+"""The padding checks on a pooled prediction: a sequence classifier's class scores [B, C] (or a
+regression head's values [B, K]) judged by padding-mask and padding-equivalence, whose own
+implementations read one output per position. Registered as those checks' judges for the pooled
+tasks (registry.judges): same ids, same problem, seen in the class scores.
+
+The bugs: a mean over every position, pads included; the last position pooled from right-padded rows
+(a pad, not the last token); an encoder that attends to its pads; a mean divided by the padded
+length. Each moves a row's class scores with the pads around it, which a correctly masked model never
+does.
+"""
+
+from __future__ import annotations
+
+from tfdoctor.registry import POOLED_TASKS, judges
+from tfdoctor.result import Result
+
+MAX_LISTED = 6
+
+HINTS = {
+    "edge-position": ("pool the last real token of each row, not position -1: last = mask.sum(1) - 1 with "
+                      "mask = (ids != pad_id); pooled = states[torch.arange(B), last] (or pad on the left)"),
+    "attends-pads": ("mask the pad keys in every attention layer: src_key_padding_mask=(ids == pad_id) for "
+                     "nn.TransformerEncoder, or scores.masked_fill((ids == pad_id)[:, None, None, :], "
+                     "torch.finfo(scores.dtype).min); Hugging Face models take attention_mask=(ids != pad_id)"),
+    "pools-pads": ("average over the real tokens only: keep = (ids != pad_id).unsqueeze(-1); pooled = "
+                   "(states * keep).sum(1) / keep.sum(1).clamp(min=1)"),
+    "reads-pads": ("mask the pads out of the attention (attention_mask / src_key_padding_mask) and out of the "
+                   "pooling (a mean over the real tokens only, or the last real token)"),
+    "pad-count": ("divide a masked sum by each row's real token count (mask.sum(1)), not by the padded length "
+                  "T; with left padding, count positions from each row's first real token"),
+}
+CAUSES = {
+    "edge-position": "only the pad at the row's {edge} position moves them: the head pools that position, "
+                     "which is a pad in a {side}-padded row, not the row's {token} token",
+    "attends-pads": "the pads' content moves them and reaches the encoder's states at real positions{share}: "
+                    "the encoder attends to its pads",
+    "pools-pads": "the pads' content moves them, although the encoder's states at real positions ignore it: "
+                  "the pooling (a mean or max over every position) takes the pads in",
+    "reads-pads": "the pads' content moves them: the pads reach the pooled state (attention to the pads, or a "
+                  "pooling over every position)",
+    "pad-count": "the pads' content changes nothing, yet their number does: a mean divided by the padded length, "
+                 "or positions counted from the row's start",
+}
+
+
+def _side(subject) -> tuple[str, str]:
+    """The side judged and why: the declared (or tokenizer's) side, else right, the side classifier
+    tokenizers pad on by default (BERT, RoBERTa, GPT-2's)."""
+    if subject.padding_side:
+        return subject.padding_side, ""
+    return "right", " (right padding, the classifier tokenizers' default; pass --padding-side left if you pad left)"
+
+
+def _cause_text(cause: str, evidence: dict, side: str) -> str:
+    edge, token = ("last", "last real") if side == "right" else ("first", "first real")
+    share = evidence.get("largest_attention_on_pads")
+    share = f" (real tokens give the pad keys up to {share:.2g} of their attention)" if share else ""
+    return CAUSES[cause].format(edge=edge, side=side, token=token, share=share)
+
+
+def _judged(subject, judge) -> Result:
+    """judge(implementation) in eval mode, under each attention implementation (as padding-equivalence)."""
+    from tfdoctor.checks.verdicts import judged_per_implementation
+    from tfdoctor.probes.configured_impl import judged_as_run
+    from tfdoctor.probes.modes import evaluation
+
+    def in_eval(implementation) -> Result:
+        with evaluation(subject.model):
+            return judge(implementation)
+
+    return judged_per_implementation(subject, judged_as_run(subject.model, in_eval))
+
+
+POOLING_CAUSES = ("edge-position", "pools-pads", "pad-count")
+
+
+def _located(subject, rows, cause: str, details: dict) -> None:
+    """A pooling bug is found where the pooled state meets the head: the user's line calling it (the
+    runner would name the attention line, right only when the encoder attends to its pads)."""
+    from tfdoctor.probes.pooled import head_site
+
+    if cause in POOLING_CAUSES:
+        where = head_site(subject, rows.ids)
+        if where:
+            details.update(location=where, call="the classification head, fed the pooled state")
+
+
+def _noise(subject, rows) -> float:
+    """How far two identical forwards of the padded rows are apart (0 for a deterministic model)."""
+    from tfdoctor.probes.pooled import row_gaps, scores
+
+    return float(row_gaps(scores(subject, rows.ids), scores(subject, rows.ids)).max())
+
+
+@judges("padding-mask", tasks=POOLED_TASKS)
+def pooled_padding_mask(subject) -> Result:
+    """padding-mask on a pooled prediction: each row's class scores must not move when the content of
+    its pads changes (the pad embeddings pushed far off, the ids and so every mask intact)."""
+    import torch
+
+    from tfdoctor.context import current
+    from tfdoctor.probes.pooled import pad_content_change, padded_rows, pooling_cause, scores, tolerance
+
+    side, why_side = _side(subject)
+
+    def judge(implementation) -> Result:
+        generator = torch.Generator().manual_seed(current().seed + 3)
+        rows = padded_rows(subject, side, generator)
+        base = scores(subject, rows.ids)
+        tol = tolerance(base)
+        noise = _noise(subject, rows)
+        if noise > tol:
+            return Result.warned(f"two identical eval forwards gave class scores {noise:.3g} apart: the model is "
+                                 "random at inference, so the pads' effect cannot be measured",
+                                 "look for dropout that ignores eval mode (F.dropout(x, p) without training=)",
+                                 {"noise": noise})
+        change = pad_content_change(subject, rows, rows.pads, generator)
+        if change is None:
+            return Result.skipped("the input embedding was not found (or not called on the ids), so the pads' "
+                                  "content cannot be changed")
+        moved = [r for r in range(len(rows.lengths)) if float(change[r]) > tol]
+        details = {"pad_side": side, "pads_per_row": rows.pads.sum(1).tolist(), "task": subject.task,
+                   "largest_change": float(change.max()), "tolerance": tol,
+                   "rows_moved": moved[:MAX_LISTED]}
+        if not moved:
+            return Result.passed(f"the class scores of {len(rows.lengths)} {side}-padded rows do not move with "
+                                 f"their pads' content (largest change {float(change.max()):.2g}){why_side}", details)
+        cause, evidence = pooling_cause(subject, rows, generator)
+        details.update(evidence, cause=cause)
+        _located(subject, rows, cause, details)
+        return Result.failed(f"the class scores of {len(moved)} of {len(rows.lengths)} {side}-padded rows move with "
+                             f"their pads' content (largest change {float(change.max()):.3g}): "
+                             f"{_cause_text(cause, evidence, side)}", HINTS[cause], details)
+
+    return _judged(subject, judge)
+
+
+@judges("padding-equivalence", tasks=POOLED_TASKS)
+def pooled_padding_equivalence(subject) -> Result:
+    """padding-equivalence on a pooled prediction: each row's class scores inside a padded batch must
+    equal its scores alone, unpadded; the rows carry different numbers of pads (1 to T/2)."""
+    import torch
+
+    from tfdoctor.context import current
+    from tfdoctor.probes.pooled import alone_scores, padded_rows, pooling_cause, row_gaps, scores, tolerance
+
+    side, why_side = _side(subject)
+
+    def judge(implementation) -> Result:
+        generator = torch.Generator().manual_seed(current().seed + 7)
+        rows = padded_rows(subject, side, generator)
+        alone = alone_scores(subject, rows)
+        padded = scores(subject, rows.ids)
+        tol = tolerance(alone, padded)
+        noise = _noise(subject, rows)
+        if noise > tol:
+            return Result.warned(f"two identical eval forwards gave class scores {noise:.3g} apart: the model is "
+                                 "random at inference, so arrangements cannot be compared",
+                                 "look for dropout that ignores eval mode (F.dropout(x, p) without training=)",
+                                 {"noise": noise})
+        gaps = row_gaps(padded, alone)
+        pads = rows.pads.sum(1).tolist()
+        differs = [r for r in range(len(pads)) if float(gaps[r]) > tol]
+        details = {"pad_side": side, "pads_per_row": pads, "task": subject.task,
+                   "row_differences": [float(g) for g in gaps], "tolerance": tol,
+                   "differing_rows": differs[:MAX_LISTED]}
+        if not differs:
+            return Result.passed(f"{len(pads)} rows get the same class scores alone as {side}-padded in a batch "
+                                 f"({min(pads)} to {max(pads)} pads; largest difference {float(gaps.max()):.2g})"
+                                 f"{why_side}", details)
+        worst = max(differs, key=lambda r: float(gaps[r]))
+        per_row = ", ".join(f"{pads[r]} pads: {float(gaps[r]):.3g}" for r in differs[:MAX_LISTED])
+        if not bool(torch.isfinite(padded).all()):
+            return Result.failed(f"with {side} padding the class scores of {len(differs)} of {len(pads)} rows are "
+                                 "NaN/Inf, which they are not alone", HINTS["attends-pads"].replace(
+                                     "torch.finfo(scores.dtype).min", "torch.finfo(scores.dtype).min (not -inf)"),
+                                 details)
+        cause, evidence = pooling_cause(subject, rows, generator)
+        details.update(evidence, cause=cause)
+        _located(subject, rows, cause, details)
+        return Result.failed(f"with {side} padding, {len(differs)} of {len(pads)} rows get other class scores than "
+                             f"the same sequence alone ({per_row}; largest in the row with {pads[worst]} pads): "
+                             f"{_cause_text(cause, evidence, side)}", HINTS[cause], details)
+
+    return _judged(subject, judge)
