@@ -409,7 +409,7 @@ def _preflight(subject: Subject) -> tuple:
     ids, logits)."""
     import torch
 
-    from tfdoctor import tasks
+    import tfdoctor.tasks as tasks  # the module, not the package: `from tfdoctor import` would close a circle
 
     ids = _twin_ids(subject)
     B, T = ids[0].shape
