@@ -377,3 +377,12 @@ def test_progress_bar_survives_early_stops_overshoot_and_later_tasks():
         third(1)
     with terminal_progress(Console(file=io.StringIO(), force_terminal=False)) as start:
         assert start is None
+
+
+def test_counts_and_shares_read_right_at_their_edges():
+    from tfdoctor.result import counted, percent
+
+    assert counted(1, "optimizer step") == "1 optimizer step" and counted(2, "optimizer step") == "2 optimizer steps"
+    assert counted(0, "batch", "batches") == "0 batches"
+    assert percent(4 / 1440) == "0.3%" and percent(1 / 5000) == "under 0.1%" and percent(0) == "0%"
+    assert percent(0.88) == "88%"

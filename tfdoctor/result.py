@@ -43,6 +43,15 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
     return f"{count} {noun if count == 1 else plural or noun + 's'}"
 
 
+def percent(share: float) -> str:
+    """A share as a person reads it: "12%", "0.3%", "under 0.1%" (4 of 1440 rows is not "0%")."""
+    if share <= 0:
+        return "0%"
+    if share < 0.001:
+        return "under 0.1%"
+    return f"{share:.1%}" if share < 0.01 else f"{share:.0%}"
+
+
 class ExitCode(enum.IntEnum):
     OK = 0  # no check failed (warnings allowed unless --strict)
     CHECKS_FAILED = 1  # a check failed or errored (or warned under --strict)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 
 from tfdoctor.registry import check
-from tfdoctor.result import Result
+from tfdoctor.result import Result, percent
 from tfdoctor.watching.series import HELD_OUT, TRAINING_SPLIT, EvalPoint, RunSeries, trailing
 
 MIB = 2 ** 20
@@ -139,7 +139,7 @@ def _skip_share_verdict(series: RunSeries, rows, skipped, calibration: int, sett
     after, share = skipped[calibration:], details["share_after_calibration"]
     if settled:  # the first skip once the scaler had settled
         first = next((rows[calibration + i].step for i, s in enumerate(after) if s), None)
-        seen = (f"the GradScaler skipped {sum(after)} of {len(after)} steps after its calibration ({share:.0%}; "
+        seen = (f"the GradScaler skipped {sum(after)} of {len(after)} steps after its calibration ({percent(share)}; "
                 f"{details['calibration_skipped']} skipped in its first {calibration} steps)")
     else:  # never settled: the first skip after a step that went through (the start's streak is calibration)
         first = next((row.step for i, row in enumerate(rows) if row.skipped and i and not skipped[i - 1]), None)
@@ -197,7 +197,7 @@ def data_wait(series: RunSeries) -> Result:
                "median_wait_s": wait, "median_step_s": wall, "loader": loader,
                "device": series.facts.get("device")}
     seen = (f"a typical step waited {wait * 1e3:.1f} ms of its {wall * 1e3:.1f} ms for the next batch "
-            f"({share:.0%}; over the whole run {total:.0%})")
+            f"({percent(share)}; over the whole run {percent(total)})")
     if share < DATA_WAIT_SHARE:
         return Result.passed(f"{seen}: threshold {DATA_WAIT_SHARE:.0%}", details)
     cause, hint = _loader_cause(loader, str(series.facts.get("device") or ""))
@@ -393,7 +393,7 @@ def eval_gap(series: RunSeries) -> Result:
     if leaked is not None:
         details["step"] = leaked["first_trained_step"]
         seen = (f"{leaked['trained_rows']} of the {leaked['rows']} rows of the held-out evaluation "
-                f"{leaked['source']} ({leaked['share']:.0%}) are rows the loop also trained on, from the "
+                f"{leaked['source']} ({percent(leaked['share'])}) are rows the loop also trained on, from the "
                 f"evaluation at step {leaked['first_trained_step']}")
         hint = ("hold the validation rows out before training: split once by index (torch.utils.data.random_split "
                 "or a fixed slice) and train only on the other part; drop rows that occur in both splits")
@@ -423,7 +423,7 @@ def _held_said(source: dict) -> str:
     if not source["trained_rows"]:
         return f"none of the {source['rows']} rows of the held-out evaluation {source['source']} were trained on"
     return (f"{source['trained_rows']} of the {source['rows']} rows of the held-out evaluation {source['source']} "
-            f"({source['share']:.0%}) were trained on (a leak is judged from {PART_LEAK_SHARE:.0%})")
+            f"({percent(source['share'])}) were trained on (a leak is judged from {PART_LEAK_SHARE:.0%})")
 
 
 def _below_verdict(series: RunSeries, sources: list[dict], details: dict) -> Result:
