@@ -121,10 +121,8 @@ def _padding_message(subject, arrangement, cause: str) -> tuple[str, str]:
         said = (f"{seen}: the pads are not attended, yet the real tokens move with the number of pads before "
                 f"them ({per_pad}), so positions are counted from the row's start: learned positions shift "
                 "by the pad count")
-        if _generate_gives_no_positions(subject):
-            return (f"{said} ({type(subject.model).__name__}.generate() passes no position_ids: its forward does "
-                    "not name them)", GENERATE_POSITIONS_HINT)
-        return said, POSITIONS_HINT
+        note, hint = _generate_positions(subject)
+        return said + note, hint or POSITIONS_HINT
     if cause == "pads":
         return f"{seen}: real positions attend to the pads (their logits move with the pads' content)", PADS_HINT
     if cause == "pads-attended":
@@ -139,10 +137,11 @@ def _padding_message(subject, arrangement, cause: str) -> tuple[str, str]:
                 "row's length", "apply the attention mask before any top-k or sparse selection over keys, so "
                 "that pads are never selected; " + POSITIONS_HINT)
     if cause == "positions-or-pads":
+        note, hint = _generate_positions(subject)
         return (f"{seen}: the pads' content changes nothing, yet the real tokens move with the number of pads "
                 "before them, and the attention weights are inside a fused kernel, so the cause is one of: "
                 "positions counted from the row's start, or attention to pads whose content the model "
-                "overwrites", f"{POSITIONS_HINT}; and {PADS_HINT}")
+                f"overwrites{note}", f"{hint or POSITIONS_HINT}; and {PADS_HINT}")
     if cause == "batch":
         return (f"{seen}: a row's logits depend on the other rows of its batch (the same padded row run alone "
                 "gives other logits): a batch-dependent operation", BATCH_HINT)
@@ -153,12 +152,20 @@ def _padding_message(subject, arrangement, cause: str) -> tuple[str, str]:
             "positions read: see future-leak)", BATCH_HINT)
 
 
-def _generate_gives_no_positions(subject) -> bool:
-    """A Hugging Face causal LM whose own generate() hands its forward no position ids (as the probe
-    calls it): the model numbers a left-padded prompt by itself."""
+def _generate_positions(subject) -> tuple[str, str]:
+    """(note, hint) for a Hugging Face causal LM whose own generate() hands its forward no position
+    ids, as the probe then calls it: the model numbers a left-padded prompt by itself. ("", "") else."""
+    from tfdoctor.probes.generation import accepts
     from tfdoctor.probes.invariance import generate_arguments, hf_causal
 
-    return hf_causal(subject) and "position_ids" not in generate_arguments(subject)
+    if not hf_causal(subject) or "position_ids" in generate_arguments(subject):
+        return "", ""
+    name = type(subject.model).__name__
+    if not accepts(subject.model, "position_ids"):
+        return f" ({name}.generate() passes no position_ids: its forward does not name them)", GENERATE_POSITIONS_HINT
+    return (f" ({name}.generate() passes no position_ids: its prepare_inputs_for_generation drops them)",
+            "do not batch left-padded prompts through this model's generate() (it drops the position ids), or "
+            "call the model yourself with position_ids=(mask.cumsum(-1) - 1).clamp(min=0)")
 
 
 @check("padding-equivalence", title="Each sequence gets the same logits alone as inside a padded batch",

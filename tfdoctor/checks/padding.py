@@ -126,9 +126,11 @@ def _answers_change_left_padded(subject, details: dict) -> bool:
 
     from tfdoctor.context import current
     from tfdoctor.probes.invariance import alone, compare_padded
+    from tfdoctor.probes.modes import evaluation
 
-    probe = alone(subject, torch.Generator().manual_seed(current().seed + 11))
-    arrangement = compare_padded(subject, probe, "left")
+    with evaluation(subject.model):  # as padding-equivalence compares them: dropout off
+        probe = alone(subject, torch.Generator().manual_seed(current().seed + 11))
+        arrangement = compare_padded(subject, probe, "left")
     details["left_padded_vs_alone"] = float(arrangement.diff[arrangement.real].max())
     return bool(arrangement.differs.any())
 

@@ -129,7 +129,7 @@ class PaddedArrangement:
 
 
 # What each Hugging Face model's generate() hands its forward, recorded once per model.
-_GENERATE_ARGUMENTS: "weakref.WeakKeyDictionary[torch.nn.Module, frozenset]" = weakref.WeakKeyDictionary()
+_GENERATE_ARGUMENTS: weakref.WeakKeyDictionary[torch.nn.Module, frozenset] = weakref.WeakKeyDictionary()
 
 
 def generate_arguments(subject: Subject) -> frozenset:
@@ -323,7 +323,7 @@ class PackingComparison:
         """(row, start, length) of every packed document, in the order of alone_ids."""
         return [(r, s, L) for r, row in enumerate(self.rows.documents) for s, L in row]
 
-    def against(self, reference: torch.Tensor) -> "PackingComparison":
+    def against(self, reference: torch.Tensor) -> PackingComparison:
         """The same packed logits compared with another reference for the documents alone."""
         B, T = self.rows.ids.shape
         diff = torch.zeros(B, T)

@@ -288,4 +288,4 @@ def left_padding_evidenced(subject: Subject) -> str | None:
     if given is None:
         return None  # RWKV takes attention_mask and ignores it: its generate() cannot pad a batch
     return (f"the library's batched generation pads on the left ({type(subject.model).__name__}.generate() takes "
-            "left-padded prompts with their attention_mask)")
+            "left-padded prompts and their attention_mask)")
