@@ -21,8 +21,8 @@ TOKENS = ("token-weighting", "accumulation-scaling")  # tests/test_invariance.py
 GENERATION = ("overfit-batch", "generation")  # tests/test_generation.py's runs (one memorisation shared)
 DETERMINISM = ("eval-determinism",)  # tests/test_determinism.py's table
 DEPTH = ("depth-signal",)  # tests/test_depth.py's table
-BOUNDARIES = ("eos-trained", "packing-labels")
-CLASSIFIER = ("padding-mask", "padding-equivalence", "init-loss", "overfit-batch")  # tests/test_classifiers.py  # tests/test_boundaries.py's loop runs on the tiny GPT-2
+BOUNDARIES = ("eos-trained", "packing-labels")  # tests/test_boundaries.py's loop runs on the tiny GPT-2
+CLASSIFIER = ("padding-mask", "padding-equivalence", "init-loss", "overfit-batch")  # tests/test_classifiers.py
 MEMORY_TIGHT = {"train_batch": 8, "train_seq": 64, "budget": "1MiB"}  # tests/test_memory_traced.py
 MEMORY_ROOMY = {"train_batch": 2, "train_seq": 16, "budget": "80GB"}
 
@@ -81,10 +81,13 @@ PLANTED = {
                        [(model("gpt_pad_masked", PADDING), "pass")]),
     "padding-equivalence": ([(model("gpt_left_pad_positions", ["padding-equivalence"]), "fail"),
                              (model("classifier_mean_over_pads", CLASSIFIER), "fail"),
-                             (model("classifier_last_position", CLASSIFIER), "fail")],
+                             (model("classifier_last_position", CLASSIFIER), "fail"),
+                             (model("hf_whisper_causal", ["padding-equivalence"]), "fail")],
                             [(model("gpt_left_pad_mask_positions", ["padding-equivalence"]), "pass"),
-                             (model("classifier_correct", CLASSIFIER), "pass")]),
-    "packing-isolation": ([(model("gpt_packed_no_doc_mask", ["packing-isolation"]), "fail")],
+                             (model("classifier_correct", CLASSIFIER), "pass"),
+                             (model("gpt_right_pad_positions", ["padding-equivalence"], padding_side="right"), "pass")]),
+    "packing-isolation": ([(model("gpt_packed_no_doc_mask", ["packing-isolation"]), "fail"),
+                           (model("hf_roberta_packed", ["packing-isolation"]), "fail")],
                           [(model("gpt_packed", ["packing-isolation"]), "pass")]),
     "cache-consistency": ([(model("gpt_kv_cache_no_mask", ["cache-consistency"]), "fail")],
                           [(model("gpt_kv_cache", ["cache-consistency"]), "pass")]),

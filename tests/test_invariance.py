@@ -100,6 +100,51 @@ def test_hugging_face_gpt2_left_padded_without_position_ids_fails():
     assert result.status.value == "fail" and result.details["cause"] == "positions"
 
 
+def test_left_padding_is_probed_as_the_librarys_own_generate_calls_the_model(report_of):
+    """WhisperForCausalLM takes position_ids only through **kwargs, so its generate() hands it none and
+    the decoder counts a left-padded prompt from the row's start. The probe must call it the same
+    way (handing it position ids from the mask hid the defect: 'largest difference 0')."""
+    from hf_whisper_causal import PAD_ID, model
+
+    from tfdoctor.probes.invariance import generate_arguments
+    from tfdoctor.subject import resolve
+
+    result = report_of("hf_whisper_causal", ["padding-equivalence"])["padding-equivalence"]
+    assert result.status.value == "fail", result.message
+    assert (result.details["pad_side"], result.details["cause"]) == ("left", "positions")
+    assert result.details["largest_difference"] > 0.1 * result.details["output_scale"]
+    assert result.details["declared_side"] is None and "generate()" in result.details["left_padding_evidence"]
+    assert "generate() passes no position_ids" in result.message and "names" in result.hint
+    # what the library's own generate() does: a left-padded prompt's next-token logits against alone
+    whisper = model().eval()
+    prompt = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(0))
+    padded = torch.cat([torch.full((1, 4), PAD_ID), prompt], 1)
+
+    def next_logits(ids):
+        out = whisper.generate(ids, attention_mask=(ids != PAD_ID).long(), max_new_tokens=1, do_sample=False,
+                               output_logits=True, return_dict_in_generate=True, pad_token_id=PAD_ID)
+        return out.logits[0]
+
+    alone = next_logits(prompt)
+    assert float((next_logits(padded) - alone).abs().max()) > 0.1 * float(alone.abs().max())
+    assert "position_ids" not in generate_arguments(resolve(Subject(whisper, pad_id=PAD_ID)))
+
+
+def test_left_padding_without_evidence_warns_naming_the_padding_side(report_of):
+    """A correct GPT with a key mask and learned positions from the row's start, side undeclared:
+    nothing says it is padded on the left (no tokenizer, loop or library generate()), so the shift
+    left padding would cause warns; declared right it passes, declared left it fails."""
+    checks = ["padding-equivalence"]
+    default = report_of("gpt_right_pad_positions", checks)["padding-equivalence"]
+    assert default.status.value == "warn", default.message
+    assert default.details["cause"] == "positions" and default.details["left_padding_evidence"] is None
+    assert "--padding-side right" in default.hint and "no side is declared" in default.message
+    right = report_of("gpt_right_pad_positions", checks, padding_side="right")["padding-equivalence"]
+    assert right.status.value == "pass" and list(right.details["sides"]) == ["right"], right.message
+    left = report_of("gpt_right_pad_positions", checks, padding_side="left")["padding-equivalence"]
+    assert left.status.value == "fail" and left.details["cause"] == "positions", left.message
+
+
 # ------------------------------------------------------------------------------------- packing
 
 
@@ -119,6 +164,31 @@ def test_packed_documents_with_a_document_mask_pass(report_of):
     result = report_of("gpt_packed", ["packing-isolation"])["packing-isolation"]
     assert result.status.value == "pass", result.message
     assert result.details["largest_difference"] <= result.details["tolerance"]
+
+
+def test_documents_numbered_otherwise_than_alone_fail_naming_the_start(report_of):
+    """RoBERTa packed by DataCollatorWithFlattening: the documents are isolated, but numbered from 0
+    where RoBERTa numbers a sequence alone from padding_idx + 1 = 2. Every document differs, the
+    first of its row too; the reference is the document as the model numbers it by itself."""
+    result = report_of("hf_roberta_packed", ["packing-isolation"])["packing-isolation"]
+    assert result.status.value == "fail", result.message
+    assert result.details["cause"] == "numbering" and result.details["own_numbering_start"] == 2
+    assert result.details["cross_document_pairs"] == 0
+    assert result.details["differing_count"] == sum(result.details["documents_per_row"])
+    assert result.details["numbering_difference"] > 0.1 * result.details["output_scale"]
+    assert "documents are isolated" in result.message and "from 2 (padding_idx + 1" in result.message
+    assert "add 2 to the collator's position_ids" in result.hint
+
+
+def test_documents_numbered_as_the_model_numbers_them_alone_pass():
+    """The same RoBERTa, its packed position ids shifted to the model's own numbering: quiet."""
+    from hf_roberta_packed import model
+
+    def shifted(m, input_ids, doc_ids, position_ids):
+        return m(input_ids=input_ids, position_ids=position_ids + 2, use_cache=False).logits
+
+    result = one(Subject(model(), packing=shifted, seq_len=16), "packing-isolation")
+    assert result.status.value == "pass", result.message
 
 
 def test_positions_not_restarting_are_named():

@@ -17,6 +17,11 @@ POSITIONS_HINT = (
     "(mask.cumsum(-1) - 1).clamp(min=0) with mask = (ids != pad_id), and index the position table "
     "(or the rotary angles) with them; Hugging Face models take position_ids=positions"
 )
+GENERATE_POSITIONS_HINT = (
+    "name position_ids in the model's forward and hand it on to the layer that embeds positions, so "
+    "that generate() builds them from the attention mask (it does so only for a forward that names "
+    "them), or pass position_ids=(mask.cumsum(-1) - 1).clamp(min=0) yourself on every call"
+)
 PADS_HINT = (
     "mask the pad keys in every attention layer: keep = (ids != pad_id)[:, None, None, :], "
     "scores.masked_fill(~keep, torch.finfo(scores.dtype).min); Hugging Face models take "
@@ -29,8 +34,8 @@ NONFINITE_HINT = ("fill masked scores with torch.finfo(scores.dtype).min instead
 RANDOM_HINT = ("look for dropout that ignores eval mode (F.dropout(x, p) defaults to training=True; pass "
                "training=self.training) or noise sampled in forward")
 
-UNKNOWN_SIDE_HINT = ("if you only ever pad on the right, say so: --padding-side right or "
-                     "Subject(padding_side='right'); otherwise ")
+UNKNOWN_SIDE_HINT = ("say which side you pad: --padding-side right (or Subject(padding_side='right')) if you "
+                     "only ever pad on the right; otherwise (--padding-side left) ")
 
 
 def _judged(subject, judge) -> Result:
@@ -114,9 +119,11 @@ def _padding_message(subject, arrangement, cause: str) -> tuple[str, str]:
             f"of the logits' scale, in the row with {pads} pads)")
     if cause == "positions":
         per_pad = ", ".join(f"{T - L} pads: {d:.3g}" for L, d in zip(arrangement.lengths, rows) if L < T)
-        return (f"{seen}: the pads are not attended, yet the real tokens move with the number of pads before "
+        said = (f"{seen}: the pads are not attended, yet the real tokens move with the number of pads before "
                 f"them ({per_pad}), so positions are counted from the row's start: learned positions shift "
-                "by the pad count", POSITIONS_HINT)
+                "by the pad count")
+        note, hint = _generate_positions(subject)
+        return said + note, hint or POSITIONS_HINT
     if cause == "pads":
         return f"{seen}: real positions attend to the pads (their logits move with the pads' content)", PADS_HINT
     if cause == "pads-attended":
@@ -131,10 +138,11 @@ def _padding_message(subject, arrangement, cause: str) -> tuple[str, str]:
                 "row's length", "apply the attention mask before any top-k or sparse selection over keys, so "
                 "that pads are never selected; " + POSITIONS_HINT)
     if cause == "positions-or-pads":
+        note, hint = _generate_positions(subject)
         return (f"{seen}: the pads' content changes nothing, yet the real tokens move with the number of pads "
                 "before them, and the attention weights are inside a fused kernel, so the cause is one of: "
                 "positions counted from the row's start, or attention to pads whose content the model "
-                "overwrites", f"{POSITIONS_HINT}; and {PADS_HINT}")
+                f"overwrites{note}", f"{hint or POSITIONS_HINT}; and {PADS_HINT}")
     if cause == "batch":
         return (f"{seen}: a row's logits depend on the other rows of its batch (the same padded row run alone "
                 "gives other logits): a batch-dependent operation", BATCH_HINT)
@@ -143,6 +151,22 @@ def _padding_message(subject, arrangement, cause: str) -> tuple[str, str]:
     return (f"{seen}: the pads are not attended and the row alone agrees with the batch, so the trailing pads "
             "change earlier positions some other way (a mean over positions that includes the pads, or later "
             "positions read: see future-leak)", BATCH_HINT)
+
+
+def _generate_positions(subject) -> tuple[str, str]:
+    """(note, hint) for a Hugging Face causal LM whose own generate() hands its forward no position
+    ids, as the probe then calls it: the model numbers a left-padded prompt by itself. ("", "") else."""
+    from tfdoctor.probes.generation import accepts
+    from tfdoctor.probes.invariance import generate_arguments, hf_causal
+
+    if not hf_causal(subject) or "position_ids" in generate_arguments(subject):
+        return "", ""
+    name = type(subject.model).__name__
+    if not accepts(subject.model, "position_ids"):
+        return f" ({name}.generate() passes no position_ids: its forward does not name them)", GENERATE_POSITIONS_HINT
+    return (f" ({name}.generate() passes no position_ids: its prepare_inputs_for_generation drops them)",
+            "do not batch left-padded prompts through this model's generate() (it drops the position ids), or "
+            "call the model yourself with position_ids=(mask.cumsum(-1) - 1).clamp(min=0)")
 
 
 @check("padding-equivalence", title="Each sequence gets the same logits alone as inside a padded batch",
@@ -157,13 +181,17 @@ def padding_equivalence(subject) -> Result:
     padded into one batch on the side the model is trained with (--padding-side, the tokenizer's;
     unknown: both for a causal model, right for an encoder), each arrangement in one batched forward,
     with the model called as in training (its own forward; Hugging Face models with attention_mask,
-    causal LMs also with position ids from the mask, as generation builds them), and compares every
-    real position's logits within a tolerance relative to their scale. The report gives the largest
-    difference, the positions affected and the likely cause, told apart by behaviour: real outputs
-    that move with the pads' content (pads attended), a row that differs run alone with the same pads
-    (batch-dependent), or neither (positions from the row's start). Where the side is unknown, a
-    difference under left padding only warns: it matters for left-padded training and batched
-    generation.
+    causal LMs also with position ids from the mask where their own generate() passes them, as it
+    builds them: it passes none to a forward that does not name position_ids, WhisperForCausalLM's),
+    and compares every real position's logits within a tolerance relative to their scale. The report
+    gives the largest difference, the positions affected and the likely cause, told apart by
+    behaviour: real outputs that move with the pads' content (pads attended), a row that differs run
+    alone with the same pads (batch-dependent), or neither (positions from the row's start). Where
+    the side is unknown (no --padding-side, tokenizer or loop batches to read it from), a difference
+    under left padding only fails where left padding is evidenced: a Hugging Face causal LM whose
+    generate() pads batched prompts on the left and reads their mask. Otherwise it warns, naming
+    --padding-side: a hand-written model with a key mask and positions from the row's start is
+    correct when only ever padded on the right.
 
     Fix: build positions from the mask, positions = (mask.cumsum(-1) - 1).clamp(min=0) (Hugging Face:
     position_ids=positions), and mask the pad keys.
@@ -171,9 +199,9 @@ def padding_equivalence(subject) -> Result:
     import torch
 
     from tfdoctor.context import current
-    from tfdoctor.probes.invariance import alone, compare_padded
+    from tfdoctor.probes.invariance import alone, compare_padded, generate_arguments, hf_causal
     from tfdoctor.probes.modes import evaluation
-    from tfdoctor.probes.padding import fixed_output_length, left_padding_fails, probed_sides
+    from tfdoctor.probes.padding import fixed_output_length, left_padding_evidenced, probed_sides
 
     declared = subject.padding_side
     sides = probed_sides(subject)
@@ -190,6 +218,8 @@ def padding_equivalence(subject) -> Result:
             alone_forwards = 1 if subject.kind == "causal" else len(probe.lengths)
             details = {"declared_side": declared, "real_lengths": probe.lengths, "seq_len": subject.seq_len,
                        "forwards": alone_forwards + len(arrangements), "sides": {}}
+            if hf_causal(subject):  # how the probe called it: as the model's own generate() does
+                details["generate_arguments"] = sorted(generate_arguments(subject))
             failing = []
             for arrangement in arrangements:
                 side_details = {"largest_difference": float(arrangement.diff[arrangement.real].max()),
@@ -217,15 +247,18 @@ def padding_equivalence(subject) -> Result:
         arrangement, cause = failing[0]
         details.update(pad_side=arrangement.side, **details["sides"][arrangement.side])
         message, hint = _padding_message(subject, arrangement, cause)
-        # An unexplained difference in some rows only (a top-k near tie can flip) is not escalated.
+        # Side unknown and only left padding differs: a failure where left padding is evidenced, else
+        # a warning (the same code is correct when only ever padded on the right). An unexplained
+        # difference in some rows only (a top-k near tie can flip) is not escalated.
         left_only = declared is None and subject.kind == "causal" and all(a.side == "left" for a, _ in failing)
-        built_for_padding = left_only and cause != "unexplained" and left_padding_fails(
-            subject, pads_masked=cause not in ("pads", "pads-attended", "positions-or-pads"))
-        if built_for_padding:
-            message += f"; {built_for_padding}"
+        evidence = left_only and cause != "unexplained" and left_padding_evidenced(subject)
+        details["left_padding_evidence"] = evidence or None
+        if evidence:
+            message += f"; {evidence}"
         elif left_only:
-            return Result.warned(f"{message}; right padding is equivalent, so this matters only for left-padded "
-                                 "training and batched generation", UNKNOWN_SIDE_HINT + hint, details)
+            return Result.warned(f"{message}; right padding is equivalent and no side is declared (--padding-side, "
+                                 "the tokenizer's, the loop's batches), so this matters only if you train "
+                                 "left-padded or generate in batches", UNKNOWN_SIDE_HINT + hint, details)
         if declared is not None:
             message += f" ({declared} padding, as declared)"
         return Result.failed(message, hint, details)
@@ -283,13 +316,18 @@ def packing_isolation(subject) -> Result:
     packing="position_ids" for the Hugging Face convention (model(input_ids=..., position_ids=...),
     positions restarting at each document, no attention mask, as DataCollatorWithFlattening does).
     Packs 2-4 documents of random lengths into each row, runs the packed batch and every document
-    alone (one batched forward each) and compares each document's logits. On a difference it draws
-    the document map (does document i move when only document j's tokens change?) and names what
-    leaks: attention across the boundary, or positions that do not restart (a document that no
-    other one moves, yet differs).
+    alone as the model numbers it by itself (one batched forward each: no position ids for the
+    Hugging Face convention, the Subject's usual forward for a packing fn) and compares each
+    document's logits. On a difference it names what differs: positions numbered otherwise than the
+    model numbers a document alone (RoBERTa counts from padding_idx + 1, DataCollatorWithFlattening
+    from 0), with the start that reproduces the model's own numbering; then, against the documents
+    numbered as packed, it draws the document map (does document i move when only document j's
+    tokens change?) and names attention across the boundary, or positions that do not restart (a
+    document that no other one moves, yet differs).
 
     Fix: mask attention to the same document, allowed = causal & (doc_ids[:, :, None] ==
-    doc_ids[:, None, :]), and restart position ids at every document.
+    doc_ids[:, None, :]), and restart position ids at every document where the model starts them
+    alone (RoBERTa: at padding_idx + 1).
     """
     if subject.packing is None:
         return Result.skipped("the Subject does not say how it packs documents: pass Subject(packing=fn) with "
@@ -336,10 +374,42 @@ def _judge_packing(subject) -> Result:
         return _packing_verdict(subject, rows, comparison, generator, precision)
 
 
+def _differing(rows, comparison) -> list[tuple[int, int]]:
+    """(row, document) of every packed document whose logits differ from the comparison's alone."""
+    return [(r, d) for r, row in enumerate(rows.documents) for d, (s, L) in enumerate(row)
+            if float(comparison.diff[r, s:s + L].max()) > comparison.tolerance]
+
+
+def _numbering_said(subject, numbering, comparison, isolated: bool) -> tuple[str, str]:
+    """What the model's own numbering of a document alone against the packed rows' 0, 1, 2, ... says
+    (message part, hint)."""
+    from tfdoctor.probes.invariance import MAX_NUMBERING_START
+    from tfdoctor.subject import PACKING_POSITION_IDS
+
+    share = numbering.gap / max(comparison.scale, 1e-30)
+    given = ("the position ids given restart at 0 at each document" if subject.packing == PACKING_POSITION_IDS
+             else "the packing function numbers each document 0, 1, 2, ...")
+    if numbering.start is not None:
+        pad = getattr(getattr(subject.model, "config", None), "pad_token_id", None)
+        why = " (padding_idx + 1, as RoBERTa counts)" if isinstance(pad, int) and numbering.start == pad + 1 else ""
+        own = f"the model numbers a document alone from {numbering.start}{why}"
+        fix = (f"number each packed document as the model numbers it alone: position_ids = arange(L) + "
+               f"{numbering.start} within each document (add {numbering.start} to the collator's position_ids)")
+    else:
+        own = (f"the model numbers a document alone otherwise (no start from 0 to {MAX_NUMBERING_START} "
+               "reproduces its own numbering)")
+        fix = "give each packed document the position ids the model builds for it alone"
+    lead = "documents are isolated, but " if isolated else ""
+    return (f"{lead}{given}, while {own}: every packed "
+            f"document is trained at positions it never has unpacked (difference {numbering.gap:.3g}, "
+            f"{share:.2g} of the logits' scale, between a document alone numbered from 0 and as the model "
+            "numbers it)", fix)
+
+
 def _packing_verdict(subject, rows, comparison, generator, precision: dict) -> Result:
     import torch
 
-    from tfdoctor.probes.invariance import document_map, eval_noise, packed_call
+    from tfdoctor.probes.invariance import document_map, eval_noise, own_numbering, packed_call
 
     tolerance = comparison.tolerance
     documents = sum(len(row) for row in rows.documents)
@@ -349,8 +419,7 @@ def _packing_verdict(subject, rows, comparison, generator, precision: dict) -> R
                "tolerance": tolerance, "packing": "position_ids" if isinstance(subject.packing, str)
                else getattr(subject.packing, "__name__", "fn"), "forwards": 2, **precision}
     note = f"; {precision['close_call']}" if "close_call" in precision else ""
-    differing = [(r, d) for r, row in enumerate(rows.documents) for d, (s, L) in enumerate(row)
-                 if float(comparison.diff[r, s:s + L].max()) > tolerance]
+    differing = _differing(rows, comparison)
     if not differing:
         note = _cache_note(subject, comparison, rows, details) + note
         return Result.passed(f"each of {documents} documents packed {max(details['documents_per_row'])} to a "
@@ -360,27 +429,45 @@ def _packing_verdict(subject, rows, comparison, generator, precision: dict) -> R
         noise = eval_noise(comparison.logits, packed_call(subject, rows).float(), tolerance)
     if noise is not None:
         return _random_result(noise, "packed batch")
-    maps = document_map(subject, comparison, generator)
-    leaks = [(r, i, j) for r, grid in enumerate(maps) for i, row in enumerate(grid) for j, seen in enumerate(row)
-             if seen and i != j]
-    leaked_into = {(r, i) for r, i, _ in leaks}
-    unmoved = [(r, d) for r, d in differing if (r, d) not in leaked_into]
-    details.update(differing_documents=[{"row": r, "document": d} for r, d in differing[:MAX_LISTED]],
-                   differing_count=len(differing), cross_document_pairs=len(leaks),
-                   document_map={str(r): _drawn_documents(grid) for r, grid in enumerate(maps)})
     found, hints, causes = [], [], []
-    if leaks:
-        listed = ", ".join(f"row {r} doc {i} reads doc {j}" for r, i, j in leaks[:4])
-        found.append(f"attention crosses the document boundary ({len(leaks)} pairs: {listed}"
-                     f"{', ...' if len(leaks) > 4 else ''})")
-        hints.append("mask attention to each document: allowed = causal & (doc_ids[:, :, None] == "
-                     "doc_ids[:, None, :]) (flex_attention / varlen kernels: cu_seqlens from doc_ids)")
-        causes.append("attention")
-    if unmoved:
-        cause, said, hint = _unmoved_cause(subject, rows, comparison, unmoved, details)
+    # The model's own numbering first: where it differs from the packed rows' 0, 1, 2, ..., every
+    # document differs from alone by that alone, and what else leaks is judged against the
+    # documents alone numbered as the packed rows number them.
+    numbering = own_numbering(subject, comparison)
+    details.update(numbering_difference=numbering.gap, own_numbering_start=numbering.start)
+    rest = comparison
+    if numbering.gap > tolerance:
+        rest = numbering.collated
+        isolated = not _differing(rows, rest)
+        said, hint = _numbering_said(subject, numbering, comparison, isolated)
         found.append(said)
         hints.append(hint)
-        causes.append(cause)
+        causes.append("numbering")
+    details.update(differing_documents=[{"row": r, "document": d} for r, d in differing[:MAX_LISTED]],
+                   differing_count=len(differing))
+    leftover = _differing(rows, rest)
+    if leftover:
+        maps = document_map(subject, rest, generator)
+        leaks = [(r, i, j) for r, grid in enumerate(maps) for i, row in enumerate(grid)
+                 for j, seen in enumerate(row) if seen and i != j]
+        leaked_into = {(r, i) for r, i, _ in leaks}
+        unmoved = [(r, d) for r, d in leftover if (r, d) not in leaked_into]
+        details.update(cross_document_pairs=len(leaks),
+                       document_map={str(r): _drawn_documents(grid) for r, grid in enumerate(maps)})
+        if leaks:
+            listed = ", ".join(f"row {r} doc {i} reads doc {j}" for r, i, j in leaks[:4])
+            found.append(f"attention crosses the document boundary ({len(leaks)} pairs: {listed}"
+                         f"{', ...' if len(leaks) > 4 else ''})")
+            hints.append("mask attention to each document: allowed = causal & (doc_ids[:, :, None] == "
+                         "doc_ids[:, None, :]) (flex_attention / varlen kernels: cu_seqlens from doc_ids)")
+            causes.append("attention")
+        if unmoved:
+            cause, said, hint = _unmoved_cause(subject, rows, rest, unmoved, details)
+            found.append(said)
+            hints.append(hint)
+            causes.append(cause)
+    else:
+        details["cross_document_pairs"] = 0
     details["cause"] = " and ".join(causes)
     rows_listed = f"{len(differing)} of {documents} packed documents get other logits than alone " \
                   f"(largest difference {details['largest_difference']:.3g})"

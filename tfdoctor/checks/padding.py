@@ -126,9 +126,11 @@ def _answers_change_left_padded(subject, details: dict) -> bool:
 
     from tfdoctor.context import current
     from tfdoctor.probes.invariance import alone, compare_padded
+    from tfdoctor.probes.modes import evaluation
 
-    probe = alone(subject, torch.Generator().manual_seed(current().seed + 11))
-    arrangement = compare_padded(subject, probe, "left")
+    with evaluation(subject.model):  # as padding-equivalence compares them: dropout off
+        probe = alone(subject, torch.Generator().manual_seed(current().seed + 11))
+        arrangement = compare_padded(subject, probe, "left")
     details["left_padded_vs_alone"] = float(arrangement.diff[arrangement.real].max())
     return bool(arrangement.differs.any())
 
@@ -145,10 +147,10 @@ def padding_mask(subject) -> Result:
     real positions' outputs. A causal model trained on right-padded batches needs no key-padding
     mask (its causal mask hides the trailing pads) and passes without one. Where the side is unknown
     a causal model is probed on both sides: attending to right pads fails (real positions see later
-    ones); attending to left pads fails for a model that takes a key mask (a Hugging Face model, or
-    a Subject whose forward passes one: the mask exists to support padding, and batched generation
-    pads on the left) and warns for a model with no key mask at all, which is sound when only ever
-    right-padded. Encoders and seq2seq sources are padded on the right unless declared.
+    ones); attending to left pads fails where left padding is evidenced (a Hugging Face model whose
+    generate() pads batched prompts on the left and reads their mask) and otherwise warns, naming
+    --padding-side: a model, even one handed a key mask, is sound when only ever right-padded.
+    Encoders and seq2seq sources are padded on the right unless declared.
 
     Fix: a `(B, 1, 1, T)` key mask `(ids != pad_id)[:, None, None, :]` filled with
     `torch.finfo(scores.dtype).min`; `attention_mask=` for Hugging Face models; or declare
@@ -156,7 +158,7 @@ def padding_mask(subject) -> Result:
     """
     from tfdoctor.context import current
     from tfdoctor.probes.modes import evaluation
-    from tfdoctor.probes.padding import left_padding_fails, probed_sides
+    from tfdoctor.probes.padding import left_padding_evidenced, probed_sides
 
     declared = subject.padding_side
     sides = probed_sides(subject)
@@ -180,15 +182,15 @@ def padding_mask(subject) -> Result:
         details.update(worst.details)
         message = _leak_message(subject, worst)
         unknown_left = declared is None and subject.kind == "causal" and worst.side == "left"
-        built_for_padding = unknown_left and left_padding_fails(subject, pads_masked=False)
-        if built_for_padding and _answers_change_left_padded(subject, details):
-            message += f"; {built_for_padding}"
+        evidence = unknown_left and left_padding_evidenced(subject)
+        if evidence and _answers_change_left_padded(subject, details):
+            message += f"; {evidence}"
         elif unknown_left:
-            # Unknown side, no key mask at all: the right side was clean, so right-padded training is sound.
+            # Unknown side, no evidence of left padding: the right side was clean, so right-padded training is sound.
             right = next(v for v in verdicts if v.side == "right")
             safe = ("right padding is safe (the causal mask hides trailing pads)" if right.skip is None
                     else f"right padding was not measured ({right.skip})")
-            if "left_padded_vs_alone" in details:  # a key mask, yet the same answers left-padded
+            if "left_padded_vs_alone" in details:  # left padding evidenced, yet the same answers
                 safe += ("; left-padded rows still get the logits they get alone (the pad token's own "
                          "embedding happens to change nothing), but pads with other content are read")
             return Result.warned(

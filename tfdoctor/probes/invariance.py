@@ -10,6 +10,7 @@ position i of a causal model reads only tokens <= i (future-leak checks that par
 from __future__ import annotations
 
 import inspect
+import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -127,12 +128,50 @@ class PaddedArrangement:
                 for r in range(self.diff.shape[0])]
 
 
+# What each Hugging Face model's generate() hands its forward, recorded once per model.
+_GENERATE_ARGUMENTS: weakref.WeakKeyDictionary[torch.nn.Module, frozenset] = weakref.WeakKeyDictionary()
+
+
+def generate_arguments(subject: Subject) -> frozenset:
+    """The keyword arguments a Hugging Face causal LM's own generate() gives its forward for a
+    left-padded batch of prompts, recorded from one generate() call of one new token. transformers
+    builds position ids from the attention mask only for a forward that names position_ids
+    (GenerationMixin.generate; a model's prepare_inputs_for_generation may add them), so a model
+    that takes them only through **kwargs (WhisperForCausalLM) numbers a left-padded prompt from
+    the row's start, and a probe that hands it position ids would hide that. Where generate()
+    cannot run, generate's own rule: position ids when forward names them."""
+    from tfdoctor.probes.generation import accepts, decode_as_generate, why_not_generate
+
+    model = subject.model
+    known = _GENERATE_ARGUMENTS.get(model)
+    if known is not None:
+        return known
+    by_signature = frozenset(name for name in ("attention_mask", "position_ids") if accepts(model, name))
+    recorded = by_signature
+    if why_not_generate(model) is None:
+        T = min(subject.seq_len, 8)
+        ids = random_tokens(subject, 2, T, torch.Generator().manual_seed(0))
+        real = torch.ones_like(ids, dtype=torch.bool)
+        real[1, : T // 2] = False  # the second prompt left-padded, as batched generation pads it
+        ids = ids.masked_fill(~real, subject.pad_id if subject.pad_id is not None else 0)
+        try:
+            run = decode_as_generate(model, ids, real, T, subject.pad_id if subject.pad_id is not None else 0)
+            if run.calls:
+                recorded = frozenset(run.calls[0].arguments)
+        except Exception:  # noqa: BLE001 - generate() does not run on this model: its signature rule stands
+            recorded = by_signature
+    _GENERATE_ARGUMENTS[model] = recorded
+    return recorded
+
+
 def padded_call(subject: Subject, ids: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     """Logits of a padded batch, called as in training: the Subject's forward, or a Hugging Face
-    model with attention_mask from the pads (causal LMs also with position ids from that mask, as
-    generation builds them; where the user's own forward builds them, it decides)."""
+    model with attention_mask from the pads (causal LMs also with position ids from that mask where
+    the model's own generate() passes them, as it builds them; where the user's own forward builds
+    them, it decides)."""
     if hf_causal(subject):
-        return hf_forward(subject.model, ids, mask=real, positions=mask_positions(real))[0]
+        positions = mask_positions(real) if "position_ids" in generate_arguments(subject) else None
+        return hf_forward(subject.model, ids, mask=real, positions=positions)[0]
     return call(subject, ids)
 
 
@@ -272,28 +311,53 @@ class PackingComparison:
     rows: PackedRows
     diff: torch.Tensor  # [B, T] largest logit difference from the document alone
     scale: float
-    logits: torch.Tensor
+    logits: torch.Tensor  # the packed rows' logits [B, T, V]
+    alone_ids: torch.Tensor  # [n, width] every document alone at the start of its own row, filler after
+    reference: torch.Tensor  # [n, width, V] their logits
 
     @property
     def tolerance(self) -> float:
         return EQUIVALENCE_TOLERANCE * max(self.scale, 1e-30)
 
+    def documents(self) -> list[tuple[int, int, int]]:
+        """(row, start, length) of every packed document, in the order of alone_ids."""
+        return [(r, s, L) for r, row in enumerate(self.rows.documents) for s, L in row]
+
+    def against(self, reference: torch.Tensor) -> PackingComparison:
+        """The same packed logits compared with another reference for the documents alone."""
+        B, T = self.rows.ids.shape
+        diff = torch.zeros(B, T)
+        for n, (r, s, L) in enumerate(self.documents()):
+            gap = (self.logits[r, s:s + L] - reference[n, :L]).abs().amax(-1)
+            diff[r, s:s + L] = torch.nan_to_num(gap, nan=float("inf"), posinf=float("inf")).cpu()
+        return PackingComparison(self.rows, diff, finite_scale(reference), self.logits, self.alone_ids, reference)
+
 
 def alone_call(subject: Subject, ids: torch.Tensor) -> torch.Tensor:
+    """Logits of one document per row, called as the model is called on an unpacked row, so that it
+    numbers the positions itself: a Hugging Face model with no position ids (and no cache), a
+    Subject packed by a function through its usual forward. Packed training must give each document
+    the positions the model gives it alone: RoBERTa counts from padding_idx + 1, so position ids
+    from 0 (DataCollatorWithFlattening's) put every packed document where it never is unpacked."""
+    if subject.packing == PACKING_POSITION_IDS:
+        return hf_forward(subject.model, ids, use_cache=False)[0]
+    return call(subject, ids)
+
+
+def numbered_call(subject: Subject, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
     """Logits of one document per row, called the way the packed rows are (the packing fn with one
-    document id, or position ids 0..L-1): a model whose own positions follow another convention
-    (RoBERTa counts from padding_idx + 1) is compared with itself, not with its convention."""
+    document id, or position ids), numbered start, start + 1, ...: the packing convention alone."""
     n, width = ids.shape
-    positions = torch.arange(width, device=ids.device).expand(n, -1).contiguous()
+    positions = (torch.arange(width, device=ids.device) + start).expand(n, -1).contiguous()
     if subject.packing == PACKING_POSITION_IDS:
         return hf_forward(subject.model, ids, positions=positions, use_cache=False)[0]
     return extract_logits(subject.packing(subject.model, ids.contiguous(), torch.zeros_like(positions), positions))
 
 
 def compare_packed(subject: Subject, rows: PackedRows, generator: torch.Generator) -> PackingComparison:
-    """The packed rows in one forward against every document alone, all documents in one forward
-    (each at the start of its own row, filler after it: a causal model never reads the filler)."""
-    B, T = rows.ids.shape
+    """The packed rows in one forward against every document alone as the model numbers it by
+    itself, all documents in one forward (each at the start of its own row, filler after it: a
+    causal model never reads the filler)."""
     docs = [(r, s, L) for r, row in enumerate(rows.documents) for s, L in row]
     width = max(L for _, _, L in docs)
     alone_ids = random_tokens(subject, len(docs), width, generator)
@@ -302,11 +366,48 @@ def compare_packed(subject: Subject, rows: PackedRows, generator: torch.Generato
     with torch.no_grad():
         packed = packed_call(subject, rows).float()
         reference = alone_call(subject, alone_ids).float()
-    diff = torch.zeros(B, T)
-    for n, (r, s, L) in enumerate(docs):
-        gap = (packed[r, s:s + L] - reference[n, :L]).abs().amax(-1)
-        diff[r, s:s + L] = torch.nan_to_num(gap, nan=float("inf"), posinf=float("inf")).cpu()
-    return PackingComparison(rows, diff, finite_scale(reference), packed)
+    placeholder = PackingComparison(rows, torch.zeros(0), 0.0, packed, alone_ids, reference)
+    return placeholder.against(reference)
+
+
+# The largest start of a document's positions looked for when the model numbers a document alone
+# otherwise than the packed rows do: RoBERTa-style learned positions start at padding_idx + 1 (2
+# with RoBERTa's padding_idx 1); a few more cover other pad ids near the start of the vocabulary.
+MAX_NUMBERING_START = 8
+
+
+@dataclass
+class Numbering:
+    gap: float  # largest difference between a document alone as the model numbers it and numbered from 0
+    start: Optional[int]  # the start that reproduces the model's own numbering (None: none up to the max)
+    collated: PackingComparison  # the packed rows against the documents alone numbered from 0
+
+
+def own_numbering(subject: Subject, comparison: PackingComparison) -> Numbering:
+    """How the model numbers a document alone, against the packing convention's 0, 1, 2, ...: the
+    documents alone both ways (one forward), and where they differ, the start k (1..MAX) for which
+    k, k + 1, ... reproduces the model's own numbering (a forward per start tried)."""
+    ids, own = comparison.alone_ids, comparison.reference
+    lengths = [L for _, _, L in comparison.documents()]
+    real = torch.zeros(ids.shape, dtype=torch.bool)
+    for n, L in enumerate(lengths):
+        real[n, :L] = True
+
+    def gap(logits: torch.Tensor) -> float:
+        differences = torch.nan_to_num((logits - own).abs().amax(-1), nan=float("inf")).cpu()
+        return float(differences[real].max())
+
+    with torch.no_grad():
+        from_zero = numbered_call(subject, ids).float()
+    collated = comparison.against(from_zero)
+    gap_from_zero = gap(from_zero)
+    if gap_from_zero <= comparison.tolerance:
+        return Numbering(gap_from_zero, 0, collated)
+    with torch.no_grad():
+        for start in range(1, MAX_NUMBERING_START + 1):
+            if gap(numbered_call(subject, ids, start).float()) <= comparison.tolerance:
+                return Numbering(gap_from_zero, start, collated)
+    return Numbering(gap_from_zero, None, collated)
 
 
 def document_map(subject: Subject, comparison: PackingComparison, generator: torch.Generator) -> list[list[list[bool]]]:

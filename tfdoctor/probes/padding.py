@@ -8,6 +8,7 @@ left it does not), an encoder or a seq2seq source on the right.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -269,16 +270,22 @@ def _mask_is_read(subject: Subject) -> bool:
     return float((logits[0] - logits[1]).abs().max()) > RELATIVE_TOLERANCE * max(finite_scale(logits), 1e-30)
 
 
-def left_padding_fails(subject: Subject, pads_masked: bool) -> str | None:
-    """Why a model whose padding side is not declared fails (not warns) when it answers differently
-    left-padded: it takes a key mask, or measurably masks its pads, so it is built for padded batches,
-    and batched generation pads on the left. None for a model with no key mask at all, which is
-    sound when only ever right-padded (its causal mask hides trailing pads)."""
-    given = key_mask_given(subject)
-    if given is not None:
-        return (f"the model takes a key mask ({given}), which exists to support padding, and batched "
-                "generation pads on the left")
-    if pads_masked:
-        return ("the model masks its pads (their content changes nothing), so it is built for padded "
-                "batches, and batched generation pads on the left")
-    return None
+def left_padding_evidenced(subject: Subject) -> str | None:
+    """Why a model whose padding side is not declared is taken to be left-padded, or None when
+    nothing says so. A declared side (--padding-side, the tokenizer's, the side the loop's own
+    batches were seen padded on) is Subject.padding_side and decides before this is asked; what is
+    left is the library's own batched generation: a Hugging Face model whose generate() runs and
+    whose forward reads the attention mask it is given takes batched prompts padded on the left
+    (transformers warns on right-padded prompts of a decoder-only model). A key mask alone is no
+    evidence: a hand-written model that masks its pads may only ever be padded on the right, where
+    the same code is correct (learned positions from the row's start, for one)."""
+    from tfdoctor.probes.generation import why_not_generate
+
+    if not is_hugging_face(subject.model) or why_not_generate(subject.model) is not None:
+        return None
+    # the library's generate() calls the model's own forward, not a Subject's forward around it
+    given = key_mask_given(dataclasses.replace(subject, forward=None))
+    if given is None:
+        return None  # RWKV takes attention_mask and ignores it: its generate() cannot pad a batch
+    return (f"the library's batched generation pads on the left ({type(subject.model).__name__}.generate() takes "
+            "left-padded prompts and their attention_mask)")
