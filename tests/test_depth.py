@@ -137,3 +137,17 @@ def test_frozen_blocks_are_said_to_be_frozen():
         param.requires_grad_(False)
     result = judged(model)
     assert result.status.value == "pass" and "frozen" in result.message, result.message
+
+
+def test_a_model_whose_own_backward_raises_is_skipped_with_the_reason():
+    """xLSTM's native chunkwise kernel (chunk_size 16 at the probe's 32 tokens) edits its state in place
+    between the forward and the backward: torch refuses the backward, in eval() and in train() alike.
+    That is the model's own failure, said in a skip, not tfdoctor's crash (error)."""
+    from transformers import xLSTMConfig, xLSTMForCausalLM
+
+    torch.manual_seed(0)
+    model = xLSTMForCausalLM(xLSTMConfig(vocab_size=256, hidden_size=64, embedding_dim=64, num_hidden_layers=2,
+                                         num_blocks=2, num_heads=4, qk_dim_factor=1.0, chunk_size=16))
+    result = judged(model)
+    assert result.status.value == "skip", result.message
+    assert result.details["phase"] == "backward" and "modified by an inplace operation" in result.message

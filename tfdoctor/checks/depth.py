@@ -87,7 +87,7 @@ def depth_signal(subject) -> Result:
     import torch
 
     from tfdoctor.context import current
-    from tfdoctor.probes.depth import find_stack, measure_depth
+    from tfdoctor.probes.depth import ModelRaised, find_stack, measure_depth
     import torch.nn.functional as F
 
     from tfdoctor.probes.loss import lm_batch
@@ -102,7 +102,10 @@ def depth_signal(subject) -> Result:
     batch = lm_batch(subject, PROBE_ROWS, min(subject.seq_len, PROBE_MAX_LEN), generator)
 
     def loss():
-        logits = call(subject, *batch.inputs)
+        try:
+            logits = call(subject, *batch.inputs)
+        except Exception as exc:  # the model's own forward, at the probe's length with gradients on
+            raise ModelRaised("forward", exc) from exc
         if logits.shape[:2] != batch.targets.shape:  # Perceiver: a fixed number of latent outputs
             raise _Unaligned(f"{logits.shape[1]} outputs for {batch.targets.shape[1]} input tokens")
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch.targets.reshape(-1))
@@ -111,6 +114,9 @@ def depth_signal(subject) -> Result:
         signal = measure_depth(subject.model, stack, loss, subject.vocab_size)
     except BackwardRefused as refused:
         return Result.skipped(f"the model's {refused}")
+    except ModelRaised as raised:  # the same error in eval() and in train() with every dropout at 0
+        return Result.skipped(f"the model's {raised} (in eval() and in train() with dropout off), so the signal "
+                              "through its blocks cannot be followed", {"phase": raised.phase, "model_error": str(raised)})
     except _Unaligned as unaligned:
         return Result.skipped(f"the model returns {unaligned}: its outputs are not one per position, so no "
                               "per-token loss reaches the blocks to follow")

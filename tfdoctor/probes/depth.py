@@ -25,6 +25,16 @@ from tfdoctor.probes.stochastic import first_tensor
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
 
+class ModelRaised(Exception):
+    """The model's own forward or backward raised: a model this probe cannot drive, not a crash of tfdoctor's."""
+
+    def __init__(self, phase: str, error: Exception):
+        from tfdoctor.errors import first_line
+
+        self.phase, self.error = phase, error
+        super().__init__(f"{phase} raised {first_line(error)}")
+
+
 @dataclass
 class Stack:
     name: str  # "transformer.h"
@@ -165,7 +175,10 @@ def measure_depth(model: nn.Module, stack: Stack, loss: Callable[[], torch.Tenso
         finally:
             for handle in handles:
                 handle.remove()
-        return torch.autograd.grad(value, flat, allow_unused=True) if flat else ()
+        try:
+            return torch.autograd.grad(value, flat, allow_unused=True) if flat else ()
+        except Exception as exc:  # the model's own backward (xLSTM's chunkwise kernel edits its state in place)
+            raise ModelRaised("backward", exc) from exc
 
     with preserved_process_state(), torch.enable_grad(), DropoutOff(model) as off:
         grads = off.step(step)
