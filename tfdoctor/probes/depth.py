@@ -91,18 +91,23 @@ def _rms(tensor: torch.Tensor) -> float:
 def _watched(stack: Stack, signal: dict) -> Iterator[None]:
     """Record each block's output RMS and call count, and the first block's input RMS."""
 
+    entering: list[torch.Tensor] = []  # the first block's floating-point arguments, at its first call
+
     def on_output(index):
         def hook(module, args, output):
             tensor = first_tensor(output)
             signal["calls"][index] += 1
             if tensor is not None:
                 signal["output"][index] = _rms(tensor)
+                if index == 0 and signal["input"] is None and entering:
+                    # the stream is the argument shaped like the output (not a float attention mask before it)
+                    stream = next((t for t in entering if t.shape == tensor.shape), entering[0])
+                    signal["input"] = _rms(stream)
         return hook
 
     def on_input(module, args, kwargs):
-        tensor = first_tensor(list(args) + list(kwargs.values()))
-        if tensor is not None and signal["input"] is None:
-            signal["input"] = _rms(tensor)
+        if not entering:
+            entering.extend(t for t in (first_tensor(a) for a in list(args) + list(kwargs.values())) if t is not None)
 
     handles = [block.register_forward_hook(on_output(i)) for i, (_, block) in enumerate(stack.blocks)]
     handles.append(stack.blocks[0][1].register_forward_pre_hook(on_input, with_kwargs=True))
