@@ -196,3 +196,16 @@ def test_a_model_whose_own_backward_raises_is_skipped_with_the_reason():
     result = judged(model)
     assert result.status.value == "skip", result.message
     assert result.details["phase"] == "backward" and "modified by an inplace operation" in result.message
+
+
+def test_a_first_block_that_normalises_the_embeddings_itself_is_measured_from_that_norm():
+    """RWKV draws its embeddings at ~1e-4 and block 0 renormalises them (`pre_ln`, a norm the other blocks
+    lack): from the raw embeddings the stream would grow ~9000x, a false alarm on a correct model."""
+    from transformers import RwkvConfig, RwkvForCausalLM
+
+    torch.manual_seed(0)
+    model = RwkvForCausalLM(RwkvConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2, attention_hidden_size=64,
+                                       intermediate_size=128, context_length=64))
+    result = judged(model)
+    assert result.status.value == "pass", result.message
+    assert result.details["input_at"] == "rwkv.blocks.0.pre_ln" and result.details["growth_from_input"] < 100

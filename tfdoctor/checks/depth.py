@@ -28,7 +28,14 @@ GROWTH_WARN = 3.0
 # that already swamps the embeddings: a 48-block pre-norm stack drawn at std 1/sqrt(fan_in) with embeddings
 # at std 0.02 and no 1/sqrt(2 * n_layer) scaling of its output projections grows 308x from its input but
 # only 10.5x (1.5 x sqrt(48)) from block 1 (fixtures/gpt_deep_unscaled.py; 125x at 12 blocks, 67x at 4).
-# Its twin with the scaling (fixtures/gpt_deep_scaled.py) grows 24-31x at 2-48 blocks. CALIBRATION below.
+# Its twin with the scaling (fixtures/gpt_deep_scaled.py) grows 24-31x at 2-48 blocks. Real models (batch
+# 2 x 32, seed 0): the sweep's tiny configs (bench/hf_sweep.py --checks depth-signal --details depth-signal,
+# 2-3 blocks of width 64) at most 78x (AFMoE; AXK1 49, Beam 45, GPT-1 36, OLMo-2 22, the rest under 12),
+# CPM-Ant 4700x (HF draws its Linear layers at init_std 1.0; init-loss fails it too, +18 nats); GPT-2
+# 12 x 768 11x, Llama 12 x 64 3.7x, 8 x 1024 57x, GPT-NeoX 12 x 256 23x, T5 6 x 256 3.3x, BERT 1x (post-norm).
+# Library inits at std 0.02 reach this line at real widths, where 0.02 is ~1/sqrt(fan_in) and nothing
+# scales the branches: Llama 4 x 2048 88x, GPT-NeoX 4 x 2048 117x, OLMo-2 4 x 2048 139x (its branch
+# outputs are normalised, each adds RMS ~1 over embeddings at 0.02): the same growth as the planted stack.
 INPUT_GROWTH_WARN = 100.0
 # ...judged from this many blocks on: over two or three, the first block's output is mostly the
 # embedding it was handed (std 0.02 in most models) and the next block's add dominates it (HF OLMo-2 at

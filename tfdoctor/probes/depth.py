@@ -57,6 +57,7 @@ class DepthSignal:
     embeddings: dict = field(default_factory=dict)  # {"token": name, "position": name}
     mode: str = "eval"  # "train" (every dropout at 0) for a model whose backward refuses eval()
     trainable: int = 0  # the blocks' parameters that require grad
+    input_at: str = ""  # where input_rms is read: the first block's input, or a norm of its own (RWKV's pre_ln)
 
 
 def find_stack(model: nn.Module) -> Optional[Stack]:
@@ -87,6 +88,16 @@ def _rms(tensor: torch.Tensor) -> float:
     return float(tensor.detach().float().pow(2).mean().sqrt())
 
 
+def first_block_norm(stack: Stack) -> Optional[tuple[str, nn.Module]]:
+    """A norm the first block has and the second lacks, where the first block normalises the embeddings
+    it is handed before its residual path (RWKV's `pre_ln`: embeddings drawn at ~1e-4, renormalised to
+    RMS 1 there); the stream then enters the stack at that norm's output. None for alike blocks."""
+    (prefix, first), (_, second) = stack.blocks[0], stack.blocks[1]
+    others = {name for name, _ in second.named_modules()}
+    return next(((f"{prefix}.{name}", module) for name, module in first.named_modules()
+                 if name and name not in others and "norm" in type(module).__name__.lower()), None)
+
+
 @contextlib.contextmanager
 def _watched(stack: Stack, signal: dict) -> Iterator[None]:
     """Record each block's output RMS and call count, and the first block's input RMS."""
@@ -109,8 +120,17 @@ def _watched(stack: Stack, signal: dict) -> Iterator[None]:
         if not entering:
             entering.extend(t for t in (first_tensor(a) for a in list(args) + list(kwargs.values())) if t is not None)
 
+    def on_own_norm(module, args, output):
+        tensor = first_tensor(output)
+        if tensor is not None and not entering:
+            entering.append(tensor)
+
     handles = [block.register_forward_hook(on_output(i)) for i, (_, block) in enumerate(stack.blocks)]
-    handles.append(stack.blocks[0][1].register_forward_pre_hook(on_input, with_kwargs=True))
+    own_norm = first_block_norm(stack)
+    if own_norm is not None:
+        handles.append(own_norm[1].register_forward_hook(on_own_norm))
+    else:
+        handles.append(stack.blocks[0][1].register_forward_pre_hook(on_input, with_kwargs=True))
     try:
         yield
     finally:
@@ -185,6 +205,7 @@ def measure_depth(model: nn.Module, stack: Stack, loss: Callable[[], torch.Tenso
         except Exception as exc:  # the model's own backward (xLSTM's chunkwise kernel edits its state in place)
             raise ModelRaised("backward", exc) from exc
 
+    own = first_block_norm(stack)
     with preserved_process_state(), torch.enable_grad(), DropoutOff(model) as off:
         grads = off.step(step)
     norms, at = [], 0
@@ -197,4 +218,4 @@ def measure_depth(model: nn.Module, stack: Stack, loss: Callable[[], torch.Tenso
         rms = {role: _rms(weight) for role, (_, weight) in tables.items()}
     return DepthSignal(stack.name, stack.block_class, signal["input"], signal["output"], norms, signal["calls"],
                        rms.get("token"), rms.get("position"), {role: name for role, (name, _) in tables.items()},
-                       off.mode, len(flat))
+                       off.mode, len(flat), own[0] if own else f"{stack.blocks[0][0]} (its input)")
