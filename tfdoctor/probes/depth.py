@@ -90,8 +90,9 @@ def _rms(tensor: torch.Tensor) -> float:
 
 def first_block_norm(stack: Stack) -> Optional[tuple[str, nn.Module]]:
     """A norm the first block has and the second lacks, where the first block normalises the embeddings
-    it is handed before its residual path (RWKV's `pre_ln`: embeddings drawn at ~1e-4, renormalised to
-    RMS 1 there); the stream then enters the stack at that norm's output. None for alike blocks."""
+    it is handed before its residual path (RWKV's `pre_ln`: embeddings drawn at ~1e-4 leave it at RMS 0.03,
+    its eps 1e-5 outweighing their variance); the stream then enters the stack at that norm's output (when
+    shaped like the block's output: a hybrid's extra q_norm is not the stream). None for alike blocks."""
     (prefix, first), (_, second) = stack.blocks[0], stack.blocks[1]
     others = {name for name, _ in second.named_modules()}
     return next(((f"{prefix}.{name}", module) for name, module in first.named_modules()
@@ -112,8 +113,8 @@ def _watched(stack: Stack, signal: dict) -> Iterator[None]:
                 signal["output"][index] = _rms(tensor)
                 if index == 0 and signal["input"] is None and entering:
                     # the stream is the argument shaped like the output (not a float attention mask before it)
-                    stream = next((t for t in entering if t.shape == tensor.shape), entering[0])
-                    signal["input"] = _rms(stream)
+                    stream = next((t for t in entering if t.shape == tensor.shape), None if own_norm else entering[0])
+                    signal["input"] = None if stream is None else _rms(stream)
         return hook
 
     def on_input(module, args, kwargs):
