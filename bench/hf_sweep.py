@@ -38,7 +38,7 @@ FIRST = ["xlm", "flaubert", "mamba", "falcon_mamba", "recurrent_gemma", "openai-
          "gpt_neox", "opt", "bloom", "falcon", "mixtral", "distilbert", "modernbert", "electra", "mbart",
          "pegasus", "marian", "whisper", "xlm-roberta", "deberta-v2", "granite", "olmo2", "stablelm"]
 
-def worker(spec, skip, checks, packing):
+def worker(spec, skip, checks, packing, details=()):
     """In the child: build, then tfdoctor's own `check` request (the code path of the command)
     for the battery and, where the forward takes position_ids, for --packing position_ids."""
     import inspect
@@ -92,6 +92,8 @@ def worker(spec, skip, checks, packing):
             report = run_check_request(request)
             result = {"rc": 1 if report.to_dict()["summary"].get("fail") else 0,
                       "findings": _findings(report.to_dict()), "summary": report.to_dict()["summary"]}
+            if details:  # --details: the evidence of these checks, whatever their status (calibration)
+                result["details"] = {c["id"]: c.get("details") for c in report.to_dict()["checks"] if c["id"] in details}
         except TfdoctorError as e:  # the command's exit 2, with its one line
             result = {"rc": 2, "ended": "exit2", "line": f"{type(e).__name__}: {e}"[:500]}
         except Exception as e:  # the command's "internal error"
@@ -125,7 +127,8 @@ def _child(spec, args, path):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
-        row = worker(spec, args.skip or None, args.checks or None, not args.no_packing)
+        row = worker(spec, args.skip or None, args.checks or None, not args.no_packing,
+                     tuple((args.details or "").split(",")) if args.details else ())
         text = json.dumps(row, default=str)
     except BaseException as e:  # noqa: BLE001 - a crash of the child is a row
         text = json.dumps({"built": True, "battery": {"ended": "crash", "line": f"{type(e).__name__}: {e}"[:500]}})
@@ -227,6 +230,8 @@ def main():
     parser.add_argument("--timeout", type=int, default=120, help="wall seconds per tfdoctor run")
     parser.add_argument("--skip", default=None, help="tfdoctor --skip for the battery (e.g. overfit-batch,memory)")
     parser.add_argument("--checks", default=None, help="tfdoctor --only for the battery")
+    parser.add_argument("--details", default=None,
+                        help="comma-separated check ids whose details every row keeps (to calibrate a threshold)")
     parser.add_argument("--no-packing", action="store_true", help="no --packing position_ids pass")
     parser.add_argument("--table", metavar="JSONL", help="print the table of an earlier run and exit")
     args = parser.parse_args()

@@ -13,6 +13,8 @@ FIXTURE_EXPECTATIONS = {
     "gpt_double_residual": "warn",
     "gpt_position_randn": "warn",
     "postln_very_deep": "warn",
+    "gpt_deep_unscaled": "warn",
+    "gpt_deep_scaled": "pass",
     "gpt_correct": "pass",
     "postln_deep": "pass",
     "gpt_rezero": "pass",
@@ -53,6 +55,49 @@ def test_a_very_deep_post_ln_stack_starves_its_first_blocks(report_of):
     assert details["grad_ratio_first_to_last"] < 1e-2
     assert details["growth_over_sqrt_depth"] < 1  # post-norm: the stream itself stays at RMS 1
     assert "norm_first=True" in result.hint
+
+
+def test_a_deep_stack_without_output_scaling_is_measured_from_the_embeddings(report_of):
+    """From the first block's output it grows about sqrt(48) like any healthy stack; from the
+    embeddings' output it grows ~300x, ten times its twin with the 1/sqrt(2 * n_layer) scaling."""
+    result = report_of("gpt_deep_unscaled", DEPTH)["depth-signal"]
+    details = result.details
+    assert details["blocks"] == 48 and details["growth_over_sqrt_depth"] < 3  # what the first block's output misses
+    assert details["growth_from_input"] > 150
+    assert math.isclose(details["growth_from_input"], details["output_rms"][-1] / details["input_rms"])
+    assert 0.02 < details["input_rms"] < 0.04  # the embeddings (std 0.02, token + position) entering block 0
+    assert "from the embeddings' output" in result.message and "1/sqrt(2 * n_layer)" in result.hint
+    twin = report_of("gpt_deep_scaled", DEPTH)["depth-signal"].details
+    assert twin["growth_from_input"] < 50 and details["growth_from_input"] > 5 * twin["growth_from_input"]
+
+
+def test_the_stream_entering_the_first_block_is_the_argument_shaped_like_its_output():
+    """A float attention bias handed to each block before the stream is not the stream."""
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln, self.fc = nn.LayerNorm(16), nn.Linear(16, 16)
+
+        def forward(self, bias, x):  # bias (T, T): added to the scores of an attention left out here
+            return x + self.fc(self.ln(x))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.blocks, self.head = nn.Embedding(32, 16), nn.ModuleList(Block() for _ in range(4)), nn.Linear(16, 32)
+            nn.init.normal_(self.emb.weight, std=0.5)
+
+        def forward(self, ids):
+            T = ids.shape[1]
+            bias = torch.full((T, T), -1e4).triu(1)  # RMS ~7000: far from the stream's 0.5
+            x = self.emb(ids)
+            for block in self.blocks:
+                x = block(bias, x)
+            return self.head(x)
+
+    result = judged(Model())
+    assert 0.3 < result.details["input_rms"] < 0.7, result.details["input_rms"]
 
 
 def test_the_same_stack_in_pre_norm_keeps_its_gradients_level():
@@ -137,3 +182,30 @@ def test_frozen_blocks_are_said_to_be_frozen():
         param.requires_grad_(False)
     result = judged(model)
     assert result.status.value == "pass" and "frozen" in result.message, result.message
+
+
+def test_a_model_whose_own_backward_raises_is_skipped_with_the_reason():
+    """xLSTM's native chunkwise kernel (chunk_size 16 at the probe's 32 tokens) edits its state in place
+    between the forward and the backward: torch refuses the backward, in eval() and in train() alike.
+    That is the model's own failure, said in a skip, not tfdoctor's crash (error)."""
+    from transformers import xLSTMConfig, xLSTMForCausalLM
+
+    torch.manual_seed(0)
+    model = xLSTMForCausalLM(xLSTMConfig(vocab_size=256, hidden_size=64, embedding_dim=64, num_hidden_layers=2,
+                                         num_blocks=2, num_heads=4, qk_dim_factor=1.0, chunk_size=16))
+    result = judged(model)
+    assert result.status.value == "skip", result.message
+    assert result.details["phase"] == "backward" and "modified by an inplace operation" in result.message
+
+
+def test_a_first_block_that_normalises_the_embeddings_itself_is_measured_from_that_norm():
+    """RWKV draws its embeddings at ~1e-4 and block 0 renormalises them (`pre_ln`, a norm the other blocks
+    lack): from the raw embeddings the stream would grow ~9000x, a false alarm on a correct model."""
+    from transformers import RwkvConfig, RwkvForCausalLM
+
+    torch.manual_seed(0)
+    model = RwkvForCausalLM(RwkvConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2, attention_hidden_size=64,
+                                       intermediate_size=128, context_length=64))
+    result = judged(model)
+    assert result.status.value == "pass", result.message
+    assert result.details["input_at"] == "rwkv.blocks.0.pre_ln" and result.details["growth_from_input"] < 100

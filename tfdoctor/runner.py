@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -58,14 +59,15 @@ def run_checks(subject_or_model, only=None, skip=None, *, seed: int = 0, target:
     """
     import torch
 
-    from tfdoctor.probes.modes import preserved_process_state, training_flags
+    from tfdoctor.probes.modes import preserved_attributes, preserved_process_state, training_flags
 
     specs = select(only, skip)
     absent = dict(absent or {})
     ctx = RunContext(seed=seed, progress=progress or _no_progress, options=dict(options or {}))
-    with running(ctx), preserved_process_state():
+    with running(ctx), preserved_process_state(), contextlib.ExitStack() as leave:
         subject = as_subject(subject_or_model, **fields)
         _refuse_meta(subject.model)
+        leave.enter_context(preserved_attributes(subject.model))  # the model as found, after the test forward too
         subject, unusable = _resolved(subject)  # its test forward draws random ids
         if unusable is not None and "model" not in absent:
             specs = _judging_nonfinite(specs)
@@ -83,8 +85,9 @@ def run_checks(subject_or_model, only=None, skip=None, *, seed: int = 0, target:
                 result = _stamped(spec, Result.skipped(missing))
             elif blocked:
                 result = _stamped(spec, Result.skipped(_BLOCKED))
-            else:
-                result = _run_one(spec, subject, seed, fixtures)
+            else:  # what one check's forwards leave on the model must not reach the next (issue 29)
+                with preserved_attributes(subject.model):
+                    result = _run_one(spec, subject, seed, fixtures)
             if listener is not None:
                 listener("result", result)
             if training_flags(subject.model) != flags:  # a check must not leave the mode changed

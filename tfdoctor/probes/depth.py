@@ -25,6 +25,16 @@ from tfdoctor.probes.stochastic import first_tensor
 _CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
 
 
+class ModelRaised(Exception):
+    """The model's own forward or backward raised: a model this probe cannot drive, not a crash of tfdoctor's."""
+
+    def __init__(self, phase: str, error: Exception):
+        from tfdoctor.errors import first_line
+
+        self.phase, self.error = phase, error
+        super().__init__(f"{phase} raised {first_line(error)}")
+
+
 @dataclass
 class Stack:
     name: str  # "transformer.h"
@@ -47,6 +57,7 @@ class DepthSignal:
     embeddings: dict = field(default_factory=dict)  # {"token": name, "position": name}
     mode: str = "eval"  # "train" (every dropout at 0) for a model whose backward refuses eval()
     trainable: int = 0  # the blocks' parameters that require grad
+    input_at: str = ""  # where input_rms is read: the first block's input, or a norm of its own (RWKV's pre_ln)
 
 
 def find_stack(model: nn.Module) -> Optional[Stack]:
@@ -77,9 +88,22 @@ def _rms(tensor: torch.Tensor) -> float:
     return float(tensor.detach().float().pow(2).mean().sqrt())
 
 
+def first_block_norm(stack: Stack) -> Optional[tuple[str, nn.Module]]:
+    """A norm the first block has and the second lacks, where the first block normalises the embeddings
+    it is handed before its residual path (RWKV's `pre_ln`: embeddings drawn at ~1e-4 leave it at RMS 0.03,
+    its eps 1e-5 outweighing their variance); the stream then enters the stack at that norm's output (when
+    shaped like the block's output: a hybrid's extra q_norm is not the stream). None for alike blocks."""
+    (prefix, first), (_, second) = stack.blocks[0], stack.blocks[1]
+    others = {name for name, _ in second.named_modules()}
+    return next(((f"{prefix}.{name}", module) for name, module in first.named_modules()
+                 if name and name not in others and "norm" in type(module).__name__.lower()), None)
+
+
 @contextlib.contextmanager
 def _watched(stack: Stack, signal: dict) -> Iterator[None]:
     """Record each block's output RMS and call count, and the first block's input RMS."""
+
+    entering: list[torch.Tensor] = []  # the first block's floating-point arguments, at its first call
 
     def on_output(index):
         def hook(module, args, output):
@@ -87,15 +111,27 @@ def _watched(stack: Stack, signal: dict) -> Iterator[None]:
             signal["calls"][index] += 1
             if tensor is not None:
                 signal["output"][index] = _rms(tensor)
+                if index == 0 and signal["input"] is None and entering:
+                    # the stream is the argument shaped like the output (not a float attention mask before it)
+                    stream = next((t for t in entering if t.shape == tensor.shape), None if own_norm else entering[0])
+                    signal["input"] = None if stream is None else _rms(stream)
         return hook
 
     def on_input(module, args, kwargs):
-        tensor = first_tensor(list(args) + list(kwargs.values()))
-        if tensor is not None and signal["input"] is None:
-            signal["input"] = _rms(tensor)
+        if not entering:
+            entering.extend(t for t in (first_tensor(a) for a in list(args) + list(kwargs.values())) if t is not None)
+
+    def on_own_norm(module, args, output):
+        tensor = first_tensor(output)
+        if tensor is not None and not entering:
+            entering.append(tensor)
 
     handles = [block.register_forward_hook(on_output(i)) for i, (_, block) in enumerate(stack.blocks)]
-    handles.append(stack.blocks[0][1].register_forward_pre_hook(on_input, with_kwargs=True))
+    own_norm = first_block_norm(stack)
+    if own_norm is not None:
+        handles.append(own_norm[1].register_forward_hook(on_own_norm))
+    else:
+        handles.append(stack.blocks[0][1].register_forward_pre_hook(on_input, with_kwargs=True))
     try:
         yield
     finally:
@@ -165,8 +201,12 @@ def measure_depth(model: nn.Module, stack: Stack, loss: Callable[[], torch.Tenso
         finally:
             for handle in handles:
                 handle.remove()
-        return torch.autograd.grad(value, flat, allow_unused=True) if flat else ()
+        try:
+            return torch.autograd.grad(value, flat, allow_unused=True) if flat else ()
+        except Exception as exc:  # the model's own backward (xLSTM's chunkwise kernel edits its state in place)
+            raise ModelRaised("backward", exc) from exc
 
+    own = first_block_norm(stack)
     with preserved_process_state(), torch.enable_grad(), DropoutOff(model) as off:
         grads = off.step(step)
     norms, at = [], 0
@@ -179,4 +219,4 @@ def measure_depth(model: nn.Module, stack: Stack, loss: Callable[[], torch.Tenso
         rms = {role: _rms(weight) for role, (_, weight) in tables.items()}
     return DepthSignal(stack.name, stack.block_class, signal["input"], signal["output"], norms, signal["calls"],
                        rms.get("token"), rms.get("position"), {role: name for role, (name, _) in tables.items()},
-                       off.mode, len(flat))
+                       off.mode, len(flat), own[0] if own else f"{stack.blocks[0][0]} (its input)")

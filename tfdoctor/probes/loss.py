@@ -49,7 +49,7 @@ def random_targets(subject: Subject, graded: torch.Tensor, generator: torch.Gene
     [B, K] (a regression head: NaN for such a row). Labels are dealt round-robin over the classes, then
     shuffled, so every class appears once there are C rows: a model that ignores its input cannot beat
     ln(C) on them by luck."""
-    from tfdoctor import tasks
+    import tfdoctor.tasks as tasks  # the module: `from tfdoctor import` would close an import circle
 
     task = subject.task or tasks.LM
     B, T = graded.shape

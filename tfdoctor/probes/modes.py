@@ -90,6 +90,38 @@ def training_flags(model: torch.nn.Module) -> list[bool]:
     return [module.training for module in model.modules()]
 
 
+# A module's registries, left to the checks that change them on purpose (hooks removed in `finally`).
+_REGISTRIES = ("_parameters", "_modules")
+
+
+@contextlib.contextmanager
+def preserved_attributes(model: torch.nn.Module) -> Iterator[None]:
+    """Every module's plain attributes and buffers as they were: what a forward left on the model (the
+    Annotated Transformer's `self.attn = p_attn`, a cache, a rotary table recomputed for a longer
+    input) is put back afterwards, and attributes it added are removed. A forward that tracks gradients
+    leaves a non-leaf tensor there, which copy.deepcopy(model) refuses: the next check that copies the
+    model would end in error where the check run alone passes."""
+    saved = [(module, {k: v for k, v in vars(module).items() if k not in _REGISTRIES}, dict(module._buffers))
+             for module in model.modules()]
+    try:
+        yield
+    finally:
+        for module, attributes, buffers in saved:
+            state = module.__dict__
+            for name in [k for k in state if k not in attributes and k not in _REGISTRIES]:
+                del state[name]
+            for name, value in attributes.items():
+                if state.get(name, _MISSING) is not value:
+                    state[name] = value
+            if module._buffers.keys() != buffers.keys() or any(
+                    module._buffers[k] is not v for k, v in buffers.items()):
+                module._buffers.clear()
+                module._buffers.update(buffers)
+
+
+_MISSING = object()
+
+
 # Modules whose `p` is a dropout probability, and the words that name a dropout-like rate in a
 # module's or a config's attributes (HF: attention_dropout, hidden_dropout_prob, layerdrop,
 # drop_path_rate; modules often keep `self.dropout = config.attention_dropout` as a float and call

@@ -16,6 +16,7 @@ import torch
 
 from tfdoctor.auditing import audited_by
 from tfdoctor.probes.isolation import guarded, isolated_copy, same_values
+from tfdoctor.probes.memorise import detached_attributes
 from tfdoctor.recording.feed import Feed
 from tfdoctor.recording.recorder import Recorder, finish
 from tfdoctor.recording.trace import Trace
@@ -27,7 +28,8 @@ def record_loop(subject: Subject, batches: list, advance: Callable[[int], None] 
 
     The user's exception, if the loop raises, propagates after every patch and hook is removed and
     the user's model is put back as it was."""
-    model, rebuilt = isolated_copy(subject.model)
+    with detached_attributes(subject.model):  # a map kept from a forward (`self.attn`): deepcopy refuses it
+        model, rebuilt = isolated_copy(subject.model)
     for p in model.parameters():
         p.grad = None
     recorder = Recorder(model, subject.vocab_size)
