@@ -625,7 +625,9 @@ def test_slow_leak_fails_on_its_steady_rise_and_its_cost_over_the_run(watch_audi
     result = report["memory-growth"]
     assert result.details["steady"] and result.details["r2"] >= 0.8
     assert result.details["planned_steps"] == len(series) == 270
-    assert result.details["cost_mib"] < 64  # a small leak: caught by its steadiness, not its size
+    # caught by its steadiness and its cost over the planned run, whatever its size on this machine (11 MiB
+    # forked from a preloaded interpreter, over 100 MiB in a fresh one)
+    assert result.details["cost_mib"] > 0
 
 
 def test_healthy_stairs_pass_however_the_allocator_climbs(watch_audit):
