@@ -39,3 +39,22 @@ def _mode(model: torch.nn.Module, train: bool) -> Iterator[None]:
     finally:
         for module, flag in flags:
             module.training = flag
+
+
+def outermost_mode_calls(original, hear):
+    """A stand-in for `nn.Module.train` that calls `hear(module, mode)` for the outermost call only
+    (`model.eval()` calls train(False), which calls it again on every child), then `original`. The
+    recorder (recording/patched.py) and the watch monitor (watching/hooks.py) both patch with it."""
+    depth = [0]
+
+    def train(module, mode=True):
+        if depth[0] == 0:
+            hear(module, mode)
+        depth[0] += 1
+        try:
+            return original(module, mode)
+        finally:
+            depth[0] -= 1
+
+    train.__wrapped__ = original
+    return train

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import sys
 import weakref
 from typing import Any, Callable, Iterator
 
 import torch
 
+from tfdoctor.modes import outermost_mode_calls
 from tfdoctor.recording.grads import grad_norm, params_of
 from tfdoctor.recording.schedule import snapshot_scheduler
 from tfdoctor.sites import is_library
@@ -134,21 +136,14 @@ class PatchedCalls:
         """`Module.train(mode)` (and `eval()`, which calls it): the outermost call, where it was made,
         and a weak reference to the module, resolved at the end against the recorded model."""
         recorder = self
-        depth = [0]
 
-        def train(module, mode=True):
-            if depth[0] == 0 and recorder.record:
+        def heard(module, mode) -> None:
+            if recorder.record:
                 data = recorder.event("mode", training=bool(mode), module=type(module).__name__,
                                       by_library=_called_by_library())
                 recorder.mode_calls.append((data, weakref.ref(module)))
-            depth[0] += 1
-            try:
-                return original(module, mode)
-            finally:
-                depth[0] -= 1
 
-        train.__wrapped__ = original
-        return train
+        return outermost_mode_calls(original, heard)
 
     def sched_step(self, original: Callable) -> Callable:
         recorder = self
@@ -282,9 +277,11 @@ class PatchedCalls:
 def _called_by_library() -> bool:
     """Whether the train()/eval() call being recorded was made by a library (from_pretrained's eval(),
     Lightning's validation loop), not the user's own code: the first frame outside torch's Module."""
-    frame = sys._getframe(2)  # above the patched train()
+    frame = sys._getframe(1)
     module_file = torch.nn.modules.module.__file__
-    while frame is not None and frame.f_code.co_filename == module_file:
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # tfdoctor/: the patch itself
+    while frame is not None and (frame.f_code.co_filename == module_file
+                                 or os.path.abspath(frame.f_code.co_filename).startswith(ours)):
         frame = frame.f_back
     return frame is None or is_library(frame.f_code.co_filename)
 

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from tfdoctor.modes import outermost_mode_calls
 from tfdoctor.sites import call_site
 from tfdoctor.watching.monitor import Monitor
 
@@ -128,19 +129,11 @@ def _backward(monitor: Monitor, original: Callable) -> Callable:
 def _mode(monitor: Monitor, original: Callable) -> Callable:
     """Module.train(mode), which eval() calls: the outermost call on the watched model, with its line (a
     few calls per evaluation, never per step)."""
-    depth = [0]
-
-    def train(module, mode=True):
-        if depth[0] == 0 and monitor.model is not None:
+    def heard(module, mode) -> None:
+        if monitor.model is not None:
             monitor.mode_set(module, mode, call_site() or "")
-        depth[0] += 1
-        try:
-            return original(module, mode)
-        finally:
-            depth[0] -= 1
 
-    train.__wrapped__ = original
-    return train
+    return outermost_mode_calls(original, heard)
 
 
 def _returns_norm(monitor: Monitor, original: Callable) -> Callable:
