@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from tfdoctor.watching.resident import close_reader, rss_reader
+from tfdoctor.watching.resident import close_reader, heap_reader, rss_reader
 from tfdoctor.watching.fingerprints import TrainedRows, fingerprints
 from tfdoctor.watching.promise import Promise
 from tfdoctor.watching.readings import (count_params, cuda_memory, deep_size, device_of, driven, eval_call_site,
@@ -45,6 +45,9 @@ HASH_EVERY = 16
 # With a clip (which measures the global norm) and several param groups, their own norms (a pass over
 # the gradients, ~1% of a 3 ms step, for the HTML figure alone) are measured every this many steps.
 GROUP_NORMS_EVERY = 10
+# malloc's bytes in use (~40 us a read) every this many steps: 54 readings over a 270-step run.
+HEAP_EVERY = 5
+SHAPES_KEPT = 4096  # input shapes remembered (past this many, none is new)
 # The model's latest train()/eval() calls kept for the facts (Lightning makes two per validation).
 MODE_CALLS_KEPT = 64
 # What one evaluation call's record holds (an EvalCall, its float and counts, its list slot): measured,
@@ -79,12 +82,15 @@ class Monitor:
         # where max_steps comes from: --max-steps (watch stops the run there), or the framework's plan
         self.planned_from = planned_from or ("--max-steps" if max_steps is not None else None)
         self.rss = rss_reader()
+        self.heap = heap_reader()
         self.started = self.last_close = time.perf_counter()
         self.stopped: Optional[str] = None  # "max-steps" | "max-time" once the stop was raised
         self.main: Optional[torch.optim.Optimizer] = None  # the optimizer whose steps are the rows
         self.model: Optional[torch.nn.Module] = None  # the trained model, bound at the first step
         self.candidates: list[torch.nn.Module] = []  # modules called under grad before the first step
         self.forward_in_eval = False  # the last forward under grad ran with the model in eval mode
+        self.shapes: set = set()  # input shapes the model was called on
+        self.new_shape = False  # one not seen before, since the last step
         self.mode_calls: list[tuple[int, bool, str]] = []  # (steps done, mode, where) of the model's train()/eval()
         self._reset_step()
         self.pending: Optional[dict] = None  # the last closed step, finalised when the next one closes
@@ -123,6 +129,7 @@ class Monitor:
         self.tokens = 0
         self.wait: dict[int, float] = {}  # loader id -> seconds waited in this step
         self.eval_mode_micro = 0  # micro-batches whose forward ran in eval mode before their backward
+        self.new_shape = False
 
     # ------------------------------------------------------------------ what the hooks call
 
@@ -208,6 +215,9 @@ class Monitor:
             return
         if ids is None:
             return
+        if len(self.shapes) < SHAPES_KEPT and ids.shape not in self.shapes:
+            self.shapes.add(ids.shape)
+            self.new_shape = True
         # under grad in eval mode: training in eval mode if a backward follows (see backward_called), an
         # evaluation left under grad if none does
         self.forward_in_eval = torch.is_grad_enabled() and not module.training
@@ -295,6 +305,8 @@ class Monitor:
                   "skipped": skipped, "wall": now - self.last_close, "tokens": self.tokens, "wait": wait,
                   "batches": sum(self.loaders[key]["batches"] for key in trains),
                   "rss": self.rss(), "cuda": cuda_memory(),
+                  "heap": self.heap() if self.heap is not None and not len(self.series) % HEAP_EVERY else None,
+                  "new_shape": self.new_shape,
                   "scale": None, "index": len(self.series) + (self.pending is not None), "position": self.position,
                   "eval_mode": bool(self.micro) and self.eval_mode_micro >= len(self.micro)}
         self.last_close = now
@@ -433,7 +445,7 @@ class Monitor:
                       scale=number(closed["scale"]), skipped=closed["skipped"], wall=closed["wall"], data_wait=closed["wait"],
                       tokens=closed["tokens"] or None, rss=closed["rss"], cuda_allocated=allocated,
                       cuda_reserved=reserved, batches=closed["batches"], scheduler_steps=closed["position"],
-                      eval_mode=closed["eval_mode"])
+                      eval_mode=closed["eval_mode"], heap=closed["heap"], new_shape=closed["new_shape"])
         if self.row_bytes is None:
             self.row_bytes = deep_size(row)
         row.own_bytes = (len(self.series.steps) + 1) * self.row_bytes + 8 * self.trained.count + self.eval_bytes
