@@ -177,3 +177,11 @@ def test_task_flag_on_the_command_line():
                     "token-classification")
     assert done.returncode == 2
     assert "--task token-classification" in done.stderr
+
+
+def test_finite_logits_speaks_of_rows_for_a_pooled_classifier():
+    from helpers import build_fixture
+    from tfdoctor import run_checks
+
+    result = run_checks(build_fixture("classifier_correct"), only="finite-logits", pad_id=0)["finite-logits"]
+    assert result.status.value == "pass" and "rows give finite class scores" in result.message, result.message
