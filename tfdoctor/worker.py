@@ -136,13 +136,10 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
     if session is not None:
         facts["world_size"] = session.world.size
     subject = subject_of(run, facts, request.get("fields", {}))
-    if uncopied is None and run.recorder.forward_collectives:  # probing it alone would wait for the other ranks
-        uncopied = communicating_reason(run.recorder.forward_collectives)
-        absent["model"] = uncopied
-        facts.setdefault("notes", []).append(uncopied)
-        subject = dataclasses.replace(subject, model=TraceOnly(subject.vocab_size or run.recorder.vocab,
-                                                               unwrap(run.recorder.bound)), forward=None, packing=None)
-    unreadable = None if uncopied is not None else _unreadable_output(subject)
+    # a forward that communicates is never called here: probing it alone would wait for the other ranks
+    unreadable = None if uncopied is not None else (
+        communicating_reason(run.recorder.forward_collectives) if run.recorder.forward_collectives
+        else _unreadable_output(subject))
     if unreadable is not None:  # only the model checks need the logits; the loop checks judge the trace
         stand_in = TraceOnly(subject.vocab_size or run.recorder.vocab, unwrap(run.recorder.bound))
         subject = dataclasses.replace(subject, model=stand_in, forward=None, packing=None)
