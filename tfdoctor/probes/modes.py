@@ -126,8 +126,10 @@ _MISSING = object()
 # module's or a config's attributes (HF: attention_dropout, hidden_dropout_prob, layerdrop,
 # drop_path_rate; modules often keep `self.dropout = config.attention_dropout` as a float and call
 # F.dropout(x, p=self.dropout, training=self.training)).
-_DROPOUT_MODULES = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d,
-                    torch.nn.AlphaDropout, torch.nn.FeatureAlphaDropout)
+DROPOUT_MODULES = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d,
+                   torch.nn.AlphaDropout, torch.nn.FeatureAlphaDropout)
+# Modules that also run differently in train() and eval(): batch statistics against running ones.
+BATCH_NORM_MODULES = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
 _DROP_WORDS = ("dropout", "layerdrop", "drop_path", "drop_prob", "drop_rate")
 
 
@@ -166,7 +168,7 @@ def training_without_dropout(model: torch.nn.Module) -> Iterator[torch.nn.Module
 
     try:
         for module in model.modules():
-            if isinstance(module, _DROPOUT_MODULES) and module.p > 0:
+            if isinstance(module, DROPOUT_MODULES) and module.p > 0:
                 zero(module, ["p"])
             zero(module, _drop_rates(module))
             zero_config(getattr(module, "config", None))

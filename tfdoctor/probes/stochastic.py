@@ -19,7 +19,7 @@ import torch
 
 from tfdoctor.probes.isolation import same_values
 from tfdoctor.modes import training
-from tfdoctor.probes.modes import _DROP_WORDS, _DROPOUT_MODULES, evaluation, preserved_process_state
+from tfdoctor.probes.modes import _DROP_WORDS, DROPOUT_MODULES, evaluation, preserved_process_state
 from tfdoctor.tolerances import RELATIVE_TOLERANCE
 
 
@@ -88,7 +88,7 @@ def declared_dropout(model: torch.nn.Module, ran: Optional[set] = None) -> list[
         if ran is not None and (name or "(model)") not in ran:
             continue
         where = name or type(module).__name__
-        if isinstance(module, _DROPOUT_MODULES) and module.p > 0:
+        if isinstance(module, DROPOUT_MODULES) and module.p > 0:
             found.append(f"{where}: nn.{type(module).__name__}(p={module.p:g})")
         found.extend(f"{where}.{attr} = {value:g}" for attr, value in vars(module).items()
                      if isinstance(value, float) and value > 0 and any(word in attr.lower() for word in DROP_WORDS))

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from tfdoctor.probes.fused_head import watch_log_probs
+from tfdoctor.probes.modes import BATCH_NORM_MODULES, DROPOUT_MODULES
 from tfdoctor.recording.grads import grad_norm, int_tensors, nodes_near, reaches, sample
 from tfdoctor.recording.patched import PatchedCalls
 from tfdoctor.recording.scores import READ_CHUNK_ELEMENTS, SCORE_FUNCTIONS, class_dim, read_scores
@@ -327,7 +328,7 @@ class Recorder(PatchedCalls, TorchFunctionMode):
                 held = self.mode_dependent[id(module)] = (module, find_mode_dependent(module))
             data["mode_off"] = [name for name, m in held[1] if not m.training]
             if data["mode_off"]:
-                data["mode_off_kinds"] = sorted({"batch norm" if isinstance(m, BATCH_NORM) else "dropout"
+                data["mode_off_kinds"] = sorted({"batch norm" if isinstance(m, BATCH_NORM_MODULES) else "dropout"
                                                  for _, m in held[1] if not m.training})
             data["mode_dependent"] = len(held[1])
         self.forwards += 1
@@ -488,10 +489,6 @@ def _composition(model: torch.nn.Module, optimizer) -> list[dict]:
     return groups
 
 
-# The modules whose forward differs between train() and eval(), by their public classes.
-DROPOUT = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
-           torch.nn.FeatureAlphaDropout)
-BATCH_NORM = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
 
 
 def find_mode_dependent(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
@@ -502,7 +499,7 @@ def find_mode_dependent(model: torch.nn.Module) -> list[tuple[str, torch.nn.Modu
     for parent_name, parent in model.named_modules():
         trained = None
         for name, child in parent.named_children():
-            if not ((isinstance(child, DROPOUT) and float(child.p) > 0) or isinstance(child, BATCH_NORM)):
+            if not ((isinstance(child, DROPOUT_MODULES) and float(child.p) > 0) or isinstance(child, BATCH_NORM_MODULES)):
                 continue
             if trained is None:
                 trained = any(p.requires_grad for p in parent.parameters())
