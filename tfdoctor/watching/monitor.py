@@ -89,8 +89,7 @@ class Monitor:
         self.model: Optional[torch.nn.Module] = None  # the trained model, bound at the first step
         self.candidates: list[torch.nn.Module] = []  # modules called under grad before the first step
         self.forward_in_eval = False  # the last forward under grad ran with the model in eval mode
-        self.shapes: set = set()  # input shapes the model was called on
-        self.new_shape = False  # one not seen before, since the last step
+        self.shapes: set = set()  # input shapes the model was called on (a new one: _reset_step's new_shape)
         self.mode_calls: list[tuple[int, bool, str]] = []  # (steps done, mode, where) of the model's train()/eval()
         self._reset_step()
         self.pending: Optional[dict] = None  # the last closed step, finalised when the next one closes
@@ -129,7 +128,7 @@ class Monitor:
         self.tokens = 0
         self.wait: dict[int, float] = {}  # loader id -> seconds waited in this step
         self.eval_mode_micro = 0  # micro-batches whose forward ran in eval mode before their backward
-        self.new_shape = False
+        self.new_shape = False  # the model met an input shape not seen before, since the last step
 
     # ------------------------------------------------------------------ what the hooks call
 
@@ -220,9 +219,9 @@ class Monitor:
             self.new_shape = True
         # under grad in eval mode: training in eval mode if a backward follows (see backward_called), an
         # evaluation left under grad if none does
-        self.forward_in_eval = torch.is_grad_enabled() and not module.training
-        training = torch.is_grad_enabled() and module.training
-        if training:
+        grad = torch.is_grad_enabled()
+        self.forward_in_eval = grad and not module.training
+        if grad and module.training:
             self.tokens += ids.numel()
             # fingerprinted in batches (_hash_trained): a reference now, and its version, which tells
             # a buffer the loop refilled in place before it was hashed
