@@ -65,7 +65,8 @@ def watch(
         writable(output)
         format_ready(fmt)
         nproc_in_range(nproc)
-        keep_in = keeping_folder(keep_writes, cut_short_by(max_steps, max_time))
+        protected_by = cut_short_by(max_steps, max_time)
+        keep_in = keeping_folder(keep_writes, protected_by)
     except TfdoctorError as error:
         fail_usage(error)
     if nproc is not None and nproc > 1:
@@ -74,7 +75,6 @@ def watch(
 
     me = world()
     target = script if script is not None else f"-m {module}"
-    protected_by = cut_short_by(max_steps, max_time)
     request = dict(command="watch", script=script, module=module, args=argv, max_steps=max_steps, max_time=max_time,
                    target=target, only=only, skip=skip, seed=seed, protect=bool(protected_by), keep_writes=keep_in)
     budget = timeout if timeout is not None else math.inf

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from tfdoctor.report.run_summary import CURVES_HEALTHY, curves_healthy
 from tfdoctor.result import Report, Status
 
 
@@ -17,17 +18,12 @@ def verdict_line(report: Report, path: Optional[str | Path] = None, where: str =
     e.g. "judged above")."""
     failed = [r.id for r in report.results if r.status in (Status.FAIL, Status.ERROR)]
     warned = [r.id for r in report.results if r.status == Status.WARN]
-    if failed or (report.strict and warned):
-        word = "FAIL"
-    elif warned:
-        word = "WARN"
-    else:
-        word = "PASS"
+    word = "FAIL" if report.problems() else "WARN" if warned else "PASS"  # --strict: a warning fails
     named = ", ".join(failed) + ("; " if failed and warned else "") + ("warn: " + ", ".join(warned) if warned else "")
     if not named:
         counts = report.summary()
-        named = "curves healthy: " + ", ".join(f"{counts[s.value]} {s.value}" for s in (Status.PASS, Status.SKIP)
-                                                if counts[s.value])
+        named = ", ".join(f"{counts[s.value]} {s.value}" for s in (Status.PASS, Status.SKIP) if counts[s.value])
+        named = f"{CURVES_HEALTHY}: {named}" if curves_healthy(report.results) else named
     line = f"tfdoctor: {word}" + (f" ({named})" if named else "")
     if path is not None:
         line += f"; report in {path}"

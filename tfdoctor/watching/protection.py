@@ -13,8 +13,9 @@ Plain strings here: the CLI prints them.
 
 from __future__ import annotations
 
-import os
 from typing import Optional
+
+from tfdoctor.sites import display_path
 
 SHOWN = 3  # files named in the line after the run; the report lists up to 20
 
@@ -38,15 +39,10 @@ def after_line(record: dict, flags: list[str]) -> Optional[str]:
     written, deleted = record.get("written_count", 0), record.get("deleted_count", 0)
     if not written and not deleted:
         return None
-    names = [_near(path) for path in record.get("written", []) + record.get("deleted", [])][:SHOWN]
+    names = [display_path(path) for path in record.get("written", []) + record.get("deleted", [])][:SHOWN]
     more = written + deleted - len(names)
     said = ", ".join(names) + (f" and {more} more" if more > 0 else "")
     where = (f"a copy is kept in {record['kept_in']}" if record.get("kept_in")
              else "thrown away; --keep-writes DIR keeps a copy")
     return (f"tfdoctor: the run wrote or deleted {said} while {' and '.join(flags)} protected your files: "
             f"{where}; your files are as they were")
-
-
-def _near(path: str) -> str:
-    here = os.getcwd()
-    return os.path.relpath(path, here) if path.startswith(here + os.sep) else path
