@@ -149,16 +149,15 @@ def analytic_command(subject, batch: int, seq: int, dtype: str, optimizer: str) 
 
 def _shape_of(model, vocab) -> tuple:
     """(width, depth, heads) as strings read off a model without a config, or None each: the token
-    embedding's width, the longest ModuleList of one block class, an attention module's head count."""
-    import torch.nn as nn
+    embedding's width and the repeated blocks, found as depth-signal finds them (probes/depth.py), and
+    an attention module's head count."""
+    from tfdoctor.probes.depth import embedding_tables, find_stack
 
-    width = next((str(m.embedding_dim) for m in model.modules()
-                  if isinstance(m, nn.Embedding) and m.num_embeddings == vocab), None)
-    stacks = [len(m) for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) > 1
-              and len({type(child) for child in m}) == 1]
+    token = embedding_tables(model, vocab).get("token")
+    stack = find_stack(model)
     heads = next((str(value) for m in model.modules() for name in ("num_heads", "n_head", "n_heads", "nhead")
                   if isinstance(value := getattr(m, name, None), int) and value > 0), None)
-    return width, str(max(stacks)) if stacks else None, heads
+    return (str(token[1].shape[1]) if token else None, str(len(stack.blocks)) if stack else None, heads)
 
 
 def judge_steps(steps: TracedSteps, target: str, budget: int, budget_source: str, *, dtype: str, optimizer: str,
