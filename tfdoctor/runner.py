@@ -152,7 +152,7 @@ class Fixtures:
 
     def attention_site(self):
         """Where the model computes attention, in the user's code (probes/attention.py), or None."""
-        return memo(("attention-site", id(self.subject.model)), functools.partial(_attention_site, self.subject))
+        return _attention_site(self.subject)
 
     def located(self, spec: CheckSpec, result: Result) -> Result:
         """Adds details["location"] (the user's "path:line" of the first recorded call of the spec's
@@ -175,16 +175,10 @@ class Fixtures:
 
 
 def _attention_site(subject: Subject):
-    """One eval forward under the attention capture: the user's line of its first attention call."""
-    import torch
+    """The user's line of the model's first attention call (probes/attention.py)."""
+    from tfdoctor.probes.attention import attention_calls, attention_site
 
-    from tfdoctor.probes.attention import attention_site, capture_attention
-    from tfdoctor.probes.modes import evaluation
-    from tfdoctor.subject import call, random_tokens
-
-    ids = [random_tokens(subject, 1, subject.seq_len)] * (2 if subject.kind == "seq2seq" else 1)
-    with torch.no_grad(), evaluation(subject.model):
-        return attention_site(capture_attention(subject.model, lambda: call(subject, *ids)))
+    return attention_site(attention_calls(subject))
 
 
 def _record_loop(subject: Subject):

@@ -183,26 +183,17 @@ def mask_direction(subject) -> Result:
 
 def _runs_attention(subject) -> bool:
     """Whether one eval forward calls a softmax or a fused attention kernel at all."""
-    capture = _attention_calls(subject)
+    from tfdoctor.probes.attention import attention_calls
+
+    capture = attention_calls(subject)
     return bool(capture.softmaxes or capture.fused_calls)
 
 
 def _calls_sdpa(subject) -> bool:
     """Whether one eval forward calls F.scaled_dot_product_attention (asked only of a failing model)."""
-    return "scaled_dot_product_attention" in _attention_calls(subject).fused_calls
+    from tfdoctor.probes.attention import attention_calls
 
-
-def _attention_calls(subject):
-    """The softmaxes and fused attention kernels of one eval forward (probes/attention.py)."""
-    import torch
-
-    from tfdoctor.probes.attention import capture_attention
-    from tfdoctor.probes.modes import evaluation
-    from tfdoctor.subject import call, random_tokens
-
-    ids = [random_tokens(subject, 1, subject.seq_len)] * (2 if subject.kind == "seq2seq" else 1)
-    with torch.no_grad(), evaluation(subject.model):
-        return capture_attention(subject.model, lambda: call(subject, *ids))
+    return "scaled_dot_product_attention" in attention_calls(subject).fused_calls
 
 
 def _judge_mask_direction(dmap, subject) -> Result:

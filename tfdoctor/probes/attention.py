@@ -268,6 +268,25 @@ def capture_attention(model: torch.nn.Module, forward, keep_weights: bool = Fals
     return capture
 
 
+def attention_calls(subject) -> AttentionCapture:
+    """The softmaxes, fused attention kernels and their sites of one eval forward on random tokens,
+    once per run and attention implementation (mask-direction asks whether the model attends at all,
+    every located model finding where it does)."""
+    from tfdoctor.context import memo
+    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.subject import call, random_tokens
+
+    def capture() -> AttentionCapture:
+        ids = [random_tokens(subject, 1, subject.seq_len)] * (2 if subject.kind == "seq2seq" else 1)
+        with torch.no_grad(), evaluation(subject.model):
+            return capture_attention(subject.model, lambda: call(subject, *ids))
+
+    from tfdoctor.probes.implementations import current_implementation
+
+    # per attention implementation: mask-direction judges a Hugging Face model under eager and sdpa
+    return memo(("attention-calls", id(subject.model), current_implementation(subject.model)), capture)
+
+
 def attention_site(capture: AttentionCapture) -> tuple[str, str] | None:
     """(the user's "path:line", what is called there) where the model computes attention: a fused
     kernel's call first (where its mask is given), else the softmax's; None when no user line was seen."""
