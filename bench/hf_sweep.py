@@ -53,7 +53,7 @@ def worker(spec, skip, checks, packing, details=()):
     from hf_tiny_configs import build_model
 
     from tfdoctor.errors import TfdoctorError
-    from tfdoctor.worker import run_check_request
+    from tfdoctor.process.worker import run_check_request
 
     try:
         m = build_model(spec)
@@ -146,7 +146,7 @@ def sweep(specs, args, sink, start):
 
     import torch  # noqa: F401 - imported once, before the forks
     import transformers  # noqa: F401
-    import tfdoctor.worker  # noqa: F401
+    import tfdoctor.process.worker  # noqa: F401
 
     os.environ.update(TRANSFORMERS_VERBOSITY="error", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     tmp = tempfile.mkdtemp(prefix="hf_sweep_")

@@ -1,4 +1,4 @@
-"""What keeping the user's files as they were costs (tfdoctor/sandbox), measured side by side.
+"""What keeping the user's files as they were costs (tfdoctor/process/sandbox), measured side by side.
 
     python bench/sandbox_cost.py
 
@@ -17,7 +17,7 @@ import time
 
 from timing import ROOT, best_of
 
-OVERLAY = ("import os, sys; from tfdoctor.sandbox import overlay; from tfdoctor.sandbox.roots import exempt_folders; "
+OVERLAY = ("import os, sys; from tfdoctor.process.sandbox import overlay; from tfdoctor.process.sandbox.roots import exempt_folders; "
            "roots = sorted({os.getcwd(), os.path.expanduser('~')}); "
            "overlay.enter(roots, sys.argv[1], exempt_folders(roots)); import torch")
 
@@ -37,7 +37,7 @@ def import_times(repeats: int = 5) -> tuple[float, float]:
 
 
 def per_call() -> dict:
-    from tfdoctor.sandbox import interpose
+    from tfdoctor.process.sandbox import interpose
 
     folder = tempfile.mkdtemp()
     path = os.path.join(folder, "user", "f.txt")

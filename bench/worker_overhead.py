@@ -5,7 +5,7 @@
 
 Prints the wall time of `tfdoctor check` on the tiny fixture GPT (the battery in a supervised worker
 process, as users run it) next to the same request run in one process with no supervisor
-(`tfdoctor.worker.run_check_request`, the worker's own code path), and the difference: the price of
+(`tfdoctor.process.worker.run_check_request`, the worker's own code path), and the difference: the price of
 the second process, the pipe and the budgets. Then the 500k-vocabulary, 8-wide model that used to run
 for over 10 minutes: the whole battery under its default budgets, with the worker's peak RSS.
 """
@@ -18,7 +18,7 @@ import time
 
 from timing import ROOT, wall
 
-IN_PROCESS = ("import sys, json; from tfdoctor.worker import run_check_request; "
+IN_PROCESS = ("import sys, json; from tfdoctor.process.worker import run_check_request; "
               "r = run_check_request(json.loads(sys.argv[1])); print(len(r.results))")
 
 

@@ -128,7 +128,7 @@ def fresh_tfdoctor(*args, **options) -> Done:
 # What an interpreter (or torch, as it is imported) reads from the environment when it starts: a command
 # given one of these is run fresh.
 STARTUP_ENV = ("PYTHON", "TORCH", "OMP_", "MKL_", "LD_", "CUDA", "KMP_")
-FORK_ENV = "TFDOCTOR_FORK_WORKER"  # tfdoctor/forked_worker.py
+FORK_ENV = "TFDOCTOR_FORK_WORKER"  # tfdoctor/process/forked_worker.py
 
 
 def _preloadable(args, env) -> bool:

@@ -150,7 +150,7 @@ def test_check_train_findings_carry_the_loop_line_too():
 
 def test_an_exception_raised_in_tfdoctors_own_code_is_located_there():
     from tfdoctor.errors import OutputShapeError
-    from tfdoctor.sites import raised_in_tfdoctor
+    from tfdoctor.usercode.call_sites import raised_in_tfdoctor
     from tfdoctor.subject import extract_logits
 
     with pytest.raises(OutputShapeError) as ours:

@@ -487,7 +487,7 @@ def test_lightning_callback_stands_aside_under_a_tfdoctor_command():
     pytest.importorskip("lightning")
     import lightning.pytorch as L
 
-    from tfdoctor.auditing import audited_by
+    from tfdoctor.usercode.auditing import audited_by
     from tfdoctor.integrations.lightning import TfdoctorCallback
 
     class HooksSeen(L.Callback):

@@ -6,7 +6,7 @@ from helpers import build_fixture
 from real_models import CAUSAL_MODELS
 from tfdoctor import run_checks
 from tfdoctor.checks.learning import HIGH_FAIL_NATS
-from tfdoctor.drawing import sparkline
+from tfdoctor.sparkline import sparkline
 
 CORRECT = ["gpt_correct", "gpt_blocked_triu", "gpt_sdpa"]
 
@@ -395,7 +395,7 @@ def test_backward_that_refuses_eval_runs_in_train_with_dropout_off(build):
 
 
 def test_training_without_dropout_puts_every_rate_back():
-    from tfdoctor.probes.modes import training_without_dropout
+    from tfdoctor.probes.process_state import training_without_dropout
 
     model = _tiny_reformer()
     model.eval()

@@ -192,7 +192,7 @@ def test_zero_init_probe_names_what_it_jittered():
 
 def test_the_fresh_smear_map_alone_looks_causal():
     """The partial map a smear-only fresh model shows would pass: the opened map is what catches it."""
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.modes import evaluation
 
     model = build_fixture("gpt_zero_init_smear_no_mask")
     with evaluation(model):

@@ -1,4 +1,4 @@
-"""The worker <-> supervisor protocol (tfdoctor/protocol.py): one word per event, JSON both ways, and the
+"""The worker <-> supervisor protocol (tfdoctor/process/protocol.py): one word per event, JSON both ways, and the
 worker's documented events are the ones it sends."""
 
 import ast
@@ -7,20 +7,20 @@ import json
 from pathlib import Path
 
 from tfdoctor.memory.analytic import Config, judge
-from tfdoctor.protocol import Ended, Event, Phase, decode_result, decode_verdict, encode_result, encode_verdict
+from tfdoctor.process.protocol import Ended, Event, Phase, decode_result, decode_verdict, encode_result, encode_verdict
 from tfdoctor.result import Result
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _sent_and_handled():
-    """Event members the worker sends (channel.send(Event.X, ...); `watch`'s live feed, watching/live.py,
-    sends its own) and the supervisor reads (kind == Event.X)."""
+    """Event members the worker sends (channel.send(Event.X, ...); `watch`'s live feed,
+    process/live.py, sends its own) and the supervisor reads (kind == Event.X)."""
     def members(path: str) -> set[str]:
         tree = ast.parse((ROOT / "tfdoctor" / path).read_text())
         return {node.attr for node in ast.walk(tree)
                 if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Event"}
-    return members("worker.py") | members("watching/live.py"), members("supervisor.py")
+    return members("process/worker.py") | members("process/live.py"), members("process/supervisor.py")
 
 
 def test_every_event_is_sent_and_read():
@@ -31,7 +31,7 @@ def test_every_event_is_sent_and_read():
 def test_protocol_docstring_names_every_event():
     import re
 
-    import tfdoctor.protocol as protocol
+    import tfdoctor.process.protocol as protocol
 
     for event in Event:  # as a word of its own: "exit" is not found inside "rank-exit"
         assert re.search(rf"(?<![\w-]){re.escape(event.value)}(?![\w-])", protocol.__doc__), event

@@ -97,7 +97,7 @@ def test_default_trainer_writes_no_checkpoint_before_the_stop(tmp_path):
                                  "--default-trainer", "--root", str(tmp_path / "audited"))
     assert code == 0 and report["discovered"]["ended"] == "stopped"
     assert not list((tmp_path / "audited").rglob("*.ckpt")) and "training done" not in stderr
-    # nor tried to: the sandbox would have kept it from the folder anyway (tfdoctor/sandbox)
+    # nor tried to: the sandbox would have kept it from the folder anyway (tfdoctor/process/sandbox)
     assert not [path for path in report.get("sandbox", {}).get("written", []) if path.endswith(".ckpt")]
 
 

@@ -210,7 +210,7 @@ def spiked_run() -> RunSeries:
 @pytest.mark.parametrize("width", [60, 80, 120])
 def test_the_live_view_keeps_a_real_spike_finding_s_cause_at_any_width(width):
     from tfdoctor.checks.curves import loss_spike
-    from tfdoctor.watching.live import findings
+    from tfdoctor.process.live import findings
 
     result = loss_spike(spiked_run())
     result.id = "loss-spike"

@@ -1,4 +1,4 @@
-"""The user's files are sacred (tfdoctor/sandbox): while tfdoctor runs the user's code, a checksum of the
+"""The user's files are sacred (tfdoctor/process/sandbox): while tfdoctor runs the user's code, a checksum of the
 user's folder is the same before and after, whatever the code writes, and the report names the writes.
 
 One spawned run per mechanism exercises every kind of write at once (fixtures/scripts/writes_everywhere.py
@@ -49,7 +49,7 @@ def checksums(folder) -> dict:
 def overlay_refused() -> str:
     """Why this machine has no overlay for an unprivileged process ('' when it has one)."""
     with tempfile.TemporaryDirectory() as lower, tempfile.TemporaryDirectory() as scratch:
-        probe = subprocess.run([sys.executable, "-c", "import sys; from tfdoctor.sandbox import overlay; "
+        probe = subprocess.run([sys.executable, "-c", "import sys; from tfdoctor.process.sandbox import overlay; "
                                 "overlay.enter([sys.argv[1]], sys.argv[2])", lower, scratch],
                                capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     return "" if probe.returncode == 0 else (probe.stderr.strip().splitlines() or ["?"])[-1]
@@ -128,8 +128,8 @@ def test_interposer_views_and_undoes_in_process(tmp_path):
     import numpy as np
     import torch
 
-    from tfdoctor.sandbox import interpose
-    from tfdoctor.sandbox.ledger import summary, write_state
+    from tfdoctor.process.sandbox import interpose
+    from tfdoctor.process.sandbox.ledger import summary, write_state
     from tfdoctor.report.console import sandbox_lines
 
     user, scratch = tmp_path / "user", tmp_path / "scratch"

@@ -172,7 +172,7 @@ def test_closing_descriptors_below_python_then_hanging_is_stopped_by_the_budget(
 
 
 def test_a_stopping_signal_gives_its_shell_exit_code_and_its_line():
-    from tfdoctor.stopping import Stopped, is_stop_code
+    from tfdoctor.process.signals import Stopped, is_stop_code
 
     assert (Stopped(signal.SIGTERM).code, Stopped(signal.SIGHUP).code, Stopped(signal.SIGINT).code) == (143, 129, 130)
     assert str(Stopped(signal.SIGHUP)) == "hung up (SIGHUP)" and isinstance(Stopped(signal.SIGTERM), KeyboardInterrupt)
@@ -189,7 +189,7 @@ class _Failure:  # torchrun's ProcessFailure, as much of it as the job's code re
 
 
 def test_a_rank_torchrun_stopped_after_another_failed_is_not_the_jobs_code():
-    from tfdoctor.recording.launch import _job_code
+    from tfdoctor.process.launch import _job_code
 
     # rank 1 failed (2); torchrun then stopped rank 0, whose tfdoctor exits 143 on SIGTERM
     assert _job_code({0: _Failure(143), 1: _Failure(2)}, 2) == 2

@@ -193,7 +193,7 @@ def test_a_library_frame_in_site_packages_is_never_named_as_the_users_line():
     """The stack dump names the user's innermost frame with the recorder's own test (sites.is_library):
     a budget that runs out inside transformers or Lightning, with no user frame on the stack, names
     nothing rather than the library's line; with one, names the user's."""
-    from tfdoctor.supervisor import user_frame
+    from tfdoctor.process.supervisor import user_frame
 
     library = "/venv/lib/python3.11/site-packages/transformers/trainer.py"
     dump = (f'Current thread 0x00000000000000ab (most recent call first):\n'

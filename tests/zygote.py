@@ -1,6 +1,6 @@
 """A process that has imported torch once and forks one `tfdoctor` command per request, so that a test of
 the command does not pay 2-3 s of imports in the command's worker (tests/helpers.py starts one per pytest
-process; tfdoctor/forked_worker.py says how the worker is forked in turn).
+process; tfdoctor/process/forked_worker.py says how the worker is forked in turn).
 
 It is started as a fresh interpreter, never forked from pytest: a child of it holds none of pytest's state
 (warning filters, log handlers, faulthandler, signal handlers, modules imported from fixtures/, RNG draws).
@@ -27,8 +27,8 @@ def preload() -> None:
     import torch.optim  # noqa: F401
 
     import tfdoctor.cli  # noqa: F401
-    import tfdoctor.supervisor  # noqa: F401
-    import tfdoctor.worker  # noqa: F401
+    import tfdoctor.process.supervisor  # noqa: F401
+    import tfdoctor.process.worker  # noqa: F401
 
 
 def exit_code(error: SystemExit) -> int:

@@ -101,7 +101,7 @@ def measured_kind(model, vocab_size: Optional[int], length: int = 8, states: boo
     measured on the last hidden states instead of the logits (a classifier's backbone)."""
     import torch
 
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.modes import evaluation
     from tfdoctor.tolerances import RELATIVE_TOLERANCE
 
     if not vocab_size or vocab_size < 3:

@@ -1,7 +1,7 @@
 """A model's train/eval flags for the length of a block, put back per module afterwards.
 
 Below the Subject (which runs its preflight forward in eval mode) and needing no torch import, so
-that `import tfdoctor` stays cheap; the probes' process-wide state lives in tfdoctor/probes/modes.py.
+that `import tfdoctor` stays cheap; the probes' process-wide state lives in tfdoctor/probes/process_state.py.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def run_checks(subject_or_model, only=None, skip=None, *, seed: int = 0, target:
     """
     import torch
 
-    from tfdoctor.probes.modes import preserved_attributes, preserved_process_state, training_flags
+    from tfdoctor.probes.process_state import preserved_attributes, preserved_process_state, training_flags
 
     specs = select(only, skip)
     absent = dict(absent or {})
@@ -227,7 +227,7 @@ def _applies(spec: CheckSpec, subject: Subject, fixtures: Fixtures) -> str | Non
 def _run_one(spec: CheckSpec, subject: Subject, seed: int, fixtures: Fixtures) -> Result:
     import torch
 
-    from tfdoctor.probes.modes import preserved_process_state
+    from tfdoctor.probes.process_state import preserved_process_state
 
     start = time.perf_counter()
     judged, func, unjudged = _judged_as(spec, subject)

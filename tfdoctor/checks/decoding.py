@@ -63,7 +63,7 @@ def _cache_arms(subject, hugging_face: bool) -> list:
     from tfdoctor.errors import first_line
     from tfdoctor.probes.decoding import MODEL_ERRORS, compare_cache, crash_reason, library_crash, raised_by_model
     from tfdoctor.probes.generation import accepts
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.modes import evaluation
 
     sides = [False, True] if hugging_face and accepts(subject.model, "attention_mask") else [False]
     arms, raised = [], []
@@ -128,7 +128,7 @@ def _arms_verdict(subject, hugging_face: bool, arms: list, precision: dict) -> R
     import torch
 
     from tfdoctor.probes.invariance import eval_noise
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.modes import evaluation
 
     details = {"prefill": arms[0].prefill, "positions": int(arms[0].diff.numel()),
                "path": "generate" if hugging_face else "incremental", "arms": {}, **precision}

@@ -114,7 +114,7 @@ def depth_signal(subject) -> Result:
 
     from tfdoctor.probes.loss import lm_batch, task_loss
     from tfdoctor.subject import call
-    from tfdoctor.probes.modes import BackwardRefused
+    from tfdoctor.probes.process_state import BackwardRefused
 
     stack = find_stack(subject.model)
     if stack is None:

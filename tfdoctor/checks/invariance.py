@@ -200,7 +200,7 @@ def padding_equivalence(subject) -> Result:
 
     from tfdoctor.context import current
     from tfdoctor.probes.invariance import alone, compare_padded, generate_arguments, hf_causal
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.modes import evaluation
     from tfdoctor.probes.padding import fixed_output_length, left_padding_evidenced, probed_sides
 
     declared = subject.padding_side
@@ -350,7 +350,7 @@ def _measured_packing(subject):
 def _judge_packing(subject) -> Result:
     from tfdoctor.errors import first_line
     from tfdoctor.probes.decoding import MODEL_ERRORS, raised_by_model
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.modes import evaluation
     from tfdoctor.probes.precision import close_call, in_float32
     from tfdoctor.tolerances import EQUIVALENCE_TOLERANCE
 

@@ -93,7 +93,7 @@ def init_loss(subject) -> Result:
 
     from tfdoctor.context import current
     from tfdoctor.probes.loss import lm_batch, lm_loss
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.modes import evaluation
     from tfdoctor.tasks import multi_label
 
     if multi_label(subject.model):
@@ -199,7 +199,7 @@ def _overfit_alone(subject, budget, kept: dict) -> Result:
     from tfdoctor.context import current, progress
     from tfdoctor.errors import first_line
     from tfdoctor.probes.memorise import memorise, plans, trainable_copy
-    from tfdoctor.probes.modes import BackwardRefused
+    from tfdoctor.probes.process_state import BackwardRefused
 
     classifier = (subject.task or "lm") != "lm"
     if subject.vocab_size < OVERFIT_MIN_VOCAB and not classifier:  # a classifier's labels are dealt evenly
@@ -258,7 +258,7 @@ def _aligned_batch(subject, generator):
     import torch
 
     from tfdoctor.probes.loss import lm_batch
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.modes import evaluation
     from tfdoctor.subject import call
 
     batch = lm_batch(subject, min(OVERFIT_ROWS, subject.batch_size), min(OVERFIT_MAX_LEN, subject.seq_len),

@@ -74,7 +74,7 @@ def finite_logits(subject) -> Result:
     """
     import torch
 
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.modes import evaluation
     from tfdoctor.probes.nonfinite import explained, first_nonfinite
     from tfdoctor.subject import call
 
@@ -161,7 +161,7 @@ def _softmax_mask_order(subject) -> Result:
     import torch
 
     from tfdoctor.probes.attention import capture_attention
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.modes import evaluation
     from tfdoctor.subject import call
 
     ids = _probe_ids(subject, seed_offset=11)
@@ -247,7 +247,7 @@ def _half_precision_mask(subject) -> Result:
     import torch
 
     from tfdoctor.probes.autocast import autocast_run
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.modes import evaluation
     from tfdoctor.subject import call, device_of
 
     device = device_of(subject.model).type
@@ -335,7 +335,7 @@ def _padded_runs(subject, device: str, names: list[str]):
 
     from tfdoctor.context import current
     from tfdoctor.probes.autocast import autocast_run
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.modes import evaluation
     from tfdoctor.probes.padding import padded_batch
     from tfdoctor.subject import call
 

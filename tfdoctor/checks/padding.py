@@ -126,7 +126,7 @@ def _answers_change_left_padded(subject, details: dict) -> bool:
 
     from tfdoctor.context import current
     from tfdoctor.probes.invariance import alone, compare_padded
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.modes import evaluation
 
     with evaluation(subject.model):  # as padding-equivalence compares them: dropout off
         probe = alone(subject, torch.Generator().manual_seed(current().seed + 11))
@@ -157,7 +157,7 @@ def padding_mask(subject) -> Result:
     `--padding-side right` when you only pad on the right.
     """
     from tfdoctor.context import current
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.modes import evaluation
     from tfdoctor.probes.padding import left_padding_evidenced, probed_sides
 
     declared = subject.padding_side
@@ -219,7 +219,7 @@ def masked_row_nan(subject) -> Result:
     import torch
 
     from tfdoctor.context import current
-    from tfdoctor.probes.modes import BackwardRefused, DropoutOff
+    from tfdoctor.probes.process_state import BackwardRefused, DropoutOff
     from tfdoctor.probes.nonfinite import explained, first_nonfinite
     from tfdoctor.probes.loss import random_targets, task_loss
     from tfdoctor.tasks import pooled

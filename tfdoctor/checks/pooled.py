@@ -62,7 +62,7 @@ def _judged(subject, judge) -> Result:
     """judge(implementation) in eval mode, under each attention implementation (as padding-equivalence)."""
     from tfdoctor.checks.verdicts import judged_per_implementation
     from tfdoctor.probes.configured_impl import judged_as_run
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.modes import evaluation
 
     def in_eval(implementation) -> Result:
         with evaluation(subject.model):

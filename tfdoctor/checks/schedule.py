@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from tfdoctor.drawing import sparkline
+from tfdoctor.sparkline import sparkline
 from tfdoctor.recording.windows import group_schedules, step_norms, stepped, window_losses
 from tfdoctor.registry import check
 from tfdoctor.result import Result

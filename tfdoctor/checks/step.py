@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tfdoctor.drawing import sparkline
+from tfdoctor.sparkline import sparkline
 from tfdoctor.recording.windows import order, scaled_clips, step_norms, stepped
 from tfdoctor.registry import check
 from tfdoctor.result import Result

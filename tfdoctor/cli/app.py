@@ -9,7 +9,7 @@ import sys
 
 import typer
 
-from tfdoctor.flags import format_alias_hint, script_options_hint
+from tfdoctor.cli.flags import format_alias_hint, script_options_hint
 from tfdoctor.result import ExitCode
 
 app = typer.Typer(

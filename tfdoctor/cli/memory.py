@@ -12,8 +12,8 @@ import typer
 from tfdoctor.cli.app import DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK, app
 from tfdoctor.cli.outcome import fail_usage, supervised
 from tfdoctor.errors import TfdoctorError, UsageError
-from tfdoctor.flags import format_ready, positive
-from tfdoctor.protocol import Ended
+from tfdoctor.cli.flags import format_ready, positive
+from tfdoctor.process.protocol import Ended
 from tfdoctor.result import ExitCode
 
 

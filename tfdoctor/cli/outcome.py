@@ -12,7 +12,7 @@ import typer
 
 from tfdoctor.cli.app import Format, shown
 from tfdoctor.errors import TfdoctorError, UsageError
-from tfdoctor.protocol import Ended
+from tfdoctor.process.protocol import Ended
 from tfdoctor.result import ExitCode
 
 def fail_usage(error: TfdoctorError) -> None:
@@ -31,7 +31,7 @@ def finish(outcome, report, fmt: Format, output: Optional[Path]) -> None:
 
 
 def report_of(outcome, target: str, strict: bool):
-    from tfdoctor.supervisor import report_of as made  # here, not at start-up: --help stays fast
+    from tfdoctor.process.supervisor import report_of as made  # here, not at start-up: --help stays fast
 
     return made(outcome, target, strict)
 
@@ -42,7 +42,7 @@ def supervised(request: dict, show_progress: bool, timeout: float, timeout_per_c
     `then(outcome)` (which exits) concludes the command. Given, it runs while the worker still waits:
     rank 0 of a distributed run prints its report before the other ranks are told its exit code,
     since torchrun ends every rank as soon as one has exited."""
-    from tfdoctor.supervisor import supervise
+    from tfdoctor.process.supervisor import supervise
 
     hold = (lambda outcome: then(handled(outcome))) if then is not None and request.get("release") else None
     with progress_bar(show_progress) as start:
@@ -74,7 +74,7 @@ def handled(outcome):
 
 def whose() -> str:
     """Under torchrun every rank's line lands on the same stderr: the other ranks' say whose they are."""
-    from tfdoctor.recording.distributed import world  # no torch: reads torchrun's environment
+    from tfdoctor.usercode.world import world  # no torch: reads torchrun's environment
 
     me = world()
     return f"rank {me.rank} of {me.size}: " if me.rank != 0 else ""
@@ -82,7 +82,7 @@ def whose() -> str:
 
 def launched(nproc: int, command: str = "run") -> None:
     """--nproc N: torchrun runs this same command as N ranks; their exit code is ours."""
-    from tfdoctor.recording.launch import launch
+    from tfdoctor.process.launch import launch
 
     args = sys.argv[1:]
     args = args[args.index(command) + 1:] if command in args else args
@@ -90,7 +90,7 @@ def launched(nproc: int, command: str = "run") -> None:
         code = launch(nproc, args, command)
     except TfdoctorError as error:
         fail_usage(error)
-    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP (recording/launch.py): every rank has ended
+    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP (process/launch.py): every rank has ended
         typer.echo(f"tfdoctor: {getattr(stop, 'said', 'interrupted')} while the {nproc} ranks ran", err=True)
         raise typer.Exit(getattr(stop, "code", 130))
     raise typer.Exit(code)

@@ -10,9 +10,9 @@ import typer
 from tfdoctor.cli.app import DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK, Format, Kind, Task, Packing, PaddingSide, app
 from tfdoctor.cli.outcome import fail_usage, finish, launched, report_of, supervised
 from tfdoctor.errors import TfdoctorError
-from tfdoctor.flags import (check_battery_flags, format_ready, model_fields, nproc_in_range, positive,
+from tfdoctor.cli.flags import (check_battery_flags, format_ready, model_fields, nproc_in_range, positive,
                             script_argument, writable)
-from tfdoctor.protocol import Ended
+from tfdoctor.process.protocol import Ended
 
 # `tfdoctor run`: optimizer steps recorded before the script is stopped. Two steps are two
 # accumulation windows: the first can be uneven (`if step % k == 0` steps after one micro-batch) and
@@ -83,7 +83,7 @@ def run(
         fail_usage(error)
     if nproc is not None and nproc > 1:
         launched(nproc)
-    from tfdoctor.recording.distributed import world
+    from tfdoctor.usercode.world import world
 
     me = world()
     fields = model_fields(vocab, seq_len, batch, pad_id, kind, padding_side, packing, eos_id, task)

@@ -11,9 +11,9 @@ import typer
 from tfdoctor.cli.app import Format, app
 from tfdoctor.cli.outcome import emit, fail_usage, finish, handled, launched, report_of, shown
 from tfdoctor.errors import TfdoctorError
-from tfdoctor.flags import (budget_in_range, format_ready, keeping_folder, nproc_in_range, positive, script_argument,
+from tfdoctor.cli.flags import (budget_in_range, format_ready, keeping_folder, nproc_in_range, positive, script_argument,
                             seed_in_range, selection_nonempty, writable)
-from tfdoctor.protocol import Ended
+from tfdoctor.process.protocol import Ended
 from tfdoctor.result import ExitCode
 from tfdoctor.watching.protection import after_line, before_line, cut_short_by
 
@@ -71,7 +71,7 @@ def watch(
         fail_usage(error)
     if nproc is not None and nproc > 1:
         launched(nproc, "watch")
-    from tfdoctor.recording.distributed import world
+    from tfdoctor.usercode.world import world
 
     me = world()
     target = script if script is not None else f"-m {module}"
@@ -83,7 +83,7 @@ def watch(
     # The live view only where one process draws (another rank's output would tear it), and not where
     # the report itself goes to stdout as data; a report written to a file leaves the terminal free.
     live = (fmt is Format.rich or output is not None) and not me.distributed
-    from tfdoctor.supervisor import supervise
+    from tfdoctor.process.supervisor import supervise
 
     with watch_view(live, target) as view:
         outcome = handled(supervise(request, timeout=budget, timeout_per_check=budget, progress=view))

@@ -7,7 +7,7 @@ must stop (`stop_on`); and at the end judges the whole run, writes the report `t
 and logs the one verdict line the command ends with (report/verdict.py). A callback only translates
 its framework's events into `start`, `step_ended` and `finish`.
 
-In a script that `tfdoctor run`, `check --train` or `watch` runs (tfdoctor/auditing.py), the callback
+In a script that `tfdoctor run`, `check --train` or `watch` runs (tfdoctor/usercode/auditing.py), the callback
 stands aside: the command audits the run, and the callback's hooks would hide calls from the recorder
 or record every step twice. It says so in one line and does nothing more.
 
@@ -27,13 +27,13 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from tfdoctor.auditing import auditor
+from tfdoctor.usercode.auditing import auditor
 from tfdoctor.errors import UsageError
 from tfdoctor.registry import select
 from tfdoctor.result import Report, Result, Status
 from tfdoctor.report.verdict import verdict_line
 from tfdoctor.watching.judging import judge_run, watched_report
-from tfdoctor.watching.live import JUDGE_WAIT_FACTOR
+from tfdoctor.process.live import JUDGE_WAIT_FACTOR
 
 logger = logging.getLogger("tfdoctor")
 
@@ -170,8 +170,8 @@ class LiveWatch:
             self.close()  # our stderr handler, after the verdict line
 
     def _judged(self, monitor, ended: str, error: Optional[BaseException]) -> Report:
-        from tfdoctor.sites import raised_at
-        from tfdoctor.watching.script import WatchedRun
+        from tfdoctor.usercode.call_sites import raised_at
+        from tfdoctor.watching.driver import WatchedRun
 
         series = monitor.finish(ended)
         run = WatchedRun(series, self.name, ended, time.perf_counter() - self.started, error,

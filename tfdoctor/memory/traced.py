@@ -59,7 +59,7 @@ from tfdoctor.memory.blocks import block_map, module_stack, swapped_tensors, top
 from tfdoctor.memory.counter import LARGEST_KEPT, LiveBytes, NodeTagger
 from tfdoctor.memory.fsdp_overlay import ShardedView, fsdp2_groups, fsdp2_hooks
 from tfdoctor.memory.kernels import attention_kernels, onto
-from tfdoctor.probes.modes import preserved_process_state
+from tfdoctor.probes.process_state import preserved_process_state
 from tfdoctor.subject import call
 
 PHASES = ("setup", "forward", "loss", "backward", "optimizer")

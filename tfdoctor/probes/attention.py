@@ -18,7 +18,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
-from tfdoctor.sites import call_site
+from tfdoctor.usercode.call_sites import call_site
 
 # Function and method names, as `func.__name__` gives them (Tensor properties come as `__get__`).
 SOFTMAX_NAMES = {"softmax", "_softmax", "special_softmax"}
@@ -273,7 +273,7 @@ def attention_calls(subject) -> AttentionCapture:
     once per run and attention implementation (mask-direction asks whether the model attends at all,
     every located model finding where it does)."""
     from tfdoctor.context import memo
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.modes import evaluation
     from tfdoctor.subject import call, random_tokens
 
     def capture() -> AttentionCapture:

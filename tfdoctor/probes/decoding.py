@@ -75,7 +75,7 @@ def library_crash(exc: BaseException) -> Optional[str]:
     not the user's model's. None when the user's code is in the traceback, or no such library is."""
     import os
 
-    from tfdoctor.sites import is_library
+    from tfdoctor.usercode.call_sites import is_library
 
     torch_root = _torch_root()
     frames = _frames(exc)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from tfdoctor.context import current, memo
-from tfdoctor.probes.modes import evaluation
+from tfdoctor.modes import evaluation
 from tfdoctor.probes.perturb import Perturbation, opened_paths
 from tfdoctor.subject import Subject, call, random_tokens
 from tfdoctor.tolerances import RELATIVE_TOLERANCE

@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Optional
 import torch
 import torch.nn as nn
 
-from tfdoctor.probes.modes import DropoutOff, preserved_process_state
+from tfdoctor.probes.process_state import DropoutOff, preserved_process_state
 from tfdoctor.probes.stochastic import first_tensor
 
 # Containers: a child of these classes has no forward of its own to watch (x-transformers' layers

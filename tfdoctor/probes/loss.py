@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tfdoctor.probes.modes import evaluation
+from tfdoctor.modes import evaluation
 from tfdoctor.subject import Subject, call, random_tokens
 
 

@@ -26,7 +26,7 @@ import torch
 
 from tfdoctor.probes.isolation import isolated_copy
 from tfdoctor.probes.loss import LMBatch, lm_loss
-from tfdoctor.probes.modes import DropoutOff
+from tfdoctor.probes.process_state import DropoutOff
 from tfdoctor.subject import Subject
 
 # AdamW rates tried one after another until one memorises: tfdoctor's own, then what a user would

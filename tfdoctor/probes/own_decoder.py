@@ -67,7 +67,7 @@ def own_generate(model: torch.nn.Module) -> Optional[Callable]:
     """The model's generate method when it is the user's own (defined in a file outside tfdoctor,
     torch and installed packages), else None. A Hugging Face model's generate() (the library's or a
     user's override) is already what cache-consistency and generation drive through transformers."""
-    from tfdoctor.sites import is_library
+    from tfdoctor.usercode.call_sites import is_library
 
     if is_hugging_face(model):
         return None
@@ -82,7 +82,7 @@ def own_generate(model: torch.nn.Module) -> Optional[Callable]:
 
 def describe(method: Callable) -> tuple[str, str]:
     """("Class.generate", "path:line" of its def line) for the report."""
-    from tfdoctor.sites import display_path
+    from tfdoctor.usercode.call_sites import display_path
 
     func = inspect.unwrap(getattr(method, "__func__", method))
     code = func.__code__

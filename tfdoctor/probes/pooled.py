@@ -167,7 +167,7 @@ def pooling_cause(subject: Subject, rows: PaddedRows, generator: torch.Generator
 def head_site(subject: Subject, ids: torch.Tensor) -> Optional[str]:
     """The user's "path:line" where the module returning the class scores (the head, fed the pooled
     state) is called, or None (no such submodule, or it is called from library code only)."""
-    from tfdoctor.sites import call_site
+    from tfdoctor.usercode.call_sites import call_site
 
     found: list[tuple[torch.Tensor, Optional[str]]] = []
 

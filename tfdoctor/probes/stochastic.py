@@ -19,11 +19,12 @@ import torch
 
 from tfdoctor.probes.isolation import same_values
 from tfdoctor.modes import training
-from tfdoctor.probes.modes import _DROP_WORDS, DROPOUT_MODULES, evaluation, preserved_process_state
+from tfdoctor.modes import evaluation
+from tfdoctor.probes.process_state import _DROP_WORDS, DROPOUT_MODULES, preserved_process_state
 from tfdoctor.tolerances import RELATIVE_TOLERANCE
 
 
-# Words that name a dropout rate held as a float attribute: probes/modes.py's list and GPT-2's
+# Words that name a dropout rate held as a float attribute: probes/process_state.py's list and GPT-2's
 # `resid_pdrop` / `attn_pdrop` spelling, which nanoGPT-style models copy.
 DROP_WORDS = _DROP_WORDS + ("pdrop",)
 

@@ -6,5 +6,5 @@ schedule.py, grads.py). It is shared by every driver: `check --train` calls the 
 `train(model, batches)` on random batches (loop.py, batches.py), `tfdoctor run` runs an unmodified
 script as __main__ (script.py), a torchrun job adds each rank's digest (ranks.py, distributed.py),
 and discovery.py reads what the script showed. models.py knows the wrappers (DDP, FSDP, compile) in
-front of the user's model; tfdoctor/sites.py names the user's line behind each recorded call.
+front of the user's model; tfdoctor/usercode/call_sites.py names the user's line behind each recorded call.
 """

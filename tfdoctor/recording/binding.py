@@ -7,7 +7,7 @@ trains, since which one is not known in advance:
 - at the first optimizer step the model is settled: the outermost module called whose parameters
   the stepped optimizer holds (a different module than the one bound is rebound, with a warning);
   DDP, torch.compile and similar wrappers are unwrapped for the checks (models.py);
-- after K optimizer steps (all optimizers of the step stepped) it stops the script (stopping.py).
+- after K optimizer steps (all optimizers of the step stepped) it stops the script (recording/stopping.py).
 
 It also sees how the script calls its model (the recorded forward), which LM a wrapper module
 holds, and whether a checkpoint was loaded first; discovery.py turns that into facts.
@@ -30,7 +30,7 @@ from tfdoctor.recording.pretrained import pretrained_loads
 from tfdoctor.recording.recorder import Recorder, compiling
 from tfdoctor.recording.snapshot import snapshot_model, why_uncopied
 from tfdoctor.recording.stopping import Stopper
-from tfdoctor.sites import call_site
+from tfdoctor.usercode.call_sites import call_site
 from tfdoctor.subject import extract_logits, vocab_size_of
 
 

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Callable, Iterator
 
-from tfdoctor.sites import call_site
+from tfdoctor.usercode.call_sites import call_site
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
                "broadcast", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "send", "recv")

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import os
-from dataclasses import dataclass
 from typing import Any, Optional
 
 from tfdoctor.errors import LoadError, first_line
+from tfdoctor.usercode.world import World
 
 
 class RankError(LoadError):
@@ -29,25 +28,6 @@ class RankError(LoadError):
     `said_by_rank_0`: every rank finds the same, and rank 0's line is enough."""
 
     said_by_rank_0 = False
-
-
-@dataclass(frozen=True)
-class World:
-    rank: int
-    size: int
-
-    @property
-    def distributed(self) -> bool:
-        return self.size > 1
-
-
-def world() -> World:
-    """This process's rank and the job's size, as torchrun (and every launcher that follows its
-    convention: SLURM wrappers, accelerate launch) sets them; one process otherwise."""
-    try:
-        return World(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
-    except ValueError:
-        return World(0, 1)
 
 
 class RankSession:

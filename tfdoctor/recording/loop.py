@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from tfdoctor.auditing import audited_by
+from tfdoctor.usercode.auditing import audited_by
 from tfdoctor.probes.isolation import guarded, isolated_copy, same_values
 from tfdoctor.probes.memorise import detached_attributes
 from tfdoctor.recording.feed import Feed

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from tfdoctor.sites import user_frames
+from tfdoctor.usercode.call_sites import user_frames
 
 
 def script_objects() -> list[tuple[str, Any]]:

@@ -36,7 +36,7 @@ import torch
 from tfdoctor.probes.isolation import guarded
 from tfdoctor.probes.loss import LMBatch, eval_loss, lm_batch_of, lm_loss
 from tfdoctor.probes.memorise import isolated_trainable_copy
-from tfdoctor.probes.modes import DropoutOff
+from tfdoctor.probes.process_state import DropoutOff
 from tfdoctor.recording.batches import train_batches
 from tfdoctor.recording.feed import Feed
 from tfdoctor.subject import Subject

@@ -20,7 +20,7 @@ import torch
 from tfdoctor.modes import outermost_mode_calls
 from tfdoctor.recording.grads import grad_norm, params_of
 from tfdoctor.recording.schedule import snapshot_scheduler
-from tfdoctor.sites import is_library
+from tfdoctor.usercode.call_sites import is_library
 
 
 class PatchedCalls:

@@ -15,7 +15,7 @@ import functools
 import sys
 from typing import Callable
 
-from tfdoctor.after_import import AfterImport
+from tfdoctor.usercode.import_hooks import AfterImport
 
 MODULE = "transformers.modeling_utils"
 

@@ -34,7 +34,7 @@ import torch
 
 from tfdoctor.recording.models import is_shard, unwrap
 from tfdoctor.recording.windows import micro_batch_weights
-from tfdoctor.sites import call_site
+from tfdoctor.usercode.call_sites import call_site
 
 # Indices of each sampler iteration kept in the digest. Two different shuffles of N items agree on
 # their first m indices with chance ~1/N^m, so a few are enough; 64 keep a partial epoch comparable.

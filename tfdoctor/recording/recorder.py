@@ -35,13 +35,13 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from tfdoctor.probes.fused_head import watch_log_probs
-from tfdoctor.probes.modes import BATCH_NORM_MODULES, DROPOUT_MODULES
+from tfdoctor.probes.process_state import BATCH_NORM_MODULES, DROPOUT_MODULES
 from tfdoctor.recording.grads import grad_norm, int_tensors, nodes_near, reaches, sample
 from tfdoctor.recording.patched import PatchedCalls
 from tfdoctor.recording.scores import READ_CHUNK_ELEMENTS, SCORE_FUNCTIONS, class_dim, read_scores
 from tfdoctor.recording.stale import UpdateWatch
 from tfdoctor.recording.trace import LOCATED_EVENTS, Event, Trace
-from tfdoctor.sites import call_site
+from tfdoctor.usercode.call_sites import call_site
 from tfdoctor.subject import extract_logits
 
 # Loss functions whose calls are recorded. The nn losses (CrossEntropyLoss, NLLLoss) call these.

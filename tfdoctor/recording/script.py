@@ -24,22 +24,22 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from tfdoctor.as_main import as_main, run_main, script_name
-from tfdoctor.auditing import audited_by
+from tfdoctor.usercode.as_main import as_main, run_main, script_name
+from tfdoctor.usercode.auditing import audited_by
 from tfdoctor.errors import InternalError, LoadError, first_line
 from tfdoctor.recording.binding import ScriptRecorder
 from tfdoctor.recording.ranks import RankRecorder
 from tfdoctor.recording.recorder import finish
 from tfdoctor.recording.stopping import StopScript
 from tfdoctor.recording.trace import Trace
-from tfdoctor.sites import raised_at, raised_in_tfdoctor
+from tfdoctor.usercode.call_sites import raised_at, raised_in_tfdoctor
 
 
 class ScriptError(LoadError):
     """The script could not be audited: it raised, exited or ended before its first optimizer step."""
 
 
-_StopScript = StopScript  # raised out of the script's step at the stop point (see stopping.py)
+_StopScript = StopScript  # raised out of the script's step at the stop point (see recording/stopping.py)
 
 
 @dataclass

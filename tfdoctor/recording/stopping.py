@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from tfdoctor.sites import user_frames
+from tfdoctor.usercode.call_sites import user_frames
 
 # Stops a script may swallow before its own lines raise it: one for a handler around the step that
 # logs and carries on, and a couple more for a handler around each micro-batch.

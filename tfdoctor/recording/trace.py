@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Events that carry the user's file:line of the call (see tfdoctor/sites.py), which the
+# Events that carry the user's file:line of the call (see tfdoctor/usercode/call_sites.py), which the
 # loop checks name in their findings. Forwards and batches are many and judged by content only.
 LOCATED_EVENTS = frozenset({"loss", "backward", "scale", "unscale", "scaler_step", "clip", "opt_step",
                             "zero_grad", "sched_step", "autocast", "mode"})

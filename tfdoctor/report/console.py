@@ -11,7 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tfdoctor.drawing import sparkline
+from tfdoctor.sparkline import sparkline
 from tfdoctor.report.run_summary import CURVES_HEALTHY, beyond_curves, curves_healthy
 from tfdoctor.report.watched import watched_lines
 from tfdoctor.report.theme import THEME
@@ -176,7 +176,7 @@ def discovered_lines(facts: dict) -> list[Text]:
 
 def sandbox_lines(record: dict) -> list[Text]:
     """What the user's code tried to write and delete, none of which reached the user's files
-    (tfdoctor/sandbox); nothing when it wrote nothing."""
+    (tfdoctor/process/sandbox); nothing when it wrote nothing."""
     if not record.get("written_count") and not record.get("deleted_count"):
         return []
 

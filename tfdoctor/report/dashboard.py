@@ -38,7 +38,7 @@ MIN_BESIDE = 44
 
 def sparkline(values, width: int = SPARK_WIDTH) -> str:
     """The latest `width` steps' curve (drawing.sparkline; a missing value is drawn as NaN)."""
-    from tfdoctor.drawing import sparkline as drawn
+    from tfdoctor.sparkline import sparkline as drawn
 
     return drawn([math.nan if v is None else v for v in list(values)[-width:]], width)
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tfdoctor.modes import outermost_mode_calls
-from tfdoctor.sites import call_site
+from tfdoctor.usercode.call_sites import call_site
 from tfdoctor.watching.monitor import Monitor
 
 # cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)

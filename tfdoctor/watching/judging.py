@@ -36,7 +36,7 @@ def judge_run(series: RunSeries, only=None, skip=None, listener=None) -> list[Re
 
 
 def watched_report(run, only=None, skip=None, listener=None) -> Report:
-    """The Report of a watched run (watching/script.WatchedRun): the judges' results, the series, and
+    """The Report of a watched run (watching/driver.WatchedRun): the judges' results, the series, and
     how the run ended under "discovered"."""
 
     results = judge_run(run.series, only, skip, listener=listener)

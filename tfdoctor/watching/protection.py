@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from tfdoctor.sites import display_path
+from tfdoctor.usercode.call_sites import display_path
 
 SHOWN = 3  # files named in the line after the run; the report lists up to 20
 

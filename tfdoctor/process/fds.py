@@ -6,7 +6,7 @@ own that the report is then written into. In the worker process, os.close and os
 the descriptors kept here (a forked child, a DataLoader worker, closes what it likes).
 
 Limit: a close made below Python (ctypes, a C extension) is not seen. Then the report pipe is gone:
-the worker exits with CHANNEL_LOST_EXIT (tfdoctor/protocol.py) at its next word and the supervisor,
+the worker exits with CHANNEL_LOST_EXIT (tfdoctor/process/protocol.py) at its next word and the supervisor,
 which keeps applying the budgets after the pipe's end, names the cause in one line.
 """
 

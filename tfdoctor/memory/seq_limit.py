@@ -61,7 +61,7 @@ def _forward_error(subject, seq: int) -> Optional[Exception]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from tfdoctor.memory.blocks import swapped_tensors
-    from tfdoctor.probes.modes import evaluation
+    from tfdoctor.modes import evaluation
     from tfdoctor.subject import call, device_of, vocab_size_of
 
     model = subject.model

@@ -1,11 +1,11 @@
 """Start the worker by forking this process rather than a fresh interpreter.
 
-The supervisor starts `python -m tfdoctor.worker`, which spends 2-3 s importing torch (and
+The supervisor starts `python -m tfdoctor.process.worker`, which spends 2-3 s importing torch (and
 torch._dynamo, which torch.optim's first step imports) before it runs a line of the user's code. The
 `tfdoctor` command itself never imports torch, so a user gains nothing from forking it. The test suite
 does: it runs the command in a process that has imported torch already (tests/zygote.py) and sets
 TFDOCTOR_FORK_WORKER=1, so that each of its runs starts its worker in milliseconds. From the fork on,
-the worker runs the same `tfdoctor.worker.main` as the exec'd one, in the state a fresh worker has:
+the worker runs the same `tfdoctor.process.worker.main` as the exec'd one, in the state a fresh worker has:
 its own session, stdin from /dev/null, stdout on the supervisor's stderr, only the channel's
 descriptors open, Python's own signal handlers, the request's environment.
 """
@@ -86,9 +86,9 @@ def _become_worker(channel_fd: int, pass_fds: set, env: dict, stdout_fd: int, be
     os.environ.update(env)
     tempfile.tempdir = None  # read TMPDIR again: the request's private folder, not the supervisor's
     sys.path[0] = os.getcwd()  # `python -m` puts the working folder first, where `-m MODULE` is found
-    from tfdoctor import worker
+    from tfdoctor.process import worker
 
-    worker.main(["tfdoctor.worker", str(channel_fd)])
+    worker.main(["tfdoctor.process.worker", str(channel_fd)])
 
 
 def _close_all_but(keep: set) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import os
 
-from tfdoctor.sandbox.roots import inside
+from tfdoctor.process.sandbox.roots import inside
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000

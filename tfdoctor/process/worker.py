@@ -1,5 +1,5 @@
 """The worker process: loads the user's target and runs the battery, streaming what happens to its
-supervisor (tfdoctor/supervisor.py) over a pipe as JSON lines.
+supervisor (tfdoctor/process/supervisor.py) over a pipe as JSON lines.
 
 The user's code runs here, never in the process that prints the report, so that:
 - whatever it prints goes to stderr (file descriptor 1 points at stderr), and stdout carries only
@@ -9,7 +9,7 @@ The user's code runs here, never in the process that prints the report, so that:
 - threads the user leaves running cannot keep tfdoctor alive (the worker ends with os._exit).
 
 The request comes in the environment (protocol.REQUEST_ENV); the events go out one JSON object per
-line (protocol.Channel). tfdoctor/protocol.py lists every event and what it carries: hello, phase,
+line (protocol.Channel). tfdoctor/process/protocol.py lists every event and what it carries: hello, phase,
 progress/advance, discovered, result, verdict, then one last word: done, usage-error, exit,
 rank-exit or internal-error.
 """
@@ -27,11 +27,11 @@ import traceback
 from typing import Any, Callable
 
 from tfdoctor.errors import InternalError, OutputShapeError, TfdoctorError, UsageError, folded
-from tfdoctor.kept_fds import keep_open
-from tfdoctor.protocol import REQUEST_ENV, Channel, Event, Phase, encode_result, encode_verdict
-from tfdoctor.recording.distributed import world
-from tfdoctor.sites import raised_at
-from tfdoctor.sandbox import enter as enter_sandbox
+from tfdoctor.process.fds import keep_open
+from tfdoctor.process.protocol import REQUEST_ENV, Channel, Event, Phase, encode_result, encode_verdict
+from tfdoctor.usercode.world import world
+from tfdoctor.usercode.call_sites import raised_at
+from tfdoctor.process.sandbox import enter as enter_sandbox
 
 
 class _LineEnds:
@@ -81,7 +81,7 @@ def run_check_request(request: dict, listener=None, progress=None):
 
     from tfdoctor.loader import load_function, load_subject
     from tfdoctor.runner import as_subject, run_checks
-    from tfdoctor.seq_limit import refuse_unfit_seq
+    from tfdoctor.memory.seq_limit import refuse_unfit_seq
 
     # Seeded before the factory builds the model: the same command gives the same initial weights,
     # the same evidence and the same verdict in every process.
@@ -173,8 +173,8 @@ def run_watch_request(request: dict, listener=None, send=None) -> None:
     whole run. With `send(event, **data)` (a terminal shows the live view) the finalised steps go out
     a few times a second, with the findings of the run so far."""
     from tfdoctor.watching.judging import judge_run, watched_report
-    from tfdoctor.watching.live import LiveFeed
-    from tfdoctor.watching.script import watch_script
+    from tfdoctor.process.live import LiveFeed
+    from tfdoctor.watching.driver import watch_script
 
     if request.get("seed") is not None:
         import torch
@@ -224,7 +224,7 @@ def run_memory_request(request: dict, progress=None):
     from tfdoctor.loader import load_subject
     from tfdoctor.memory.traced_verdict import judge_traced
     from tfdoctor.runner import as_subject
-    from tfdoctor.seq_limit import refuse_unfit_seq
+    from tfdoctor.memory.seq_limit import refuse_unfit_seq
 
     torch.manual_seed(0)  # as `check` does: the factory's weights are the same in every run
     subject = as_subject(load_subject(request["target"]), vocab_size=request.get("vocab"))

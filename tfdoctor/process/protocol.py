@@ -2,7 +2,7 @@
 sends back (one JSON object per line on a pipe, "event" naming which), how a worker ended, and the
 encoding of what crosses the pipe (Results and the memory Verdict, as JSON).
 
-The worker (tfdoctor/worker.py) writes events with Channel; the supervisor (tfdoctor/supervisor.py)
+The worker (tfdoctor/process/worker.py) writes events with Channel; the supervisor (tfdoctor/process/supervisor.py)
 reads them with read_event and keeps its Outcome, whose `ended` is an Ended. Both import this module
 and not each other. No torch here.
 
@@ -36,7 +36,7 @@ from tfdoctor.result import Result
 # The environment variable that carries the request (a JSON object) to the worker.
 REQUEST_ENV = "TFDOCTOR_WORKER_REQUEST"
 # The worker's exit code when its report pipe was closed under it (below os.close, which keeps it:
-# tfdoctor/kept_fds.py): nothing more can be said, and the supervisor names the cause.
+# tfdoctor/process/fds.py): nothing more can be said, and the supervisor names the cause.
 CHANNEL_LOST_EXIT = 86
 
 

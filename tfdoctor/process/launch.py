@@ -12,7 +12,7 @@ What the job exposes and leaves behind:
   only (torch binds a store to every interface, so the launcher hands it a socket bound here), and
   gloo is told to use the loopback device (GLOO_SOCKET_IFNAME, unless set);
 - Ctrl-C, SIGTERM and SIGHUP end every rank (torchrun forwards the signal, and whatever is left is
-  killed, detached descendants too: tfdoctor/descendants.py) and the command exits 130/143/129 with
+  killed, detached descendants too: tfdoctor/process/reaper.py) and the command exits 130/143/129 with
   one line; the ranks stopped that way say nothing;
 - torchelastic's folders and every rank's temporary files go to a private temporary folder (TMPDIR
   for the ranks), removed when the job ends.
@@ -28,10 +28,10 @@ import tempfile
 import uuid
 from typing import Iterator
 
-from tfdoctor.descendants import Descendants
+from tfdoctor.process.reaper import Descendants
 from tfdoctor.recording.distributed import RankError
-from tfdoctor.stopping import LAUNCHED_ENV, Stopped, is_stop_code, signals_stop
-from tfdoctor.tempdirs import private_folder, temp_environment
+from tfdoctor.process.signals import LAUNCHED_ENV, Stopped, is_stop_code, signals_stop
+from tfdoctor.process.tempdirs import private_folder, temp_environment
 
 # torchrun starts every rank with one thread per process unless told otherwise (and warns that it
 # did): set it the same way, without the warning.

@@ -1,5 +1,5 @@
-"""The supervisor: starts a worker process (tfdoctor/worker.py) for the user's code and watches it,
-the way pytest-timeout or xdist watch theirs. The two speak tfdoctor/protocol.py; the supervisor
+"""The supervisor: starts a worker process (tfdoctor/process/worker.py) for the user's code and watches it,
+the way pytest-timeout or xdist watch theirs. The two speak tfdoctor/process/protocol.py; the supervisor
 keeps what it hears as an Outcome.
 
 It enforces the time budgets (one per check, one for the whole run), names the user's frame that
@@ -24,15 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from tfdoctor import forked_worker
-from tfdoctor.descendants import Descendants
-from tfdoctor.protocol import (CHANNEL_LOST_EXIT, REQUEST_ENV, Ended, Event, Phase, decode_result, decode_verdict,
+from tfdoctor.process import forked_worker
+from tfdoctor.process.reaper import Descendants
+from tfdoctor.process.protocol import (CHANNEL_LOST_EXIT, REQUEST_ENV, Ended, Event, Phase, decode_result, decode_verdict,
                                phase_name, read_event)
-from tfdoctor.sites import display_path, is_library
+from tfdoctor.usercode.call_sites import display_path, is_library
 from tfdoctor.result import ExitCode, Result
-from tfdoctor.sandbox import Host
-from tfdoctor.stopping import LAUNCHED_ENV, signals_stop, stopped_by
-from tfdoctor.tempdirs import private_folder, temp_environment
+from tfdoctor.process.sandbox import Host
+from tfdoctor.process.signals import LAUNCHED_ENV, signals_stop, stopped_by
+from tfdoctor.process.tempdirs import private_folder, temp_environment
 
 FIRST_FAILURE = "tfdoctor-first-failure"
 # After SIGUSR1, how long the worker gets to write its stack dump before it is killed.
@@ -53,7 +53,7 @@ class Outcome:
     verdict: Any = None  # `tfdoctor memory TARGET`: the traced Verdict
     code: int = 0  # rank-exit: the exit code rank 0 sent; interrupted: 128 + the signal's number
     quiet: bool = False  # usage-error: rank 0 says the same line, this rank says nothing
-    sandbox: dict = field(default_factory=dict)  # what the user's code tried to write (tfdoctor/sandbox)
+    sandbox: dict = field(default_factory=dict)  # what the user's code tried to write (tfdoctor/process/sandbox)
 
 
 def supervise(request: dict, *, timeout: float, timeout_per_check: float,
@@ -130,7 +130,7 @@ def _supervised(request: dict, timeout: float, timeout_per_check: float, progres
 def _first_failure(outcome: Outcome) -> None:
     """One rank of `--nproc`: the first rank to fail says why. A rank that fails after it (the failed
     rank's end broke the job's collectives under it) ends quietly. The claim, a file in the job's
-    private temporary folder (TMPDIR, recording/launch.py), is made before this rank's worker is
+    private temporary folder (TMPDIR, process/launch.py), is made before this rank's worker is
     killed, which is what breaks the others'. A worker killed by a signal is never a consequence: it
     says so whatever the claim."""
     if not os.environ.get(LAUNCHED_ENV) or outcome.quiet or outcome.ended in (Ended.DONE, Ended.RANK_EXIT):
@@ -175,11 +175,11 @@ def _held(hold: Callable[[Outcome], Any], outcome: Outcome, proc, release_write:
 
 def _start_worker(write_end: int, kept: tuple, env: dict):
     """The worker process, a fresh interpreter (forked from this one only where the test suite asks,
-    tfdoctor/forked_worker.py); `kept`: the other descriptors it inherits."""
+    tfdoctor/process/forked_worker.py); `kept`: the other descriptors it inherits."""
     if forked_worker.wanted():
         return forked_worker.ForkedWorker.start(write_end, kept, env, sys.stderr.fileno(), _die_with_parent)
     return subprocess.Popen(
-        [sys.executable, "-m", "tfdoctor.worker", str(write_end)], pass_fds=(write_end,) + kept, env=env,
+        [sys.executable, "-m", "tfdoctor.process.worker", str(write_end)], pass_fds=(write_end,) + kept, env=env,
         stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
         start_new_session=True,  # its own process group: DataLoader workers and all go with it
         preexec_fn=_die_with_parent,

@@ -15,7 +15,7 @@ import sysconfig
 from pathlib import Path
 from typing import Optional
 
-_PACKAGE = str(Path(__file__).resolve().parent)  # tfdoctor/
+_PACKAGE = str(Path(__file__).resolve().parent.parent)  # tfdoctor/ (this file is in tfdoctor/usercode/)
 _LIBRARY_ROOTS = tuple({p for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib",
                                                                           "platlib")) if p})
 _verdicts: dict[str, bool] = {}

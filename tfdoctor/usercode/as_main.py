@@ -1,5 +1,5 @@
 """Running the user's script as `python train.py ARGS` or `python -m pkg.mod ARGS` would, for the
-drivers that run one (recording/script.py for `run`, watching/script.py for `watch`): which script it
+drivers that run one (recording/script.py for `run`, watching/driver.py for `watch`): which script it
 is, and the process's argv and path set for it and restored after."""
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import shutil
 import stat
 import sys
 
-from tfdoctor.after_import import AfterImport
+from tfdoctor.usercode.import_hooks import AfterImport
 
 VIEW_ENV = "TFDOCTOR_SANDBOX_VIEW"
 BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")

@@ -18,8 +18,8 @@ import shutil
 import tempfile
 from typing import Optional
 
-from tfdoctor.sandbox.ledger import summary, write_state
-from tfdoctor.sandbox.roots import exempt_folders, inside, protected_roots
+from tfdoctor.process.sandbox.ledger import summary, write_state
+from tfdoctor.process.sandbox.roots import exempt_folders, inside, protected_roots
 
 FORCE_ENV = "TFDOCTOR_SANDBOX"  # "interpose": skip the overlay (CI without user namespaces behaves so)
 KEEP_ENV = "TFDOCTOR_KEEP_WRITES"  # a folder: keep a copy of what the code wrote there, for inspection
@@ -89,7 +89,7 @@ def enter(spec: Optional[dict]) -> Optional[Sandbox]:
     if os.environ.get(FORCE_ENV) == "interpose":
         fallback = f"{FORCE_ENV}=interpose"
     else:
-        from tfdoctor.sandbox import overlay
+        from tfdoctor.process.sandbox import overlay
 
         try:
             layers = overlay.enter(roots, scratch, exempt)
@@ -99,7 +99,7 @@ def enter(spec: Optional[dict]) -> Optional[Sandbox]:
             write_state(scratch, {"mechanism": "overlay", "layers": layers, "protected": roots, "exempt": exempt,
                                   "limits": OVERLAY_LIMITS})
             return Sandbox("overlay")
-    from tfdoctor.sandbox import interpose
+    from tfdoctor.process.sandbox import interpose
 
     write_state(scratch, {"mechanism": "interpose", "protected": roots, "exempt": exempt, "limits": INTERPOSE_LIMITS,
                           "layers": [{"root": "/", "upper": os.path.join(scratch, "mirror")}],

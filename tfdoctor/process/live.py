@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional
 
-from tfdoctor.protocol import Event
+from tfdoctor.process.protocol import Event
 from tfdoctor.result import Status
 from tfdoctor.watching.series import StepRow, row_dict
 

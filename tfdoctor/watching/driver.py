@@ -9,10 +9,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from tfdoctor.as_main import as_main, run_main, script_name
-from tfdoctor.auditing import audited_by
+from tfdoctor.usercode.as_main import as_main, run_main, script_name
+from tfdoctor.usercode.auditing import audited_by
 from tfdoctor.errors import InternalError, LoadError, first_line
-from tfdoctor.sites import raised_at, raised_in_tfdoctor
+from tfdoctor.usercode.call_sites import raised_at, raised_in_tfdoctor
 from tfdoctor.watching.series import RunSeries, StepRow
 
 

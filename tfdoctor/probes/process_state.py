@@ -1,8 +1,6 @@
-"""Leave the user's model as it was found: train/eval flags per module, and process-wide state.
-
-`evaluation` itself lives one floor down, in tfdoctor/modes.py (the Subject uses it); it is
-re-exported here for the probes and checks.
-"""
+"""Leave the user's model and process as they were found: dropout and batch-norm switched off for a
+probe and put back, the RNGs and thread settings a probe may touch (`preserved_process_state`).
+The train/eval flags of a block are tfdoctor/modes.py's `evaluation`, one floor down."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ from typing import Callable, Iterator, TypeVar
 
 import torch
 
-from tfdoctor.modes import evaluation  # noqa: F401  (re-exported)
+from tfdoctor.modes import evaluation
 
 T = TypeVar("T")
 
