@@ -17,8 +17,10 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+
+from tfdoctor.usercode.torch_compat import (SDPA_CUDNN, SDPA_EFFICIENT, SDPA_FLASH, SDPA_FLASH_CPU, SDPA_OP_PREFIX,
+                                            autograd_node_number, current_autograd_node, dispatch_mode_base,
+                                            storage_id, tensor_storage_id, tree_leaves)
 
 _NODE_KEY = "tfdoctor.module"  # where a forward op's autograd node remembers its module
 LARGEST_KEPT = 6
@@ -30,10 +32,7 @@ LARGEST_KEPT = 6
 _LOWER_PRECISION = frozenset({
     "mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "linalg_vecdot", "prelu",
     "convolution", "_convolution", "conv_tbc", "convolution_backward", "_native_multi_head_attention",
-    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
-    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
-    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
+    *(op + end for op in (SDPA_FLASH_CPU, SDPA_EFFICIENT, SDPA_FLASH, SDPA_CUDNN) for end in ("", "_backward")),
 })
 # Norms whose first output keeps the input's dtype even with float32 weights (their statistics
 # stay float32), where type promotion would say float32.
@@ -48,7 +47,6 @@ _FOLLOWS_INPUT = frozenset({
 _BATCHED_CONTRACTIONS = frozenset({"bmm", "baddbmm"})
 # 2-D matrix products: per-sample only if the tokens survive (see LiveBytes._keeps_the_batch).
 _MATRIX_PRODUCTS = frozenset({"mm", "addmm"})
-_ATTENTION_PREFIX = "_scaled_dot_product"
 
 
 class _Storage:
@@ -74,7 +72,7 @@ class _Storage:
         return self.nbytes // 2 if self.low_bytes else self.nbytes
 
 
-class LiveBytes(TorchDispatchMode):
+class LiveBytes(dispatch_mode_base()):
     """Sum of the storages alive after each op, and where the maximum happened.
 
     A storage is counted once however many views share it, and uncounted by a weakref finalizer the
@@ -156,7 +154,7 @@ class LiveBytes(TorchDispatchMode):
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse, nested: no single storage to count
             return None
-        key = storage._cdata
+        key = storage_id(storage)
         if key in self.live:
             return None
         nbytes = storage.nbytes()
@@ -194,7 +192,7 @@ class LiveBytes(TorchDispatchMode):
         """The module the current op belongs to: the forward stack, or in backward the module whose
         forward op created the autograd node being run."""
         if self.phase == "backward":
-            node = torch._C._current_autograd_node()
+            node = current_autograd_node()
             return node.metadata.get(_NODE_KEY, "") if node is not None else ""
         return self.modules[-1] if self.modules else ""
 
@@ -222,13 +220,13 @@ class LiveBytes(TorchDispatchMode):
 
     def _entry(self, tensor: torch.Tensor) -> Optional[_Storage]:
         try:
-            return self.live.get(tensor.untyped_storage()._cdata)
+            return self.live.get(tensor_storage_id(tensor))
         except (RuntimeError, NotImplementedError):
             return None
 
     def _is_low(self, tensor: torch.Tensor, entry: Optional[_Storage]) -> bool:
         if entry is not None and tensor.dtype == torch.float32:
-            if self.upcast is not None and self.phase == "loss" and tensor.untyped_storage()._cdata == self.upcast:
+            if self.upcast is not None and self.phase == "loss" and tensor_storage_id(tensor) == self.upcast:
                 return False  # the loss reads logits.float()
             return entry.low_dtype
         return tensor.dtype in (torch.bfloat16, torch.float16)
@@ -239,8 +237,8 @@ class LiveBytes(TorchDispatchMode):
         if self.phase == "forward":
             return self.attention_extra is not None and not self.attention_fused
         if self.phase == "backward" and self.float32_nodes:
-            node = torch._C._current_autograd_node()
-            return node is not None and node._sequence_nr() in self.float32_nodes
+            node = current_autograd_node()
+            return node is not None and autograd_node_number(node) in self.float32_nodes
         return False
 
     def _would_be_low(self, op: str, kwargs, inputs, entries) -> list[bool]:
@@ -275,7 +273,7 @@ class LiveBytes(TorchDispatchMode):
             a, b = inputs[-2], inputs[-1]
             if a.dim() >= 2 and b.dim() >= 2 and a.shape[-1] == T and a.shape[-2] == T and b.shape[-1] == T:
                 self.seq_ambiguous = f"the sequence length {T} equals the head size"
-        elif op.startswith(_ATTENTION_PREFIX) and inputs and inputs[0].dim() >= 2 and inputs[0].shape[-1] == T:
+        elif op.startswith(SDPA_OP_PREFIX) and inputs and inputs[0].dim() >= 2 and inputs[0].shape[-1] == T:
             self.seq_ambiguous = f"the sequence length {T} equals the head size"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -290,7 +288,7 @@ class LiveBytes(TorchDispatchMode):
             return out
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         entries = [self._entry(t) for t in inputs]
-        if self.attention_extra is not None and op.startswith(_ATTENTION_PREFIX):
+        if self.attention_extra is not None and op.startswith(SDPA_OP_PREFIX):
             self.attention_fused = True  # a fused kernel: no float32 copies after all
             self.mixed_extra -= self.attention_extra
             self.attention_extra = 0
@@ -331,7 +329,7 @@ class LiveBytes(TorchDispatchMode):
         for tensor, entry in zip(inputs, entries):
             if entry is None or tensor.dtype != torch.float32 or entry.low_dtype:
                 continue
-            key = tensor.untyped_storage()._cdata
+            key = tensor_storage_id(tensor)
             if entry.origin == "parameters":
                 if self.phase == "forward" and key not in self.casts:
                     self.casts[key] = entry.nbytes // 2
@@ -353,7 +351,7 @@ class LiveBytes(TorchDispatchMode):
             self.mixed_extra -= self.attention_extra
             math_path, self.attention_extra = not self.attention_fused and bool(low), None
         if math_path and isinstance(out, torch.Tensor):
-            self.retag(out.untyped_storage()._cdata, low_dtype=True, low_bytes=True)  # the 16-bit output
+            self.retag(tensor_storage_id(out), low_dtype=True, low_bytes=True)  # the 16-bit output
             self.float32_nodes |= _nodes_between(out, qkv)
         return out
 
@@ -361,7 +359,7 @@ class LiveBytes(TorchDispatchMode):
         """Under autocast the logits are 16-bit and the loss's logits.float() makes a float32 copy."""
         entry = self._entry(logits)
         if self.mixed and entry is not None and entry.low_dtype:
-            self.upcast = logits.untyped_storage()._cdata
+            self.upcast = tensor_storage_id(logits)
             self.mixed_extra += logits.numel() * 4
 
     def end_upcast(self, logits: torch.Tensor) -> None:
@@ -373,20 +371,20 @@ class LiveBytes(TorchDispatchMode):
         """A parameter's gradient is the weights' size: no batch, no sequence, float32 (the 16-bit
         weight copy its matmuls kept goes with it)."""
         if param.grad is not None:
-            self.retag(param.grad.untyped_storage()._cdata, sample=False, power=0, low_dtype=False,
+            self.retag(tensor_storage_id(param.grad), sample=False, power=0, low_dtype=False,
                        low_bytes=False, block=-1)
-        self.mixed_extra -= self.casts.pop(param.untyped_storage()._cdata, 0)
+        self.mixed_extra -= self.casts.pop(tensor_storage_id(param), 0)
 
     def mark_per_sample(self, *tensors: torch.Tensor) -> None:
         for tensor in tensors:
-            self.retag(tensor.untyped_storage()._cdata, sample=True,
+            self.retag(tensor_storage_id(tensor), sample=True,
                        power=seq_power(tuple(tensor.shape), self.batch, self.seq, True))
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         """saved_tensors_hooks: autograd saves `tensor` for backward (and keeps it, unchanged)."""
         entry = self._entry(tensor)
         if entry is not None and entry.block >= 0 and not entry.saved:
-            self.retag(tensor.untyped_storage()._cdata, saved=True)
+            self.retag(tensor_storage_id(tensor), saved=True)
         return tensor
 
     def block_returned(self, index: int, output) -> None:
@@ -395,7 +393,7 @@ class LiveBytes(TorchDispatchMode):
             if isinstance(leaf, torch.Tensor):
                 entry = self._entry(leaf)
                 if entry is not None and entry.block == index:
-                    self.retag(leaf.untyped_storage()._cdata, block=-1)
+                    self.retag(tensor_storage_id(leaf), block=-1)
 
     # -- after each op ----------------------------------------------------------------------------
 
@@ -458,9 +456,9 @@ class LiveBytes(TorchDispatchMode):
         self.peak = now
         node_name, module = "", self.where()
         if self.phase == "backward":
-            node = torch._C._current_autograd_node()
+            node = current_autograd_node()
             node_name = node.name() if node is not None else ""
-            grads = {p.grad.untyped_storage()._cdata: p.grad.untyped_storage().nbytes()
+            grads = {tensor_storage_id(p.grad): p.grad.untyped_storage().nbytes()
                      for p in self.params if p.grad is not None}
             self.peak_grad_bytes = sum(grads.values())
             if self.sharded is not None:
@@ -499,12 +497,12 @@ def seq_power(shape: tuple, batch: int, seq: int, per_sample: bool) -> int:
 
 def _nodes_between(out: torch.Tensor, inputs: list[torch.Tensor]) -> set[int]:
     """Sequence numbers of the autograd nodes that made `out` from `inputs` (those made after them)."""
-    floor = max((t.grad_fn._sequence_nr() for t in inputs if t.grad_fn is not None), default=-1)
+    floor = max((autograd_node_number(t.grad_fn) for t in inputs if t.grad_fn is not None), default=-1)
     found: set[int] = set()
     stack = [out.grad_fn] if out.grad_fn is not None else []
     while stack:
         node = stack.pop()
-        number = node._sequence_nr()
+        number = autograd_node_number(node)
         if number <= floor or number in found or type(node).__name__ == "AccumulateGrad":
             continue
         found.add(number)

@@ -11,11 +11,11 @@ This is what bench/memory_accuracy.py and the tests hold the analytic and traced
   but that becomes a gradient or a collective buffer later (a weight gradient before autograd assigns
   it to .grad, the reduce-scatter input before the collective) is counted as what it becomes, as the
   analytic ledger counts it.
-- torch's own `FSDPMemTracker` (torch.distributed._tools.fsdp2_mem_tracker), its peak snapshot folded into
+- torch's own `FSDPMemTracker` (torch_compat.fsdp2_memory_tracker_class), its peak snapshot folded into
   the same four components.
 
 Both run on a real process group (gloo on the CPU) or on torch's fake one
-(torch.testing._internal.distributed.fake_pg: one process plays rank r of N, collectives do nothing) with
+(the "fake" backend of torch's testing package: one process plays rank r of N, collectives do nothing) with
 fake tensors, which is how a GPT-2-small-size model is measured without allocating it.
 
 Sharding follows the FSDP2 documentation's idiom: `fully_shard` on every block of the `nn.ModuleList`,
@@ -36,8 +36,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+
+from tfdoctor.usercode.torch_compat import (dispatch_mode_base, dtensor_class, fsdp2_memory_tracker_class,
+                                            fsdp2_param_tensors, fsdp2_params, fully_shard_function, local_tensor,
+                                            storage_id, tree_leaves)
 
 PARAMETERS, GRADIENTS, OPTIMIZER, ACTIVATIONS = "parameters", "gradients", "optimizer states", "activations"
 COMPONENTS = (PARAMETERS, GRADIENTS, OPTIMIZER, ACTIVATIONS)
@@ -72,8 +74,7 @@ class RankMemory:
 
 def shard_model(model: nn.Module, shard: str, mesh) -> nn.Module:
     """FSDP2 over `mesh` as the docs write it: each block of the model's ModuleList, then the root."""
-    from torch.distributed.fsdp import fully_shard
-
+    fully_shard = fully_shard_function()
     if shard not in SHARDS_WITH_FSDP2:
         raise ValueError(f"shard {shard!r} has no FSDP2 equivalent; one of {SHARDS_WITH_FSDP2}")
     reshard = None if shard == "zero3" else False  # None: FSDP2's default (True, but not for the root)
@@ -85,14 +86,14 @@ def shard_model(model: nn.Module, shard: str, mesh) -> nn.Module:
 
 
 def _storage(t: torch.Tensor):
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(t, DTensor):
-        t = t._local_tensor
-    return t.untyped_storage()
+    return local_tensor(t).untyped_storage()
 
 
-class ComponentBytes(TorchDispatchMode):
+def _key(t: torch.Tensor) -> int:
+    return storage_id(_storage(t))
+
+
+class ComponentBytes(dispatch_mode_base()):
     """Live storage bytes after every op; at each new maximum, those bytes by component."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -104,14 +105,13 @@ class ComponentBytes(TorchDispatchMode):
         self.at_peak: dict[str, int] = dict.fromkeys(COMPONENTS, 0)
         self.peak_op = ""
         self.unclaimed: dict[int, tuple[weakref.ref, int]] = {}  # activations at the peak, maybe claimed later
-        self.fsdp_params = [p for state in _fsdp_states(model) for group in state._fsdp_param_groups
-                            for p in group.fsdp_params]
+        self.fsdp_params = fsdp2_params(model)
         for t in self._held()[0]:
             self._add(t)
 
     def _add(self, t: torch.Tensor) -> None:
         st = _storage(t)
-        key = st._cdata
+        key = storage_id(st)
         known = self.live.get(key)
         if known is None or known() is not st:  # new, or a dead storage's address reused
             self.live[key] = weakref.ref(st)
@@ -124,16 +124,14 @@ class ComponentBytes(TorchDispatchMode):
         def put(t, component: str) -> None:
             if isinstance(t, torch.Tensor):
                 tensors.append(t)
-                where.setdefault(_storage(t)._cdata, component)
+                where.setdefault(_key(t), component)
 
         for fp in self.fsdp_params:
-            put(fp._sharded_param_data, PARAMETERS)
-            put(getattr(fp, "_unsharded_param", None), PARAMETERS)
-            for t in getattr(fp, "all_gather_outputs", []):
+            parameters, gradients = fsdp2_param_tensors(fp)
+            for t in parameters:
                 put(t, PARAMETERS)
-            put(fp.sharded_param.grad, GRADIENTS)
-            unsharded = getattr(fp, "_unsharded_param", None)
-            put(getattr(unsharded, "grad", None), GRADIENTS)
+            for t in gradients:
+                put(t, GRADIENTS)
         for p in self.model.parameters():
             put(p, PARAMETERS)
             put(p.grad, GRADIENTS)
@@ -145,17 +143,16 @@ class ComponentBytes(TorchDispatchMode):
         return tensors, where
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.distributed.tensor import DTensor
-
-        if any(t is DTensor for t in types):
+        dtensor = dtensor_class()
+        if dtensor is not None and any(t is dtensor for t in types):
             return NotImplemented  # let DTensor run its local ops, which we then see
         out = func(*args, **(kwargs or {}))
         name = str(func.overloadpacket).split(".")[-1]
         if name == "_allgather_base_":  # (output, input): the gathered buffer holds parameters
-            self.comm_buffers[_storage(args[0])._cdata] = PARAMETERS
+            self.comm_buffers[_key(args[0])] = PARAMETERS
         elif name == "_reduce_scatter_base_":  # (output, input): both hold gradients
-            self.comm_buffers[_storage(args[0])._cdata] = GRADIENTS
-            self.comm_buffers[_storage(args[1])._cdata] = GRADIENTS
+            self.comm_buffers[_key(args[0])] = GRADIENTS
+            self.comm_buffers[_key(args[1])] = GRADIENTS
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self._add(t)
@@ -191,20 +188,13 @@ class ComponentBytes(TorchDispatchMode):
             return
         claimed = dict(self.comm_buffers)
         for fp in self.fsdp_params:
-            for grad in (fp.sharded_param.grad, getattr(getattr(fp, "_unsharded_param", None), "grad", None)):
-                if grad is not None:
-                    claimed.setdefault(_storage(grad)._cdata, GRADIENTS)
+            for grad in fsdp2_param_tensors(fp)[1]:
+                claimed.setdefault(_key(grad), GRADIENTS)
         for key in [k for k in self.unclaimed if k in claimed]:
             ref, nbytes = self.unclaimed.pop(key)
             if self.live.get(key) is ref:  # the same storage, not a new one at a freed address
                 self.at_peak[ACTIVATIONS] -= nbytes
                 self.at_peak[claimed[key]] += nbytes
-
-
-def _fsdp_states(model: nn.Module):
-    from torch.distributed.fsdp import FSDPModule
-
-    return [m._get_fsdp_state() for m in model.modules() if isinstance(m, FSDPModule)]
 
 
 def training_step(model: nn.Module, optimizer, batch: int, seq: int, vocab: int):
@@ -223,8 +213,7 @@ def measure(model: nn.Module, shard: str, mesh, batch: int, seq: int, vocab: int
     """Shard `model` over `mesh`, take one step to allocate the optimizer states (and let FSDP2 set
     itself up), then measure one more step with each counter. Runs under the caller's process group and,
     for a fake-tensor model, inside the caller's FakeTensorMode."""
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
+    tracker_class = fsdp2_memory_tracker_class()
     shard_model(model, shard, mesh)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     training_step(model, optimizer, batch, seq, vocab)
@@ -232,7 +221,7 @@ def measure(model: nn.Module, shard: str, mesh, batch: int, seq: int, vocab: int
     with counter:
         held = training_step(model, optimizer, batch, seq, vocab)
     del held
-    tracker = FSDPMemTracker(model, optimizer)
+    tracker = tracker_class(model, optimizer)
     with tracker:
         held = training_step(model, optimizer, batch, seq, vocab)
     del held

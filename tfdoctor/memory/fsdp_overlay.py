@@ -35,9 +35,9 @@ from functools import partial
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from tfdoctor.memory import sharding
+from tfdoctor.usercode.torch_compat import tensor_storage_id, tree_flatten, tree_leaves, tree_unflatten
 
 FSDP2_SHARDS = ("zero2", "zero3")
 _GRADS = "whole gradients of "  # what the schedule is told to free at a group's reduce-scatter
@@ -45,7 +45,7 @@ _VIRTUAL_ORIGIN = {sharding.PARAMETERS: "parameters", sharding.GRADIENTS: "backw
 
 
 def _key(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage()._cdata
+    return tensor_storage_id(tensor)
 
 
 def _rows_cols(tensor: torch.Tensor) -> tuple[int, int]:

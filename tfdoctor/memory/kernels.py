@@ -31,19 +31,20 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tfdoctor.errors import UsageError
+from tfdoctor.usercode.torch_compat import (SDPA_CUDNN, SDPA_EFFICIENT, SDPA_FLASH, SDPA_FLASH_CPU, SDPA_OVERRIDEABLE,
+                                            dispatch_mode_base, sdpa_efficient, sdpa_flash, sdpa_math)
 
 TARGETS = ("cpu", "cuda")
 MATH = "math path (stores the T x T scores)"
 # The fused ops by name (aten ops seen in dispatch, or chosen for CUDA), and how the report names them.
 FUSED = {
-    "_scaled_dot_product_flash_attention_for_cpu": "flash attention for CPU (fused: no T x T scores)",
-    "_scaled_dot_product_flash_attention": "flash attention (fused: no T x T scores)",
-    "_scaled_dot_product_efficient_attention": "memory-efficient attention (fused: no T x T scores)",
-    "_scaled_dot_product_cudnn_attention": "cuDNN attention (fused: no T x T scores)",
-    "_scaled_dot_product_fused_attention_overrideable": "the device's fused attention (no T x T scores)",
+    SDPA_FLASH_CPU: "flash attention for CPU (fused: no T x T scores)",
+    SDPA_FLASH: "flash attention (fused: no T x T scores)",
+    SDPA_EFFICIENT: "memory-efficient attention (fused: no T x T scores)",
+    SDPA_CUDNN: "cuDNN attention (fused: no T x T scores)",
+    SDPA_OVERRIDEABLE: "the device's fused attention (no T x T scores)",
 }
 _HALF = (torch.float16, torch.bfloat16)
 _CPU_FLASH_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -92,7 +93,7 @@ def attention_kernels(model, requested: Optional[str], fake: bool) -> tuple["Att
     return AttentionKernels(target, why), fake and weights_devices(model) - {target} != set()
 
 
-class _FirstFused(TorchDispatchMode):
+class _FirstFused(dispatch_mode_base()):
     """Which fused aten op (if any) one SDPA call dispatched to."""
 
     def __init__(self) -> None:
@@ -166,7 +167,7 @@ def cuda_choice(a: dict[str, Any]) -> tuple[str, str]:
     elif any(t.stride(-1) != 1 and t.shape[-1] != 1 for t in (q, k, v)):
         why.append("flash attention needs a contiguous last dimension")
     else:
-        return "_scaled_dot_product_flash_attention", ""
+        return SDPA_FLASH, ""
     align = 8 if q.dtype in _HALF else 4  # minimum_gemm_alignment on sm80+
     if not torch.backends.cuda.mem_efficient_sdp_enabled():
         why.append("memory-efficient SDPA is switched off")
@@ -179,7 +180,7 @@ def cuda_choice(a: dict[str, Any]) -> tuple[str, str]:
     elif any(t.stride(-1) != 1 for t in (q, k, v)):
         why.append("memory-efficient attention needs a contiguous last dimension")
     else:
-        return "_scaled_dot_product_efficient_attention", "; ".join(why)
+        return SDPA_EFFICIENT, "; ".join(why)
     return "math", "; ".join(why)
 
 
@@ -204,19 +205,18 @@ def _additive(mask: Optional[torch.Tensor], dtype) -> Optional[torch.Tensor]:
 
 def run_cuda_kernel(op: str, a: dict[str, Any]) -> torch.Tensor:
     """What attention.cpp does around the chosen CUDA op, on the traced tensors."""
-    aten = torch.ops.aten
     q, k, v = a["query"], a["key"], a["value"]
     dropout, causal, scale = float(a["dropout_p"]), bool(a["is_causal"]), a["scale"]
-    if op == "_scaled_dot_product_flash_attention":
+    if op == SDPA_FLASH:
         size = q.shape[-1]
         pad = -size % 8  # pad_last_dim<8>: the kernel takes multiples of 8, scaled by the true size
         if pad:
             q, k, v = (F.pad(t, (0, pad)) for t in (q, k, v))
         scale = scale if scale is not None else 1.0 / math.sqrt(size)
-        out = aten._scaled_dot_product_flash_attention(q, k, v, dropout, causal, False, scale=scale)[0]
+        out = sdpa_flash(q, k, v, dropout, causal, scale)
         return out[..., :size] if pad else out
     mask = _additive(a["attn_mask"], q.dtype)
-    if op == "_scaled_dot_product_efficient_attention":
+    if op == SDPA_EFFICIENT:
         if mask is not None:  # preprocess_mask: [B, heads, Tq, Tk], its last dim padded to a multiple of 16
             mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
             if mask.shape[-1] % 16:
@@ -224,9 +224,8 @@ def run_cuda_kernel(op: str, a: dict[str, Any]) -> torch.Tensor:
             elif any(s % 16 for s in mask.stride()[:3]):
                 mask = mask.contiguous()
         lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        return aten._scaled_dot_product_efficient_attention(q, k, v, mask, lse, dropout, causal, scale=scale)[0]
-    return aten._scaled_dot_product_attention_math(q, k, v, mask, dropout, causal, None, scale=scale,
-                                                   enable_gqa=bool(a["enable_gqa"]))[0]
+        return sdpa_efficient(q, k, v, mask, lse, dropout, causal, scale)
+    return sdpa_math(q, k, v, mask, dropout, causal, scale, bool(a["enable_gqa"]))
 
 
 class AttentionKernels(TorchFunctionMode):

@@ -11,7 +11,6 @@ so asking costs no memory even for a T that would not fit.
 
 from __future__ import annotations
 
-import logging
 import textwrap
 from typing import Optional
 
@@ -58,29 +57,25 @@ def _longest_taken(subject, good: int, bad: int) -> int:
 def _forward_error(subject, seq: int) -> Optional[Exception]:
     """The exception one eval forward of a row of `seq` tokens raises on fake tensors, or None."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from tfdoctor.memory.blocks import swapped_tensors
     from tfdoctor.modes import evaluation
     from tfdoctor.subject import call, device_of, vocab_size_of
+    from tfdoctor.usercode.torch_compat import fake_tensor_errors_quiet, fake_tensor_mode
 
     model = subject.model
     vocab = subject.vocab_size or vocab_size_of(model)
     if not isinstance(model, torch.nn.Module) or not vocab:
         return None
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake_mode = fake_tensor_mode(allow_non_fake_inputs=True)
     device = device_of(model)
     # The fake-tensor dispatcher logs every op that fails, traceback and all: here a failure is the
-    # answer asked for, so that logger is quiet while the forward runs (and as it was after).
-    noisy = logging.getLogger("torch._subclasses.fake_tensor")
-    level = noisy.level
-    noisy.setLevel(logging.CRITICAL)
+    # answer asked for, so that logger is quiet while the forward runs.
     try:
-        with swapped_tensors(model, fake_mode.from_tensor), evaluation(model), torch.no_grad(), fake_mode:
+        with fake_tensor_errors_quiet(), swapped_tensors(model, fake_mode.from_tensor), evaluation(model), \
+                torch.no_grad(), fake_mode:
             ids = torch.randint(0, vocab, (1, seq), device=device)
             call(subject, *([ids] * (2 if subject.kind == "seq2seq" else 1)))
     except Exception as exc:  # noqa: BLE001 - the model's own error is the answer
         return exc
-    finally:
-        noisy.setLevel(level)
     return None

@@ -1,10 +1,10 @@
 """Traced mode: run one real training step of the user's model on fake tensors and count the bytes
 of every tensor storage alive after each aten op.
 
-Fake tensors (torch._subclasses.fake_tensor) carry shapes, dtypes and storages of the right size but
-no data, so a billion-parameter model at a sequence length of 8192 traces on a laptop. The same
-counter run on real tensors is the ground truth the bench compares against: the two agree exactly,
-because they see the same ops create the same storages.
+Fake tensors (torch's FakeTensorMode, see usercode/torch_compat.py) carry shapes, dtypes and storages
+of the right size but no data, so a billion-parameter model at a sequence length of 8192 traces on a
+laptop. The same counter run on real tensors is the ground truth the bench compares against: the two
+agree exactly, because they see the same ops create the same storages.
 
 The step is the steady-state step the analytic mode models: optimizer states already allocated,
 forward, cross-entropy on float32 logits, backward, optimizer step, zero_grad(set_to_none=True),
@@ -51,7 +51,6 @@ from typing import Any, Callable, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from tfdoctor.errors import SubjectError, UsageError
 from tfdoctor.memory import derive
@@ -61,6 +60,7 @@ from tfdoctor.memory.fsdp_overlay import ShardedView, fsdp2_groups, fsdp2_hooks
 from tfdoctor.memory.kernels import attention_kernels, onto
 from tfdoctor.probes.process_state import preserved_process_state
 from tfdoctor.subject import call
+from tfdoctor.usercode.torch_compat import fake_tensor_mode, is_fake_tensor
 
 PHASES = ("setup", "forward", "loss", "backward", "optimizer")
 # What is alive at the peak, by the phase that created it (see StepMeasure.peak_breakdown).
@@ -277,9 +277,9 @@ def fake_step(subject, batch: int, seq: int, *, optimizer: str = "adamw", autoca
 
 def _step_tensors(model: nn.Module, target: Optional[str], fake: bool):
     """(fake mode or None, converter of the model's tensors, attention kernels watcher) for one step."""
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else None
+    fake_mode = fake_tensor_mode(allow_non_fake_inputs=True) if fake else None
     convert = fake_mode.from_tensor if fake else (lambda t: t)
-    already = next((t for t in model.parameters() if isinstance(t, FakeTensor)), None)
+    already = next((t for t in model.parameters() if is_fake_tensor(t)), None)
     if fake and already is not None:  # built under a FakeTensorMode already (e.g. too big to build for real)
         fake_mode, convert = already.fake_mode, (lambda t: t)
     kernels, moved = attention_kernels(model, target, fake)
