@@ -16,9 +16,9 @@ from typing import Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
 
 from tfdoctor.usercode.call_sites import call_site
+from tfdoctor.usercode.torch_compat import tree_flatten
 
 # Function and method names, as `func.__name__` gives them (Tensor properties come as `__get__`).
 SOFTMAX_NAMES = {"softmax", "_softmax", "special_softmax"}

@@ -28,6 +28,7 @@ from tfdoctor.probes.isolation import isolated_copy
 from tfdoctor.probes.loss import LMBatch, lm_loss
 from tfdoctor.probes.process_state import DropoutOff
 from tfdoctor.subject import Subject
+from tfdoctor.usercode.torch_compat import adam_update
 
 # AdamW rates tried one after another until one memorises: tfdoctor's own, then what a user would
 # try next. x-transformers' enwik8 model stalls at 4.5 nats at 3e-3 and memorises in 7 steps at 3e-4.
@@ -151,10 +152,10 @@ def recorded_plan(recorded: list[dict]) -> Optional[Plan]:
 
 class AdamW:
     """torch.optim.AdamW's update at its defaults (betas 0.9 / 0.999, eps 1e-8), here without weight
-    decay, written out with foreach ops. Why not torch.optim's: constructing the process's first
-    torch.optim optimizer imports torch._dynamo (Optimizer methods are wrapped in a lazy
-    torch._disable_dynamo), which takes about as long as `import torch` itself, and `check` makes
-    no other optimizer. The same arithmetic as torch's single-tensor AdamW, step for step; every
+    decay, written out with foreach ops (torch_compat.adam_update). Why not torch.optim's: constructing
+    the process's first torch.optim optimizer imports TorchDynamo (Optimizer methods are wrapped in a
+    lazy disable-dynamo decorator), which takes about as long as `import torch` itself, and `check`
+    makes no other optimizer. The same arithmetic as torch's single-tensor AdamW, step for step; every
     parameter gets a gradient at every step here (one model, one batch), so one step count serves."""
 
     def __init__(self, params: list, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
@@ -176,14 +177,8 @@ class AdamW:
                 self.state[id(p)] = (torch.zeros_like(p), torch.zeros_like(p))
         grads = [p.grad for p in params]
         means, squares = [self.state[id(p)][0] for p in params], [self.state[id(p)][1] for p in params]
-        (beta1, beta2), self.steps = self.betas, self.steps + 1
-        torch._foreach_lerp_(means, grads, 1 - beta1)
-        torch._foreach_mul_(squares, beta2)
-        torch._foreach_addcmul_(squares, grads, grads, 1 - beta2)
-        denominators = torch._foreach_sqrt(squares)
-        torch._foreach_div_(denominators, math.sqrt(1 - beta2 ** self.steps))
-        torch._foreach_add_(denominators, self.eps)
-        torch._foreach_addcdiv_(params, means, denominators, -self.lr / (1 - beta1 ** self.steps))
+        self.steps += 1
+        adam_update(params, grads, means, squares, self.lr, self.betas, self.eps, self.steps)
 
 
 def plans(recorded: Optional[list[dict]] = None) -> list[Plan]:

@@ -79,7 +79,7 @@ def preserved_process_state() -> Iterator[None]:
             torch.set_num_threads(threads)
         torch.set_grad_enabled(grad_enabled)
         for getter, setter, value in switches:
-            # Set only what changed: use_deterministic_algorithms imports torch._dynamo (seconds).
+            # Set only what changed: use_deterministic_algorithms imports TorchDynamo (seconds).
             if value is not _UNREADABLE and _read(getter) != value:
                 setter(value)
 

@@ -1,7 +1,7 @@
 """Start the worker by forking this process rather than a fresh interpreter.
 
 The supervisor starts `python -m tfdoctor.process.worker`, which spends 2-3 s importing torch (and
-torch._dynamo, which torch.optim's first step imports) before it runs a line of the user's code. The
+TorchDynamo, which torch.optim's first step imports) before it runs a line of the user's code. The
 `tfdoctor` command itself never imports torch, so a user gains nothing from forking it. The test suite
 does: it runs the command in a process that has imported torch already (tests/zygote.py) and sets
 TFDOCTOR_FORK_WORKER=1, so that each of its runs starts its worker in milliseconds. From the fork on,

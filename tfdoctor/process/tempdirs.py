@@ -34,7 +34,7 @@ def temp_environment(folder: str) -> dict:
 
 
 def _inductor_default() -> str:
-    """Where torch._inductor puts its cache when not told (runtime/cache_dir_utils.py), without torch."""
+    """Where TorchInductor puts its cache when not told (its runtime/cache_dir_utils.py), without torch."""
     try:
         user = getpass.getuser()
     except (KeyError, ModuleNotFoundError, OSError):

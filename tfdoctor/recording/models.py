@@ -10,6 +10,8 @@ from typing import Optional
 
 import torch
 
+from tfdoctor.usercode.torch_compat import compiled_inner, fsdp2_module_class
+
 # Parameter classes whose value on a rank is that rank's shard (FSDP2 / tensor parallel, FSDP1).
 SHARDED_CLASSES = {"DTensor", "FlatParameter"}
 
@@ -20,7 +22,7 @@ def unwrap(module: torch.nn.Module) -> torch.nn.Module:
     seen = set()
     while id(module) not in seen:
         seen.add(id(module))
-        inner = getattr(module, "_orig_mod", None)
+        inner = compiled_inner(module)
         if not isinstance(inner, torch.nn.Module):
             name = type(module).__name__
             inner = getattr(module, "module", None) if name in WRAPPERS else None
@@ -65,7 +67,7 @@ def is_shard(p: torch.Tensor) -> bool:
 
 def users_class(module: torch.nn.Module) -> type:
     """The class the user wrote: fully_shard puts an `FSDP<Class>` (and FSDPModule) in front of it."""
-    from torch.distributed.fsdp import FSDPModule
-
-    cls = type(module)
-    return next(c for c in cls.__mro__ if not issubclass(c, FSDPModule)) if issubclass(cls, FSDPModule) else cls
+    cls, fsdp_module = type(module), fsdp2_module_class()
+    if fsdp_module is None or not issubclass(cls, fsdp_module):
+        return cls
+    return next(c for c in cls.__mro__ if not issubclass(c, fsdp_module))

@@ -21,6 +21,8 @@ from tfdoctor.modes import outermost_mode_calls
 from tfdoctor.recording.grads import grad_norm, params_of
 from tfdoctor.recording.schedule import snapshot_scheduler
 from tfdoctor.usercode.call_sites import is_library
+from tfdoctor.usercode.torch_compat import (autocast_enabled, scaler_device, scaler_enabled, scaler_init_scale,
+                                            scheduler_is_initial)
 
 
 class PatchedCalls:
@@ -69,12 +71,11 @@ class PatchedCalls:
         def scale(scaler, outputs):
             result = original(scaler, outputs)
             if recorder.record and isinstance(result, torch.Tensor):
-                enabled = bool(scaler._enabled)
+                enabled = scaler_enabled(scaler)
                 value = float(scaler.get_scale()) if enabled else 1.0
                 recorder.scale_nodes.append((result.grad_fn, value if enabled else None))
                 recorder.event("scale", scaler=id(scaler), enabled=enabled, requested=recorder._requested(scaler),
-                               device=str(getattr(scaler, "_device", "cuda")), scale=value,
-                               init_scale=float(getattr(scaler, "_init_scale", 2.0 ** 16) or 2.0 ** 16))
+                               device=scaler_device(scaler), scale=value, init_scale=scaler_init_scale(scaler))
             return result
 
         def unscale_(scaler, optimizer):
@@ -117,7 +118,7 @@ class PatchedCalls:
         if held is not None and held[0] is scaler:
             return held[1]
         # Built before the trace started: a disabled CUDA scaler on a machine without CUDA was asked for.
-        return bool(scaler._enabled) or (getattr(scaler, "_device", "cuda") == "cuda" and not torch.cuda.is_available())
+        return scaler_enabled(scaler) or (scaler_device(scaler) == "cuda" and not torch.cuda.is_available())
 
     def zero_grad(self, owner: str, original: Callable) -> Callable:
         recorder = self
@@ -152,7 +153,7 @@ class PatchedCalls:
             optimizer = getattr(scheduler, "optimizer", None)
             if optimizer is not None and not recorder.owns(params_of(optimizer)):
                 return original(scheduler, *args, **kwargs)
-            outer = recorder.sched_depth == 0 and not getattr(scheduler, "_is_initial", False)
+            outer = recorder.sched_depth == 0 and not scheduler_is_initial(scheduler)
             if outer and recorder.record:
                 held = recorder.schedulers.get(id(scheduler))
                 if held is None:
@@ -181,10 +182,10 @@ class PatchedCalls:
 
         def enter(region, *args, **kwargs):
             held = recorder.autocast_requested.get(id(region))
-            requested = held[1] if held is not None and held[0] is region else bool(region._enabled)
+            requested = held[1] if held is not None and held[0] is region else autocast_enabled(region)
             dtype = str(region.fast_dtype).replace("torch.", "") if region.fast_dtype is not None else None
             info = {"device": str(region.device), "dtype": dtype, "requested": requested,
-                    "enabled": bool(region._enabled)}
+                    "enabled": autocast_enabled(region)}
             recorder.autocast_stack.append(info)
             if recorder.record:
                 recorder.event("autocast", **info)

@@ -24,7 +24,6 @@ for CUDA is audited on a CPU machine where both quietly disable themselves.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import math
@@ -42,6 +41,7 @@ from tfdoctor.recording.scores import READ_CHUNK_ELEMENTS, SCORE_FUNCTIONS, clas
 from tfdoctor.recording.stale import UpdateWatch
 from tfdoctor.recording.trace import LOCATED_EVENTS, Event, Trace
 from tfdoctor.usercode.call_sites import call_site
+from tfdoctor.usercode.torch_compat import is_compiling_function, outside_function_mode
 from tfdoctor.subject import extract_logits
 
 # Loss functions whose calls are recorded. The nn losses (CrossEntropyLoss, NLLLoss) call these.
@@ -51,8 +51,8 @@ WATCHED_KEEP = 8
 # Whether torch.compile (dynamo) is tracing the running code. The recorder's hooks and patches are
 # Python with side effects dynamo cannot trace (fullgraph=True fails on them): inside a compiled
 # region they step aside, and what runs around the region (the outermost call, backward, the steps)
-# is recorded as usual. torch < 2.3 has no torch.compiler.is_compiling.
-compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+# is recorded as usual.
+compiling: Callable[[], bool] = is_compiling_function()
 
 
 # The torch functions __torch_function__ does anything with; every other call is passed through.
@@ -201,10 +201,7 @@ class Recorder(PatchedCalls, TorchFunctionMode):
     def quiet(self):
         """Our own tensor work from a hook or a patched call, with this mode off: every torch call
         made under it would otherwise pass through __torch_function__ (~2 us each)."""
-        current = getattr(torch.overrides, "_get_current_function_mode", None)  # private: absent, stay on
-        if current is not None and current() is self:
-            return torch.overrides._pop_mode_temporarily()
-        return contextlib.nullcontext()
+        return outside_function_mode(self)
 
     def _step_begins(self) -> None:
         """The loop hands its gradients to the step (unscale_, a clip, scaler.step or optimizer.step):

@@ -11,6 +11,7 @@ from tfdoctor.errors import first_line
 from tfdoctor.probes.isolation import isolated_copy
 from tfdoctor.recording.models import is_shard
 from tfdoctor.recording.unshard import TooLarge, sharded_bytes, unsharded_copy
+from tfdoctor.usercode.torch_compat import fsdp2_module_class
 
 
 class TraceOnly(torch.nn.Module):
@@ -32,9 +33,8 @@ def snapshot_model(model: torch.nn.Module) -> torch.nn.Module:
     """The copy the model checks judge: the model as it was when the script first called it. A model
     sharded with FSDP2 is gathered whole first (on every rank, the same call: see unshard.py)."""
     if _sharded(model):
-        from torch.distributed.fsdp import FSDPModule
-
-        if not any(isinstance(m, FSDPModule) for m in model.modules()):  # FSDP1, tensor parallel
+        fsdp_module = fsdp2_module_class()
+        if fsdp_module is None or not any(isinstance(m, fsdp_module) for m in model.modules()):  # FSDP1, TP
             raise _Sharded()
         try:
             model = unsharded_copy(model)

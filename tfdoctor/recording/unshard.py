@@ -15,18 +15,11 @@ from collections import OrderedDict
 import torch
 
 from tfdoctor.recording.models import users_class
+from tfdoctor.usercode.torch_compat import MODULE_HOOK_TABLES, dtensor_class, is_fsdp2_bookkeeping
 
 # Every rank gathers the whole weights once, and rank 0 keeps them: beyond this size (a model sharded
 # because it does not fit one device) the model checks skip instead.
 MAX_UNSHARDED_BYTES = 2 << 30
-# Module attributes that hold hooks: FSDP2 registers its all-gathers and reduce-scatters there.
-_HOOK_TABLES = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
-                "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_backward_pre_hooks",
-                "_backward_hooks", "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
-                "_load_state_dict_post_hooks")
-# Attributes fully_shard sets on the modules it manages (for Dynamo).
-_FSDP_MARKS = ("_is_fsdp_managed_module", "_fsdp_use_orig_params")
-_COMPOSABLE_STATE = "__composable_api_state_key"
 
 
 class TooLarge(Exception):
@@ -41,14 +34,13 @@ def sharded_bytes(model: torch.nn.Module) -> int:
 def unsharded_copy(model: torch.nn.Module) -> torch.nn.Module:
     """The model as plain modules holding whole tensors. A collective: every rank must call it at the
     same point. TooLarge (before any collective, the same on every rank) above MAX_UNSHARDED_BYTES."""
-    from torch.distributed.tensor import DTensor
-
+    dtensor = dtensor_class()
     size = sharded_bytes(model)
     if size > MAX_UNSHARDED_BYTES:
         raise TooLarge(size)
 
     def whole(t: torch.Tensor) -> torch.Tensor:
-        return (t.full_tensor() if isinstance(t, DTensor) else t).detach().clone()
+        return (t.full_tensor() if dtensor is not None and isinstance(t, dtensor) else t).detach().clone()
 
     parameters: dict[int, torch.nn.Parameter] = {}
     for p in model.parameters():  # the same order on every rank: one all-gather each
@@ -61,10 +53,9 @@ def unsharded_copy(model: torch.nn.Module) -> torch.nn.Module:
         cls = users_class(module)
         copy = cls.__new__(cls)
         made[id(module)] = copy
-        # fully_shard's per-module state sits under a `__composable_api_state_key_<uuid>` attribute
-        state = {k: v for k, v in vars(module).items()
-                 if k not in _FSDP_MARKS and not k.startswith(_COMPOSABLE_STATE)}
-        state.update({name: OrderedDict() for name in _HOOK_TABLES if name in state})
+        # the hook tables emptied: FSDP2 registers its all-gathers and reduce-scatters there
+        state = {k: v for k, v in vars(module).items() if not is_fsdp2_bookkeeping(k)}
+        state.update({name: OrderedDict() for name in MODULE_HOOK_TABLES if name in state})
         state["_parameters"] = {k: None if v is None else parameters[id(v)] for k, v in module._parameters.items()}
         state["_buffers"] = {k: None if v is None else whole(v) for k, v in module._buffers.items()}
         state["_modules"] = {k: None if v is None else plain(v) for k, v in module._modules.items()}

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from tfdoctor.modes import outermost_mode_calls
 from tfdoctor.usercode.call_sites import call_site
+from tfdoctor.usercode.torch_compat import dataloader_iterator_base, scaler_enabled, scheduler_is_initial
 from tfdoctor.watching.monitor import Monitor
 
 # cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
@@ -81,7 +82,9 @@ def watching(monitor: Monitor) -> Iterator[Monitor]:
         for name in ("scale", "unscale_", "step", "update"):
             patch(torch.amp.GradScaler, name, lambda original, n=name: _scaler(monitor, n, original))
         patch(dataloader.DataLoader, "__iter__", _tagged_iterator)
-        patch(dataloader._BaseDataLoaderIter, "__next__", lambda original: _timed_next(monitor, original))
+        iterator_base = dataloader_iterator_base()
+        if iterator_base is not None:
+            patch(iterator_base, "__next__", lambda original: _timed_next(monitor, original))
         # the schedulers torch makes without LRScheduler.__init__ (SequentialLR, ChainedScheduler,
         # ReduceLROnPlateau) and those whose step() does not go through LRScheduler.step
         making = [0]  # __init__s under way: the outermost one hands the finished scheduler over
@@ -168,7 +171,7 @@ def _scaler(monitor: Monitor, name: str, original: Callable) -> Callable:
         before = len(monitor.series) + (monitor.pending is not None)
         out = original(scaler, optimizer, *args, **kwargs)
         watched = monitor.main is None or optimizer is monitor.main or getattr(optimizer, "optimizer", None) is monitor.main
-        if getattr(scaler, "_enabled", False) and watched and len(monitor.series) + (monitor.pending is not None) == before:
+        if scaler_enabled(scaler) and watched and len(monitor.series) + (monitor.pending is not None) == before:
             if monitor.main is None:  # skipped before any step was seen: this is the watched optimizer
                 monitor.main = getattr(optimizer, "optimizer", optimizer)
             monitor.step_ended(skipped=True)  # found inf/NaN: the optimizer step did not run
@@ -226,7 +229,7 @@ def _scheduler_step(monitor: Monitor, original: Callable) -> Callable:
     from torch.optim.lr_scheduler import ReduceLROnPlateau
 
     def step(scheduler, *args, **kwargs):
-        if not monitor.scheduler_depth and not getattr(scheduler, "_is_initial", False):
+        if not monitor.scheduler_depth and not scheduler_is_initial(scheduler):
             positional = 1 if isinstance(scheduler, ReduceLROnPlateau) else 0  # its metric comes first
             explicit = len(args) > positional or kwargs.get("epoch") is not None
             monitor.scheduler_stepped(scheduler, explicit)

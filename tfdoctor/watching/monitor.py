@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from tfdoctor.usercode.torch_compat import chained_schedulers, scaler_enabled
 from tfdoctor.watching.resident import close_reader, heap_reader, rss_reader
 from tfdoctor.watching.fingerprints import TrainedRows, fingerprints
 from tfdoctor.watching.promise import Promise
@@ -267,12 +268,12 @@ class Monitor:
             self.clip_norm = norm
 
     def scale_called(self, scaler: Any, out: Any) -> None:
-        if not self.scaler_seen and getattr(scaler, "_enabled", False):  # its settings, for scaler-overflow
+        if not self.scaler_seen and scaler_enabled(scaler):  # its settings, for scaler-overflow
             self.series.facts["amp"] = {"scaler": {"growth_interval": scaler.get_growth_interval(),
                                                    "growth_factor": scaler.get_growth_factor(),
                                                    "backoff_factor": scaler.get_backoff_factor()}}
-        self.scaler_seen = self.scaler_seen or bool(getattr(scaler, "_enabled", False))
-        if isinstance(out, torch.Tensor) and getattr(scaler, "_enabled", False):
+        self.scaler_seen = self.scaler_seen or scaler_enabled(scaler)
+        if isinstance(out, torch.Tensor) and scaler_enabled(scaler):
             self.last_scale = scale_of(scaler)
             self.scaled = {id(out): self.last_scale}
 
@@ -318,7 +319,7 @@ class Monitor:
         self._check_stop(now)
 
     def scale_updated(self, scaler: Any) -> None:
-        if self.pending is not None and getattr(scaler, "_enabled", False):
+        if self.pending is not None and scaler_enabled(scaler):
             self.pending["scale"] = scale_of(scaler)
 
     def scheduler_made(self, scheduler: Any) -> None:
@@ -329,7 +330,7 @@ class Monitor:
             return
         self.busy = True
         try:
-            for child in getattr(scheduler, "_schedulers", None) or ():
+            for child in chained_schedulers(scheduler):
                 held = self.scheduled.pop(id(child), None)
                 if held is not None:
                     self.schedulers.remove(held["record"])

@@ -11,6 +11,8 @@ from typing import Any, Optional
 
 import torch
 
+from tfdoctor.usercode.torch_compat import (dataloader_iterator_setting, foreach_norms, index_sampler,
+                                            scaler_scale_tensor)
 from tfdoctor.watching.series import StepRow
 
 # Frames of these packages are the machinery, not the script: torch's, and tfdoctor's own hooks.
@@ -38,7 +40,7 @@ def eval_call_site() -> str:
 
 def norm_of(grads: list) -> torch.Tensor:
     """The L2 norm of all `grads` together: one foreach pass, then the norm of the per-tensor norms."""
-    per = torch._foreach_norm(grads)
+    per = foreach_norms(grads)
     try:
         return torch.linalg.vector_norm(torch.stack(per))
     except RuntimeError:  # mixed dtypes or devices (a model split across devices)
@@ -79,7 +81,7 @@ def number(value) -> Optional[float]:
 def scale_of(scaler) -> Any:
     """The scaler's current scale as a copy of its tensor, read later (float(get_scale()) would make a
     GPU run wait for its queue at every micro-batch)."""
-    scale = getattr(scaler, "_scale", None)
+    scale = scaler_scale_tensor(scaler)
     return scale.detach().clone().reshape(()) if isinstance(scale, torch.Tensor) else float(scaler.get_scale())
 
 
@@ -100,9 +102,9 @@ def loader_facts(loader) -> dict:
     made before the hooks (Lightning makes it before on_train_start): the iterator keeps them private."""
     def read(name: str, default=None):
         value = getattr(loader, name, None)
-        return getattr(loader, "_" + name, default) if value is None else value
+        return dataloader_iterator_setting(loader, name, default) if value is None else value
 
-    sampler = getattr(loader, "_index_sampler", None)
+    sampler = index_sampler(loader)
     batch_size = read("batch_size")
     try:  # batches per epoch, for the planned length and a scheduler stepped per epoch
         length = len(loader)
