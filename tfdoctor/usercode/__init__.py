@@ -5,5 +5,6 @@
 - `import_hooks.py`: act on a library the moment the user's code imports it;
 - `auditing.py`: which tfdoctor command is auditing this process (the callbacks stand aside);
 - `world.py`: this process's rank and the job's size, from torchrun's environment.
+- `torch_compat.py`: every private torch name tfdoctor uses, with the versions it was checked on.
 No torch import at module level here.
 """
