@@ -347,17 +347,16 @@ def sdpa_efficient(q, k, v, bias, logsumexp: bool, dropout: float, causal: bool,
 def sdpa_math(q, k, v, mask, dropout: float, causal: bool, scale: Optional[float], enable_gqa: bool):
     """The output of aten._scaled_dot_product_attention_math (q, k, v, attn_mask, dropout_p, is_causal,
     dropout_mask, *, scale, enable_gqa); ran on 2.13. enable_gqa came in 2.5 (pytorch#132689): it is
-    passed only when asked for, and on 2.4 grouped heads are repeated here as 2.5's math path does."""
+    passed only when asked for, and on 2.4 grouped heads are repeated here (not run: no 2.4 here)."""
     import torch
 
     aten = torch.ops.aten
-    if not enable_gqa or q.shape[-3] == k.shape[-3]:
-        return aten._scaled_dot_product_attention_math(q, k, v, mask, dropout, causal, None, scale=scale)[0]
-    if torch_version() >= (2, 5):
+    if enable_gqa and torch_version() >= (2, 5):
         return aten._scaled_dot_product_attention_math(q, k, v, mask, dropout, causal, None, scale=scale,
                                                        enable_gqa=True)[0]
-    groups = q.shape[-3] // k.shape[-3]
-    k, v = (t.repeat_interleave(groups, dim=-3) for t in (k, v))
+    if enable_gqa and q.shape[-3] != k.shape[-3]:
+        groups = q.shape[-3] // k.shape[-3]
+        k, v = (t.repeat_interleave(groups, dim=-3) for t in (k, v))
     return aten._scaled_dot_product_attention_math(q, k, v, mask, dropout, causal, None, scale=scale)[0]
 
 
