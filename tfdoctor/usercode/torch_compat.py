@@ -11,9 +11,10 @@ pull request that added the name, found in torch's history, merged before releas
 was run on an older torch (no older wheel is reachable here).
 
 The floor in pyproject.toml is torch>=2.4, not 2.1: tfdoctor calls, unguarded and in every command,
-public names that 2.1 lacks (torch.amp.GradScaler: 2.3; torch.amp.is_autocast_available
-(pytorch#124938), torch.get_autocast_dtype(device) and torch.is_autocast_enabled(device)
-(pytorch#124359): 2.4). Between 2.4 and 2.13 the names below that moved have a fallback each.
+public names that 2.1 lacks: torch.amp.is_autocast_available (pytorch#124938, Apr 2024),
+torch.get_autocast_dtype(device) and torch.is_autocast_enabled(device) (pytorch#124359, Apr 2024),
+all three first in 2.4, and torch.amp.GradScaler (2.3; not re-read). Between 2.4 and 2.13 the names
+below that moved have a fallback each.
 
 Left outside on purpose: nn.Module's `_parameters` / `_buffers` / `_modules` dicts and Tensor's
 `_version` counter, read where a module is copied or a batch fingerprinted. They are the storage
@@ -23,7 +24,7 @@ The aten op names that only recognise ops in a dispatch mode (memory/counter.py'
 memory/fsdp.py's collectives) stay beside their lists, except the attention ones, which are also called.
 
 Lazy: importing this module does not import torch (the CLI's --help and the analytic `memory` command
-import tfdoctor.usercode); each function imports what it reads when called.
+must stay torch-free, whatever imports this); each function imports what it reads when called.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def is_compiling_function() -> Callable[[], bool]:
 # -- pytrees ---------------------------------------------------------------------------------------
 
 def tree_flatten(tree: Any) -> tuple[list, Any]:
-    """torch.utils._pytree.tree_flatten: (leaves, spec). Since 1.x (before the 2.1 floor); ran on 2.13."""
+    """torch.utils._pytree.tree_flatten: (leaves, spec). Since 1.x; ran on 2.13."""
     from torch.utils import _pytree
 
     return _pytree.tree_flatten(tree)
