@@ -81,7 +81,9 @@ NOT_A_LOSS = ("runtime", "samples", "steps_per_second", "per_second", "time", "c
 def normal(name: str) -> str:
     """The form names are compared in: `Train/Loss_step` -> `train_loss`."""
     text = re.sub(r"[/\-.:\s]+", "_", name.strip().lower()).strip("_")
-    return text[:-5] if text.endswith("_step") and text != "_step" and len(text) > 5 else text
+    if text in PLACE_NAMES:  # global_step is a step column, not `global` logged per step
+        return text
+    return text[:-5] if text.endswith("_step") and len(text) > 5 else text
 
 
 # Lightning's LearningRateMonitor: `lr-AdamW`, `lr-AdamW/pg2` (its groups count from 1), `lr-AdamW-1` (a
