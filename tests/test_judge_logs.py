@@ -151,17 +151,26 @@ def lightning_logs(tmp_path_factory):
             schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 10))
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
+    class Recorded(CSVLogger):
+        """The CSVLogger itself, keeping in memory what Lightning handed it (the CSV's rows, read another way)."""
+
+        handed: list = []
+
+        def log_metrics(self, metrics, step=None):
+            self.handed.append({"step": step, **{k: float(v) for k, v in metrics.items()}})
+            super().log_metrics(metrics, step)
+
     g = torch.Generator().manual_seed(0)
     x = torch.randn(256, 8, generator=g)
     y = x.sum(-1)
-    logger = CSVLogger(str(tmp_path_factory.mktemp("lightning")), name="lightning_logs")
+    logger = Recorded(str(tmp_path_factory.mktemp("lightning")), name="lightning_logs")
     trainer = L.Trainer(max_steps=30, accelerator="cpu", logger=logger, log_every_n_steps=2,
                         callbacks=[LearningRateMonitor(logging_interval="step")], enable_progress_bar=False,
                         enable_checkpointing=False, enable_model_summary=False, val_check_interval=10,
                         check_val_every_n_epoch=None)
     trainer.fit(Regression(), DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True),
                 DataLoader(TensorDataset(x[:64], y[:64]), batch_size=32))
-    return logger.log_dir, list(logger.experiment.metrics)
+    return logger.log_dir, logger.handed
 
 
 def _logged(metrics: list, name: str) -> dict:

@@ -72,7 +72,9 @@ def _readers(root: Path, step_tag: Optional[str]) -> list[Callable[[], Columns]]
             if entry == trainer_state.FILE_NAME:
                 outputs.setdefault(trainer_state.output_folder(file), None)
             elif not tensorboard.is_event_file(file) and file.is_file():
-                reader = _file_reader(file, _name(file, root), step_tag, explicit=False)
+                # Lightning's run is its version folder (metrics.csv beside hparams.yaml)
+                name = _name(here if entry == "metrics.csv" else file, root)
+                reader = _file_reader(file, name, step_tag, explicit=False)
                 if reader is not None:
                     readers.append(reader)
     for output in outputs:
