@@ -411,10 +411,13 @@ def test_other_numbers_are_no_series(name):
     assert role is None or role.series not in ("loss", "eval", "lr"), normal(name)
 
 
-def test_still_written_is_said_for_a_log_that_grows(jsonl_log, tmp_path):
-    log = tmp_path / "log.jsonl"
-    shutil.copy(jsonl_log, log)
-    os.utime(log, (time.time(), time.time()))
-    assert only_run(log).series.facts["logged"]["still_written"] is True
-    os.utime(log, (time.time() - 3600, time.time() - 3600))
-    assert only_run(log).series.facts["logged"]["still_written"] is False
+def test_still_written_where_the_log_says_its_run_goes_on_or_it_is_followed(trainer_output, jsonl_log, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(trainer_output[0] / "checkpoint-20", out / "checkpoint-20",
+                    ignore=shutil.ignore_patterns("*.safetensors", "*.pt*"))
+    midway = only_run(out)  # global_step 20 of max_steps 40, no summary row: the Trainer had not ended
+    assert midway.complete is False and midway.series.facts["logged"]["still_written"] is True
+    assert only_run(trainer_output[0]).series.facts["logged"]["still_written"] is False
+    assert only_run(jsonl_log).series.facts["logged"]["still_written"] is False  # a JSON-lines log cannot say
+    (followed,) = find_runs(jsonl_log, {}, following=True)
+    assert followed.complete is None and followed.series.facts["logged"]["still_written"] is True

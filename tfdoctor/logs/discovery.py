@@ -24,9 +24,10 @@ FORMATS_SAID = ("trainer_state.json, Lightning metrics.csv, TensorBoard events.o
 LOG_SERIES = ("loss", "eval", "lr", "grad_norm")
 
 
-def find_runs(path, tags: Optional[dict[str, str]] = None) -> list[LoggedRun]:
+def find_runs(path, tags: Optional[dict[str, str]] = None, *, following: bool = False) -> list[LoggedRun]:
     """Every run `path` holds, read and mapped (see LoggedRun). UsageError (NothingLogged, LogUnreadable)
-    for a path that holds no log it can read, or a --tag that names a column no run has."""
+    for a path that holds no log it can read, or a --tag that names a column no run has. `following`:
+    read by `judge --follow` (facts["logged"]["still_written"] until the log says its run ended)."""
     tags = dict(tags or {})
     root = Path(path)
     if not root.exists():
@@ -37,7 +38,7 @@ def find_runs(path, tags: Optional[dict[str, str]] = None) -> list[LoggedRun]:
     runs, unreadable = [], []
     for read in found:
         try:
-            runs.append(logged_run(read(), tags))
+            runs.append(logged_run(read(), tags, following))
         except LogUnreadable as error:
             if len(found) == 1:
                 raise

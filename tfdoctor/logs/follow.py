@@ -46,7 +46,7 @@ class Follower:
         if signature == self._signature and not force:
             return []
         try:
-            runs = find_runs(self.path, self.tags)
+            runs = find_runs(self.path, self.tags, following=True)
         except (LogUnreadable, NothingLogged) as error:  # being written, or not written yet: next time
             self.error = error
             return []

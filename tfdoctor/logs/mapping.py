@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from typing import Optional
 
 from tfdoctor.logs.logged import Columns, LoggedRun
@@ -22,15 +21,14 @@ from tfdoctor.watching.series import UNKNOWN, EvalPoint, RunSeries, StepRow
 
 # The StepRow fields a training point may carry (a point at which only an evaluation was logged is no row)
 TRAINING = ("loss", "grad_norm", "lr", "scale", "skipped", "wall", "tokens", "rss", "cuda_allocated")
-# A log last written this recently, which does not say its run ended, is taken as still being written
-# (a Trainer logs every few seconds to minutes; a TensorBoard writer flushes every 120 s by default)
-STILL_WRITTEN_SECONDS = 300.0
 # tokens: which spelling wins where a log has several
 TOKENS_PREFERENCE = ("per-step", "cumulative", "per-second")
 
 
-def logged_run(read: Columns, tags: dict[str, str], now: Optional[float] = None) -> LoggedRun:
-    """The run `read` holds, with `tags` (series -> column) over the names table."""
+def logged_run(read: Columns, tags: dict[str, str], following: bool = False) -> LoggedRun:
+    """The run `read` holds, with `tags` (series -> column) over the names table. `following`: the log is
+    read by `judge --follow`, so a log that cannot say whether its run ended is taken as still written
+    (a file's modification time cannot tell: a copy or a fresh checkout of an old log is new)."""
     notes = list(read.notes)
     picked, missing = _chosen_columns(read, tags, notes)
     chosen = {slot: column for slot, (column, _) in picked.items()}
@@ -68,8 +66,7 @@ def logged_run(read: Columns, tags: dict[str, str], now: Optional[float] = None)
     series.steps = rows
     interval = _interval([p.step for p in read.columns[chosen[("loss", 0)]]] if ("loss", 0) in chosen else steps)
     complete = read.facts.get("complete")
-    now = time.time() if now is None else now
-    still_written = complete is not True and now - read.modified < STILL_WRITTEN_SECONDS
+    still_written = complete is False or (following and complete is not True)
     series.facts.update({k: v for k, v in read.facts.items() if k not in ("complete",)})
     series.facts["ended"] = "log"
     series.facts["logged"] = {"format": read.format, "path": read.path, "interval": interval, "sources": sources,
@@ -78,8 +75,7 @@ def logged_run(read: Columns, tags: dict[str, str], now: Optional[float] = None)
         notes.append(f"one training point every {interval} optimizer steps: each is the mean the log kept, so a "
                      f"spike of one step is about 1/{interval} as tall in the log as in the run")
     used = set(chosen.values())
-    unread = [name for name in read.columns if name not in used and not is_place(name)
-              and (role_of(name) is None or role_of(name).series != "time" or "wall" in sources)]
+    unread = [name for name in read.columns if name not in used and not is_place(name)]
     return LoggedRun(read.name, read.path, read.format, series, sources, interval, notes, unread,
                      complete, read.modified, missing)
 
