@@ -21,6 +21,11 @@ def watched_lines(report) -> list[Text]:
     steps = len(series.get("step", []))
     lines = [f"{steps} optimizer step(s) in {found.get('seconds', facts.get('seconds', 0)):.1f} s, "
              f"{_ended(found.get('ended', facts.get('ended')))}"]
+    logged = bool(facts.get("logged"))
+    if logged:  # `tfdoctor judge`: a run read from its log (report/logged.py)
+        from tfdoctor.report.logged import logged_lines
+
+        lines = logged_lines(report.series, found)
     if found.get("error"):
         lines.append(f"the script ended with {found['error']}")
     ends = loss_ends(series.get("loss", []))
@@ -39,8 +44,9 @@ def watched_lines(report) -> list[Text]:
         lines.append(f"GradScaler: {skipped} of {steps} steps skipped" + (f", scale {scales[-1]:g} at the end"
                                                                              if scales else ""))
     throughput = [run_wall_clock_rate(series), median_step_rate(series)]
-    lines.append(", ".join(filter(None, throughput)) or "tokens/s unknown")
-    waited = run_data_wait(series, facts)
+    if not logged or any(throughput):
+        lines.append(", ".join(filter(None, throughput)) or "tokens/s unknown")
+    waited = run_data_wait(series, facts) if not logged else ""
     if waited:
         lines.append(waited)
     rss = [v for v in series.get("rss", []) if v]
@@ -48,7 +54,8 @@ def watched_lines(report) -> list[Text]:
     if rss or cuda:
         lines.append(", ".join(filter(None, [f"RSS peak {max(rss) / 2 ** 20:,.0f} MiB" if rss else "",
                                              f"CUDA allocated peak {max(cuda) / 2 ** 20:,.0f} MiB" if cuda else ""])))
-    return [Text.assemble(("watched    " if i == 0 else "           ", "evidence"), line) for i, line in enumerate(lines)]
+    label = "judged     " if logged else "watched    "
+    return [Text.assemble((label if i == 0 else "           ", "evidence"), line) for i, line in enumerate(lines)]
 
 
 def _evaluations(evals: dict) -> str:
