@@ -13,7 +13,7 @@ import typer
 from tfdoctor.cli.app import Format, app, shown
 from tfdoctor.cli.outcome import emit, fail_usage
 from tfdoctor.errors import TfdoctorError, UsageError
-from tfdoctor.flags import budget_in_range, format_ready, selection_nonempty, writable
+from tfdoctor.cli.flags import budget_in_range, format_ready, selection_nonempty, writable
 
 DEFAULT_EVERY = 2.0  # seconds between reads of a followed log
 DEFAULT_IDLE = 600.0  # a followed log that has not grown for this long: its run is taken as over
@@ -151,7 +151,7 @@ class _LiveLine:
     def draw(self, follower) -> None:
         if not self.on or not follower.runs:
             return
-        from tfdoctor.drawing import sparkline  # becomes tfdoctor/sparkline.py (issue 30)
+        from tfdoctor.sparkline import sparkline
 
         run = max(follower.runs, key=lambda r: r.series.steps[-1].step if r.series.steps else -1)
         losses = [v for _, v in run.series.finite_losses()]

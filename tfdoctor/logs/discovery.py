@@ -11,7 +11,10 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from tfdoctor.errors import UsageError, missing_name_hint
-from tfdoctor.logs import mlflow, tables, tensorboard, trainer_state
+import tfdoctor.logs.mlflow as mlflow  # modules, not the package face: no circle with logs/__init__
+import tfdoctor.logs.tables as tables
+import tfdoctor.logs.tensorboard as tensorboard
+import tfdoctor.logs.trainer_state as trainer_state
 from tfdoctor.logs.logged import Columns, LoggedRun, LogUnreadable, NothingLogged
 from tfdoctor.logs.mapping import logged_run
 from tfdoctor.logs.names import role_of
