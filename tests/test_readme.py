@@ -20,7 +20,7 @@ import shlex
 
 import pytest
 
-from helpers import ROOT, needs_command, fresh_tfdoctor as tfdoctor
+from helpers import ROOT, fresh_tfdoctor as tfdoctor, needs_command
 
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 TEXTS = {page.relative_to(ROOT).as_posix(): page.read_text(encoding="utf-8") for page in PAGES}
@@ -160,7 +160,8 @@ def test_readme_command(page, command, expected, shown, shared_tfdoctor):
 PYTHON_BLOCKS = [(name, body) for name, text in TEXTS.items() for info, body in code_blocks(text) if info == "python"]
 
 
-@pytest.mark.parametrize("page, body", PYTHON_BLOCKS, ids=[f"{name}: python-{i}" for i, (name, _) in enumerate(PYTHON_BLOCKS)])
+@pytest.mark.parametrize("page, body", PYTHON_BLOCKS,
+                         ids=[f"{name}: python-{i}" for i, (name, _) in enumerate(PYTHON_BLOCKS)])
 def test_readme_python_block(page, body):
     """Run in this process, in a namespace of its own, as a fresh `python -c` would run it (fixtures/ is
     on the path here too); an exception fails the test as a non-zero exit would."""

@@ -404,7 +404,7 @@ def rank_uniform(subject, trace) -> Result:
     steps = {d["rank"]: d["steps"] for d in digests}
     details: dict = {"ranks": len(digests), "steps": steps}
     if len(set(steps.values())) > 1:
-        return Result.failed(f"the ranks took different numbers of optimizer steps: "
+        return Result.failed("the ranks took different numbers of optimizer steps: "
                              + ", ".join(f"rank {r} {n}" for r, n in steps.items()),
                              "step the optimizer on every rank, the same number of times", details)
     shared = min(steps.values())
