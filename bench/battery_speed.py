@@ -74,7 +74,6 @@ def main():
         print(f"{name:<30} wall {seconds:6.2f} s{ratio:<21}  CPU {cpu:6.2f} s{cpu_ratio}")
 
     from gpt_correct import build
-
     from tfdoctor.probes.dependency import dependency_map
 
     torch.set_num_threads(1)

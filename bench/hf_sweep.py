@@ -51,7 +51,6 @@ def worker(spec, skip, checks, packing, details=()):
 
     transformers.logging.set_verbosity_error()
     from hf_tiny_configs import build_model
-
     from tfdoctor.errors import TfdoctorError
     from tfdoctor.process.worker import run_check_request
 
@@ -146,6 +145,7 @@ def sweep(specs, args, sink, start):
 
     import torch  # noqa: F401 - imported once, before the forks
     import transformers  # noqa: F401
+
     import tfdoctor.process.worker  # noqa: F401
 
     os.environ.update(TRANSFORMERS_VERBOSITY="error", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")

@@ -36,7 +36,6 @@ def main():
     import gpt_kv_cache
     import gpt_packed
     import gpt_pad_masked
-
     from tfdoctor.probes.invariance import alone, compare_padded, padded_call
     from tfdoctor.subject import resolve
 

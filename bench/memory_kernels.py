@@ -42,9 +42,10 @@ def _mib(n: int) -> str:
 
 def models():
     """(name, build on a device, vocabulary, batch, seq)."""
+    import transformers
+
     import llama_meta
     import sdpa_meta
-    import transformers
 
     def llama(device: str):
         config = transformers.LlamaConfig(**LLAMA_SMALL, attn_implementation="sdpa")

@@ -46,7 +46,6 @@ def main():
               f"{cpu_s / before_cpu:4.2f}x")
 
     from gpt_correct import build
-
     from tfdoctor import run_checks
 
     seconds = {check_id: [] for check_id in (*NEW, "init-loss", "battery")}

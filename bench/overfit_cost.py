@@ -45,8 +45,8 @@ def subject_of(build, loop: str):
 
 def old_check(subject) -> None:
     """overfit-batch with --train before item 11: copy, feed all 160 batches, judge the loss."""
-    from tfdoctor.recording.batches import train_batches
     from tfdoctor.probes.loss import eval_loss, lm_batch_of
+    from tfdoctor.recording.batches import train_batches
 
     model = copy.deepcopy(subject.model)
     raw = train_batches(subject, 1, torch.Generator().manual_seed(2))[0]

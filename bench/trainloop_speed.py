@@ -34,7 +34,6 @@ def main():
     print(f"the 10 train checks alone            {train_only:6.2f} s   (subprocess, torch import included)")
 
     from gpt_correct import build
-
     from tfdoctor.loader import load_function
     from tfdoctor.recording.batches import train_batches
     from tfdoctor.recording.loop import record_loop, run_loop

@@ -54,8 +54,8 @@ def child(mode: str, script: str, args: list[str]) -> None:
 
         feed = None
         if mode == "live":
-            from tfdoctor.watching.judging import judge_run
             from tfdoctor.process.live import LiveFeed
+            from tfdoctor.watching.judging import judge_run
 
             sink = open(os.devnull, "w")
             feed = LiveFeed(lambda event, **data: sink.write(json.dumps({"event": str(event), **data}) + "\n"),

@@ -15,7 +15,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest  # noqa: E402
 
-from helpers import ROOT, audit_loop, checks_on, run_ranks, tfdoctor
+from helpers import audit_loop, checks_on, run_ranks, tfdoctor
 
 
 @pytest.fixture(autouse=True)

@@ -1,7 +1,5 @@
 """Real libraries' models from tiny configs, built locally (no downloads)."""
 
-import torch
-
 
 def hf_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel

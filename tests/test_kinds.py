@@ -162,7 +162,6 @@ def test_battery_is_quiet_on_correct_fixtures(name):
 
 def test_a_leak_under_one_attention_implementation_is_named():
     """As with the released model that leaked the future under SDPA only, eager being correct."""
-    import torch
     from transformers import GPT2LMHeadModel
 
     class LeaksUnderSdpa(GPT2LMHeadModel):

@@ -213,3 +213,35 @@ def test_a_trace_handed_in_is_judged_and_absent_inputs_skip_with_their_reason():
     assert later["init-loss"].message == "trained weights" and later["init-loss"].title
     untraced = run_checks(build_fixture("gpt_correct"), "rank-sync")["rank-sync"]
     assert untraced.message == "needs train (pass --train MODULE:FN or Subject(train=fn))"
+
+
+def test_what_a_check_reads_and_needs_comes_from_its_signature():
+    """As pytest hands a test the fixtures its parameters name: `(subject)` reads the model,
+    `(subject, trace)` the recorded loop (so it needs train, first among its needs), `(series)` a whole
+    watched run; a parameter the runner cannot hand in is refused when the check is registered."""
+    from tfdoctor.registry import derived_inputs
+
+    def model_check(subject): ...
+    def loop_check(subject, trace): ...
+    def run_judge(series): ...
+    def misspelt(subject, trcae): ...
+    def no_subject(model): ...
+
+    assert derived_inputs(model_check) == (("model",), ())
+    assert derived_inputs(loop_check) == (("trace",), ("train",))
+    assert derived_inputs(run_judge) == (("series",), ())
+    for wrong in (misspelt, no_subject):
+        with pytest.raises(TypeError, match="first parameter is one of subject, series"):
+            derived_inputs(wrong)
+    specs = {spec.id: spec for spec in all_checks()}
+    assert specs["ignore-index"].needs == ("train", "pad_id") and specs["ignore-index"].inputs == ("trace",)
+    assert specs["loss-spike"].judges_run and specs["loss-spike"].inputs == ("series",)
+    assert specs["init-loss"].inputs == ("model", "initial_weights")  # named where the signature cannot say
+    assert all(("trace" in spec.fixtures) == ("train" in spec.needs) for spec in specs.values())
+
+
+def test_a_check_that_needs_the_loop_but_takes_no_trace_is_refused():
+    from tfdoctor.registry import check
+
+    with pytest.raises(TypeError, match="take the recorded loop as a `trace` parameter"):
+        check("no-such-loop-check", title="never registered", needs=("train",))(lambda subject: None)

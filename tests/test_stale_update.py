@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from helpers import E2E, SCRIPTS, tfdoctor, train_fn
+from helpers import SCRIPTS, tfdoctor, train_fn
 from real_models import hf_gpt2, hf_llama
 from tfdoctor import run_checks
 from tfdoctor.checks.step import HALF_ULP, STALE_FAIL_SHARE

@@ -72,15 +72,17 @@ class CheckSpec:
     func: Callable
     kinds: tuple[str, ...] = KINDS
     # Subject fields that must be set, e.g. ("pad_id",). "train" is the loop: set on the Subject (the
-    # runner records it once) or recorded by another driver and handed to run_checks(trace=...).
+    # runner records it once) or recorded by another driver and handed to run_checks(trace=...). A
+    # check that takes a `trace` parameter needs "train" without saying so (see derived_inputs).
     needs: tuple[str, ...] = ()
     skip_reasons: dict[str, str] = field(default_factory=dict)  # kind or task -> why it does not apply
     # The recorded calls whose user's line the finding names (details "location" and "call"): the first
     # kind recorded with a location wins, e.g. ("loss", "backward"). The runner adds them.
     located: tuple[str, ...] = ()
     # What the check reads besides the Subject's fields: "model" (the model's outputs), "trace" (the
-    # recorded loop), "initial_weights" (the model as initialised). run_checks(absent={input: why})
-    # skips every check that reads an input it cannot have, with that reason.
+    # recorded loop), "series" (a whole watched run), "initial_weights" (the model as initialised).
+    # Read off the function's signature (derived_inputs) unless @check names them. run_checks(absent=
+    # {input: why}) skips every check that reads an input it cannot have, with that reason.
     inputs: tuple[str, ...] = ()
     # The tasks whose predictions the check judges (see TASKS); any other is skipped with its reason.
     tasks: tuple[str, ...] = TASKS
@@ -97,7 +99,7 @@ class CheckSpec:
     def fixtures(self) -> tuple[str, ...]:
         """The check function's parameters after the subject, each handed in by the runner by name
         (as pytest hands fixtures to tests): today only `trace`."""
-        return tuple(inspect.signature(self.func).parameters)[1:]
+        return _parameters(self.func)[1:]
 
     @property
     def judges_run(self) -> bool:
@@ -127,23 +129,54 @@ _REGISTRY: dict[str, CheckSpec] = {}
 _VARIANTS: dict[str, dict[str, Callable]] = {}  # check id -> {task: the function judging that task}
 
 
+# What a check function may ask for by parameter name, as pytest hands a test its fixtures: its first
+# parameter is what it judges, the ones after it are handed in by the runner (runner.Fixtures).
+JUDGED = {"subject": "a model check or a loop check: the Subject", "series": "a judge of a whole watched run"}
+FIXTURES = {"trace": "the recorded training loop (needs train: --train, or the script tfdoctor run records)"}
+
+
+def derived_inputs(func: Callable) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(inputs, needs) read off a check function's signature, as pytest reads a test's fixtures off its
+    parameters: `(series)` reads a watched run; `(subject, trace)` reads the recorded loop and so needs
+    "train"; `(subject)` reads the model's outputs. A parameter name the runner cannot hand in is an
+    error at registration, not a crash when the check first runs."""
+    names = _parameters(func)
+    if not names or names[0] not in JUDGED or any(name not in FIXTURES for name in names[1:]):
+        raise TypeError(f"check function {func.__qualname__}{inspect.signature(func)}: the first parameter is "
+                        f"one of {', '.join(JUDGED)}, the others among {', '.join(FIXTURES)}")
+    if names[0] == "series":
+        return ("series",), ()
+    if "trace" in names:
+        return ("trace",), ("train",)
+    return ("model",), ()
+
+
 def check(id: str, title: str, kinds: tuple[str, ...] = KINDS, needs: tuple[str, ...] = (),
           skip_reasons: dict[str, str] | None = None, located: tuple[str, ...] = (),
           inputs: tuple[str, ...] | None = None, tasks: tuple[str, ...] = TASKS, per_position: bool = False):
-    """Register a check function `(subject) -> Result`, or `(subject, trace) -> Result` for a judge of
-    the recorded loop, or `(series) -> Result` with inputs=("series",) for a judge of a whole watched
-    run, under a stable id. `inputs` defaults to ("trace",) for a check that needs "train", else
-    ("model",)."""
+    """Register a check function under a stable id: `(subject) -> Result` judges the model,
+    `(subject, trace) -> Result` the recorded loop, `(series) -> Result` a whole watched run. What it
+    reads and the loop it needs come from those parameter names (derived_inputs); `needs` adds the
+    Subject fields it needs besides ("pad_id",), `inputs` replaces what it reads where the signature
+    cannot say (("model", "initial_weights"): judged on the model as initialised)."""
 
     def register(func: Callable) -> Callable:
         if id in _REGISTRY and _REGISTRY[id].func.__qualname__ != func.__qualname__:
             raise RuntimeError(f"check id {id!r} registered twice")
-        read = tuple(inputs) if inputs is not None else ("trace",) if "train" in needs else ("model",)
-        _REGISTRY[id] = CheckSpec(id, title, func, tuple(kinds), tuple(needs), dict(skip_reasons or {}),
-                                  tuple(located), read, tuple(tasks), per_position)
+        read, loop = derived_inputs(func)
+        if "train" in needs and not loop:
+            raise TypeError(f"check {id!r} needs train: take the recorded loop as a `trace` parameter")
+        needed = loop + tuple(field for field in needs if field not in loop)
+        _REGISTRY[id] = CheckSpec(id, title, func, tuple(kinds), needed, dict(skip_reasons or {}),
+                                  tuple(located), tuple(inputs) if inputs is not None else read, tuple(tasks),
+                                  per_position)
         return func
 
     return register
+
+
+def _parameters(func: Callable) -> tuple[str, ...]:
+    return tuple(inspect.signature(func).parameters)
 
 
 def judges(id: str, tasks: tuple[str, ...]):

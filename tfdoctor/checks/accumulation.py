@@ -61,7 +61,7 @@ def scale_effect(trace, factor: float) -> str:
 
 
 @check("accumulation-scaling", title="Accumulated losses are divided by the number of micro-batches",
-       needs=("train",), located=("backward",))
+       located=("backward",))
 def accumulation_scaling(subject, trace) -> Result:
     """Catches gradient accumulation that forgets to divide the loss by the number of accumulated
     micro-batches: the gradients add up to k times the batch mean, which for plain SGD is k times the
@@ -149,7 +149,7 @@ def accumulation_scaling(subject, trace) -> Result:
 
 
 @check("token-weighting", title="Every trained token weighs the same within an optimizer step",
-       needs=("train", "pad_id"), located=("loss", "backward"), tasks=("lm",),
+       needs=("pad_id",), located=("loss", "backward"), tasks=("lm",),
        skip_reasons=for_classifiers("the weights of its graded labels are not read from the scores over "
                                     "the vocabulary this check follows"))
 def token_weighting(subject, trace) -> Result:
@@ -212,7 +212,7 @@ def token_weighting(subject, trace) -> Result:
         "1 / num_tokens_in_step before the step", details)
 
 
-@check("scheduler-placement", title="The LR scheduler steps once per optimizer step", needs=("train",),
+@check("scheduler-placement", title="The LR scheduler steps once per optimizer step",
        located=("sched_step",))
 def scheduler_placement(subject, trace) -> Result:
     """Catches `scheduler.step()` placed outside the accumulation `if`: it then steps once per
@@ -249,7 +249,7 @@ def scheduler_placement(subject, trace) -> Result:
         "move scheduler.step() inside the accumulation `if`, right after optimizer.step()", details)
 
 
-@check("zero-grad", title="Gradients are cleared between optimizer steps", needs=("train",),
+@check("zero-grad", title="Gradients are cleared between optimizer steps",
        located=("opt_step", "backward"))
 def zero_grad(subject, trace) -> Result:
     """Catches a loop that never clears gradients (no `optimizer.zero_grad()` / `model.zero_grad()`):

@@ -19,7 +19,7 @@ MAX_GRADED_BOUNDARY_SHARE = 0.0
 
 
 @check("eos-trained", title="The end-of-sequence token is a graded target", kinds=("causal", "seq2seq"),
-       needs=("train", "eos_id"),
+       needs=("eos_id",),
        skip_reasons={"encoder": "an encoder is graded on its own (masked) positions; it is never asked to "
                                 "end a sequence", **for_classifiers("it is never asked to end a sequence")},
        located=("loss", "backward"), tasks=("lm",))
@@ -85,7 +85,6 @@ def eos_trained(subject, trace) -> Result:
 
 
 @check("packing-labels", title="Packed documents are not graded across their boundaries", kinds=("causal",),
-       needs=("train",),
        skip_reasons={"encoder": "an encoder is graded on its own positions; no target crosses into the next "
                                 "document",
                      "seq2seq": "an encoder-decoder is fed one target sequence per row",

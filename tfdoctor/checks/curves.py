@@ -224,7 +224,7 @@ def _spike_cause(evidence: dict) -> str:
     return "the loss jumped alone"
 
 
-@check("loss-spike", title="The loss never jumps far above its running band", inputs=("series",))
+@check("loss-spike", title="The loss never jumps far above its running band")
 def loss_spike(series: RunSeries) -> Result:
     """Catches a step whose loss is far above the band of the steps just before it (their median and
     median absolute deviation): a bad batch, a rate that jumped for a step or two, an fp16 overflow. It
@@ -312,8 +312,7 @@ DIVERGE_HINT = ("lower the learning rate (the peak, or the schedule that raised 
                 "checkpoint taken before step {step}")
 
 
-@check("loss-divergence", title="The loss stays finite and does not climb away from its best",
-       inputs=("series",))
+@check("loss-divergence", title="The loss stays finite and does not climb away from its best")
 def loss_divergence(series: RunSeries) -> Result:
     """Catches a run that blew up: a NaN or infinite loss (failed at the first such step, with the last
     finite loss and gradient norm before it), or a sustained rise, the smoothed loss (a trailing median)
@@ -395,7 +394,7 @@ def _stuck_levels(series: RunSeries, start: float) -> list[tuple[str, float, flo
     return levels
 
 
-@check("loss-plateau", title="The loss leaves ln V and its start value after the warm-up", inputs=("series",))
+@check("loss-plateau", title="The loss leaves ln V and its start value after the warm-up")
 def loss_plateau(series: RunSeries) -> Result:
     """Catches a run that learns nothing: long after the warm-up (the rate's rise, read from the rates
     the optimizer used), the smoothed loss still sits at ln V, the loss of a uniform guess over the
@@ -494,7 +493,7 @@ def _collapse(windows: list[tuple[int, float]]) -> dict | None:
     return {"step": crossed, "high": high, "high_step": windows[top][0], "last": last, "factor": last / high}
 
 
-@check("grad-norm-trend", title="The gradient norm neither grows steadily nor collapses", inputs=("series",))
+@check("grad-norm-trend", title="The gradient norm neither grows steadily nor collapses")
 def grad_norm_trend(series: RunSeries) -> Result:
     """Catches a pre-clip global gradient norm that grows steadily, window after window, to several
     times its low (the slow build-up before a run explodes, which a clip hides from the loss), or that

@@ -104,7 +104,7 @@ def _maybe_tensor_parallel(digests) -> bool:
     return any(set(o.get("layouts", [])) - DATA_PARALLEL_LAYOUTS for d in digests for o in d.get("params", []))
 
 
-@check("rank-data", title="Each rank trains on its own batches, and each epoch in a new order", needs=("train",))
+@check("rank-data", title="Each rank trains on its own batches, and each epoch in a new order")
 def rank_data(subject, trace) -> Result:
     """Catches ranks that read the same data: a DataLoader with no DistributedSampler (every rank
     draws the same batches, so N ranks do the work of one at N times the cost), and a shuffling
@@ -198,7 +198,7 @@ def _step_name(state: int) -> str:
     return "at the start (before the first optimizer step)" if state == 0 else f"after optimizer step {state}"
 
 
-@check("rank-sync", title="Every rank holds the same weights at the start and after each step", needs=("train",))
+@check("rank-sync", title="Every rank holds the same weights at the start and after each step")
 def rank_sync(subject, trace) -> Result:
     """Catches ranks whose weights differ: ranks that start from different initial weights (no DDP
     broadcast, a seed that depends on the rank) or drift apart after a step (a clip, a GradScaler or
@@ -318,8 +318,7 @@ def _last_drift(a: dict, b: dict) -> float:
 # ddp-accumulation
 
 
-@check("ddp-accumulation", title="Under DDP, accumulated micro-batches before the last skip the all-reduce",
-       needs=("train",))
+@check("ddp-accumulation", title="Under DDP, accumulated micro-batches before the last skip the all-reduce")
 def ddp_accumulation(subject, trace) -> Result:
     """Catches gradient accumulation under DistributedDataParallel without `no_sync()`: DDP then
     all-reduces the gradients after every micro-batch, though only the sum at the step is used. The
@@ -388,7 +387,7 @@ def _times(n: int) -> str:
     return {0: "never", 1: "once", 2: "twice"}.get(n, f"{n} times")
 
 
-@check("rank-uniform", title="Every rank makes the same training calls in each step", needs=("train",))
+@check("rank-uniform", title="Every rank makes the same training calls in each step")
 def rank_uniform(subject, trace) -> Result:
     """Catches training calls that only some ranks make: `if rank == 0: clip_grad_norm_(...)`, a
     GradScaler stepped on one rank, a rank that runs more micro-batches than the others. Ranks that
@@ -405,7 +404,7 @@ def rank_uniform(subject, trace) -> Result:
     steps = {d["rank"]: d["steps"] for d in digests}
     details: dict = {"ranks": len(digests), "steps": steps}
     if len(set(steps.values())) > 1:
-        return Result.failed(f"the ranks took different numbers of optimizer steps: "
+        return Result.failed("the ranks took different numbers of optimizer steps: "
                              + ", ".join(f"rank {r} {n}" for r, n in steps.items()),
                              "step the optimizer on every rank, the same number of times", details)
     shared = min(steps.values())
@@ -440,8 +439,7 @@ def rank_uniform(subject, trace) -> Result:
 # rank-equivalence
 
 
-@check("rank-equivalence", title="A step over N ranks is the single-process step over all their batches",
-       needs=("train",))
+@check("rank-equivalence", title="A step over N ranks is the single-process step over all their batches")
 def rank_equivalence(subject, trace) -> Result:
     """Catches a distributed step that differs from one single-process step over the union of the
     ranks' micro-batches, in the two ways public trainers got wrong (torchtitan #766 and #2206,

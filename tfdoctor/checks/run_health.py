@@ -90,7 +90,7 @@ def _scale(value: float | None) -> str:
     return "none" if value is None else f"{value:.0f}" if value >= 1 else f"{value:.3g}"
 
 
-@check("scaler-overflow", title="The GradScaler settles: few skipped float16 steps", inputs=("series",))
+@check("scaler-overflow", title="The GradScaler settles: few skipped float16 steps")
 def scaler_overflow(series: RunSeries) -> Result:
     """Catches a float16 run whose GradScaler keeps skipping optimizer steps: the gradients overflow
     (inf/NaN) again and again, and each skipped step throws a batch away. Two shapes: a scale that
@@ -169,7 +169,7 @@ def _scaler_settings(series: RunSeries) -> str:
     return f"; GradScaler({', '.join(said)})" if said else ""
 
 
-@check("data-wait", title="Training steps do not wait on the data loader", inputs=("series",))
+@check("data-wait", title="Training steps do not wait on the data loader")
 def data_wait(series: RunSeries) -> Result:
     """Catches an input pipeline that starves the training step: a large share of each step's wall
     time spent waiting for the DataLoader's next batch, with the likely cause: the batches built in
@@ -304,7 +304,7 @@ def _memory_plan(series: RunSeries) -> tuple[int, str]:
     return steps, "the run's own length"
 
 
-@check("memory-growth", title="Memory stays level from step to step", inputs=("series",))
+@check("memory-growth", title="Memory stays level from step to step")
 def memory_growth(series: RunSeries) -> Result:
     """Catches memory that rises step after step for the whole run, the way a leak does: most often a
     tensor kept across steps that holds its autograd graph (`total_loss += loss` without `.item()`,
@@ -377,7 +377,7 @@ def _train_loss_near(series: RunSeries, step: int) -> float | None:
     return statistics.median(near) if len(near) > TRAIN_WINDOW else None
 
 
-@check("eval-gap", title="Evaluation is held out and does not beat training", inputs=("series",))
+@check("eval-gap", title="Evaluation is held out and does not beat training")
 def eval_gap(series: RunSeries) -> Result:
     """Catches an evaluation that does not measure generalisation: a held-out set whose rows the loop
     also trained on (a validation split drawn from, or overlapping, the training rows: a leak), and an

@@ -10,7 +10,7 @@ from tfdoctor.result import Result, counted
 from tfdoctor.watching.series import RunSeries
 
 
-@check("eval-mode-steps", title="Training steps run with the model in train mode", inputs=("series",))
+@check("eval-mode-steps", title="Training steps run with the model in train mode")
 def eval_mode_steps(series: RunSeries) -> Result:
     """Catches training in eval mode over a whole run: a validation function calls `model.eval()` and
     nothing calls `model.train()` again, so every step after the first evaluation trains with dropout

@@ -266,7 +266,7 @@ def _scheduler_names(series: RunSeries) -> set[str]:
     return {s.get("name", "") if isinstance(s, dict) else str(s) for s in series.facts.get("schedulers") or []}
 
 
-@check("lr-trajectory", title="The learning rate the optimizer used follows a sane schedule", inputs=("series",))
+@check("lr-trajectory", title="The learning rate the optimizer used follows a sane schedule")
 def lr_trajectory(series: RunSeries) -> Result:
     """Catches a learning rate that wastes the run, judged on the rate the optimizer really used at
     each step: stuck at 0 (nothing trains), a decay that reached about 0 long before the run's end (a

@@ -118,7 +118,7 @@ def _first_update_share(groups: list[dict]) -> tuple[float, float] | None:
     return max(shares) if shares else None
 
 
-@check("lr-schedule", title="The learning-rate schedule warms up to a sensible peak", needs=("train",),
+@check("lr-schedule", title="The learning-rate schedule warms up to a sensible peak",
        located=("sched_step", "opt_step"))
 def lr_schedule(subject, trace) -> Result:
     """Catches a learning rate that cannot train a Transformer: every param group peaking far below

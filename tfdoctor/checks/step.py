@@ -38,7 +38,7 @@ def _untrained(trace) -> str | None:
             "that yields nothing?)")
 
 
-@check("unscale-before-clip", title="GradScaler gradients are unscaled before clipping", needs=("train",),
+@check("unscale-before-clip", title="GradScaler gradients are unscaled before clipping",
        located=("clip", "unscale"))
 def unscale_before_clip(subject, trace) -> Result:
     """Catches `clip_grad_norm_` on gradients a GradScaler has not unscaled: they are still multiplied
@@ -79,7 +79,7 @@ def unscale_before_clip(subject, trace) -> Result:
         "torch.nn.utils.clip_grad_norm_(...); scaler.step(optimizer) then does not unscale again", details)
 
 
-@check("clip-global-norm", title="Gradients are clipped by their global norm", needs=("train",),
+@check("clip-global-norm", title="Gradients are clipped by their global norm",
        located=("clip", "opt_step"))
 def clip_global_norm(subject, trace) -> Result:
     """Catches clipping that changes the update's direction: `clip_grad_norm_` called per parameter
@@ -140,7 +140,7 @@ def clip_global_norm(subject, trace) -> Result:
                          f"{calls[0]['model_params_with_grad']} parameter tensors with gradients", hint, details)
 
 
-@check("amp-loss-scaling", title="float16 autocast comes with loss scaling", needs=("train",),
+@check("amp-loss-scaling", title="float16 autocast comes with loss scaling",
        located=("autocast", "backward"))
 def amp_loss_scaling(subject, trace) -> Result:
     """Catches float16 autocast without a GradScaler: float16 cannot hold gradients below about 6e-8
@@ -185,7 +185,7 @@ def amp_loss_scaling(subject, trace) -> Result:
                          f"float16{here}", hint, details)
 
 
-@check("grad-health", title="Gradients stay finite and bounded during the loop", needs=("train",),
+@check("grad-health", title="Gradients stay finite and bounded during the loop",
        located=("opt_step", "backward"))
 def grad_health(subject, trace) -> Result:
     """Catches NaN or Inf gradients reaching the optimizer (every weight they touch becomes NaN) and
@@ -247,7 +247,7 @@ def grad_health(subject, trace) -> Result:
 
 
 @check("optimizer-coverage", title="Every parameter that gets a gradient is updated by an optimizer",
-       needs=("train",), located=("opt_step",))
+       located=("opt_step",))
 def optimizer_coverage(subject, trace) -> Result:
     """Catches parameters that receive gradients but sit in no optimizer: they keep their initial
     values however long you train (an optimizer built before a module was added, a param-group filter
@@ -368,7 +368,7 @@ def _stalled_tensors(trace) -> dict[str, dict]:
     return tensors
 
 
-@check("stale-update", title="Optimizer steps move the weights they have gradients for", needs=("train",),
+@check("stale-update", title="Optimizer steps move the weights they have gradients for",
        located=("opt_step",))
 def stale_update(subject, trace) -> Result:
     """Catches optimizer steps that leave the weights unchanged although their gradients are non-zero:

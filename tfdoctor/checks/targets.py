@@ -18,7 +18,7 @@ _LAYOUTS = {1: "batch-first [B, T]", 0: "sequence-first [T, B]"}
 
 
 @check("objective", title="Targets are the next input token (no identity, no double shift)",
-       kinds=("causal", "seq2seq"), needs=("train",),
+       kinds=("causal", "seq2seq"),
        skip_reasons={"encoder": "an encoder is graded on its own positions; the next-token alignment "
                                 "does not apply",
                      **for_classifiers("graded on labels from the data, not on the next input token")},
@@ -103,7 +103,7 @@ def _end_of_text_pads(found: dict, pad_id: int) -> dict | None:
     return {"graded_pads": placed, "first_pad_of_row": at_end, "rows_with_more_than_one": sequences}
 
 
-@check("ignore-index", title="Padding targets are left out of the loss", needs=("train", "pad_id"),
+@check("ignore-index", title="Padding targets are left out of the loss", needs=("pad_id",),
        located=("loss", "backward"), tasks=("lm",),
        skip_reasons=for_classifiers("its targets are labels, not the padded token ids this check reads"))
 def ignore_index(subject, trace) -> Result:

@@ -15,7 +15,7 @@ NAMED = 3  # module names shown in the message; details hold up to 10
 KIND_EFFECT = {"dropout": "dropout off", "batch norm": "batch norm on its running statistics"}
 
 
-@check("trained-in-eval", title="Training steps run with the model in train mode", needs=("train",))
+@check("trained-in-eval", title="Training steps run with the model in train mode")
 def trained_in_eval(subject, trace) -> Result:
     """Catches training in eval mode: a validation function calls `model.eval()` and nothing calls
     `model.train()` again, so every later training step runs with dropout off (and batch norm on its

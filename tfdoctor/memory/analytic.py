@@ -257,7 +257,6 @@ def estimate(c: Config) -> Estimate:
 
     def layer_forward(i: int, keep: bool) -> None:
         p = f"L{i}."
-        x_in = f"L{i - 1}.resid_b" if i else "x0"
         led.alloc(p + "ln1", u, ACTIVATIONS)
         led.alloc(p + "stats1", stats, ACTIVATIONS)
         led.mark(f"layer {i} ln_1")

@@ -20,11 +20,16 @@ def render_catalogue(specs, console: Console) -> None:
     console.print("`tfdoctor checks ID` prints one check's full documentation.", highlight=False, markup=False)
 
 
+def applies_to(spec) -> str:
+    """What the check judges, in a line: the models' kinds and what it needs, or a watched run."""
+    if spec.judges_run:
+        return "a whole watched run (tfdoctor watch, TfdoctorCallback)"
+    return f"{', '.join(spec.kinds)} models" + (f"; needs {', '.join(spec.needs)}" if spec.needs else "")
+
+
 def render_check(spec, console: Console) -> None:
     console.print(Text.assemble((spec.id, "bold"), f": {spec.title}"), highlight=False)
-    applies = ("a whole watched run (tfdoctor watch, TfdoctorCallback)" if spec.judges_run
-               else f"{', '.join(spec.kinds)} models" + (f"; needs {', '.join(spec.needs)}" if spec.needs else ""))
-    console.print(f"applies to: {applies}", highlight=False, markup=False)
+    console.print(f"applies to: {applies_to(spec)}", highlight=False, markup=False)
     for paragraph in spec.doc.split("\n\n"):  # reflowed to the terminal's width
         console.print()
         console.print(" ".join(paragraph.split()), highlight=False, markup=False)
