@@ -113,8 +113,7 @@ def tfdoctor(*args, cwd=ROOT, timeout=300, env=None, module=False, launcher=None
         done = subprocess.run(command_line(*args, module=module, launcher=launcher), cwd=cwd,
                               capture_output=True, text=text, timeout=timeout, env=command_env(env), input=input)
         return Done(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
-    code, stdout, stderr = preloaded().run(command_line(*args), cwd, command_env({**(env or {}), FORK_ENV: 1}),
-                                           input, timeout)
+    code, stdout, stderr = preloaded().run(command_line(*args), cwd, command_env(env), input, timeout)
     if text:
         stdout, stderr = (stream.decode("utf-8", "replace") for stream in (stdout, stderr))
     return Done(code, stdout, stderr, time.monotonic() - started)
@@ -128,7 +127,6 @@ def fresh_tfdoctor(*args, **options) -> Done:
 # What an interpreter (or torch, as it is imported) reads from the environment when it starts: a command
 # given one of these is run fresh.
 STARTUP_ENV = ("PYTHON", "TORCH", "OMP_", "MKL_", "LD_", "CUDA", "KMP_")
-FORK_ENV = "TFDOCTOR_FORK_WORKER"  # tfdoctor/process/forked_worker.py
 
 
 def _preloadable(args, env) -> bool:

@@ -203,3 +203,16 @@ def test_a_library_frame_in_site_packages_is_never_named_as_the_users_line():
     user = os.path.join(os.getcwd(), "train_user_script.py")
     with_user = dump.replace("\n\n", f'\n  File "{user}", line 12 in main\n\n')
     assert user_frame(with_user, 0xab) == "train_user_script.py:12 in main"
+
+
+def test_script_arguments_past_the_environments_128_kib_reach_the_script_whole():
+    # The worker's request carries the script's arguments; in one environment string it met Linux's
+    # 128 KiB cap and the worker never started. A fresh interpreter: only an exec'd worker meets the cap.
+    shards = [f"/datasets/openwebtext-2024/tokenized/gpt2-bpe/train-0/shard-{i:06d}-of-003000.bin"
+              for i in range(3000)]
+    assert len(shards[0]) == 80 and sum(map(len, shards)) > 200 * 1024
+    done = tfdoctor("watch", "fixtures/watch/many_shards.py", "--format", "json", "--", *shards, "--steps", "4",
+                    fresh=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"3000 shards, {sum(map(len, shards))} characters of paths" in done.stderr
+    assert done.json["discovered"]["steps"] == 4
