@@ -18,7 +18,7 @@ import shlex
 
 import pytest
 
-from helpers import ROOT, needs_command, fresh_tfdoctor as tfdoctor
+from helpers import ROOT, fresh_tfdoctor as tfdoctor
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 TIME = re.compile(r"\b\d+\.\d\ds(?=│|\s*$)")  # the per-check time column
@@ -124,7 +124,6 @@ def test_the_readme_has_examples_to_run():
 
 
 @pytest.mark.e2e
-@needs_command
 @pytest.mark.parametrize("command, expected, shown", COMMANDS, ids=[c[0].split("#")[0].strip() for c in COMMANDS])
 def test_readme_command(command, expected, shown, shared_tfdoctor):
     line = command.split("#", 1)[0].strip()

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from helpers import E2E, ROOT, TFDOCTOR, tfdoctor
+from helpers import E2E, ROOT, command_line, tfdoctor
 
 pytestmark = E2E
 HOSTILE = "tests/targets/hostile.py"
@@ -92,7 +92,7 @@ def test_junit_on_stdout_stays_parseable_with_a_chatty_loop():
 
 
 def test_ctrl_c_exits_130_with_one_line():
-    proc = subprocess.Popen([TFDOCTOR, "check", f"{HOSTILE}:sleeps"], cwd=ROOT, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(command_line("check", f"{HOSTILE}:sleeps"), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     time.sleep(6)  # well inside the factory's sleep, however slowly a fresh environment starts
     proc.send_signal(signal.SIGINT)
@@ -153,7 +153,7 @@ def test_overfit_batch_names_what_it_cannot_train(target, status, expected):
 
 
 def test_the_worker_dies_with_its_supervisor():
-    proc = subprocess.Popen([TFDOCTOR, "check", f"{HOSTILE}:sleeps"], cwd=ROOT, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(command_line("check", f"{HOSTILE}:sleeps"), cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30

@@ -102,9 +102,9 @@ def test_ctrl_c_ends_the_run_and_the_steps_it_took_are_judged():
     import signal
     import subprocess
 
-    from helpers import ROOT, TFDOCTOR
+    from helpers import ROOT, command_line
 
-    proc = subprocess.Popen([TFDOCTOR, "watch", HEALTHY, "--format", "json", "--", "--steps", "100000"], cwd=ROOT,
+    proc = subprocess.Popen(command_line("watch", HEALTHY, "--format", "json", "--", "--steps", "100000"), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = []
     for line in proc.stderr:  # the script's own progress: it has trained 100 steps by then
