@@ -1,8 +1,8 @@
 """Accuracy of `tfdoctor memory`: real peak vs traced vs analytic, each configuration in a fresh process.
 
 Ground truth is the peak of live tensor bytes in one real steady-state training step on the CPU (the
-same op-by-op counter as the traced mode, on real tensors). Goals (issue 4): traced within 2% of the
-real peak, analytic within 10%.
+same op-by-op counter as the traced mode, on real tensors). Goals: traced within 2% of the
+real peak, analytic within 10% (on the standard pre-norm GPT it models).
 
 Then per device under FSDP2 (issue 13): the analytic and the traced `--gpus N --shard zero2|zero3`
 figures against one FSDP2 step measured on rank 0 (tfdoctor/memory/fsdp.py), by our own storage counter

@@ -21,11 +21,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "fixtures"
 SCRIPTS = "fixtures/scripts"  # relative to ROOT, as the command is given it and names it back
-TFDOCTOR = shutil.which("tfdoctor")
+
+
+def _installed_command() -> list:
+    """The `tfdoctor` command of the interpreter running the tests: the script pip installed beside it (a
+    virtual environment's bin/, which is on PATH only when the environment is activated: an IDE or a CI
+    step runs `.venv/bin/python -m pytest` without activating it), else `python -m tfdoctor`."""
+    beside = os.path.join(os.path.dirname(sys.executable), "tfdoctor")
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return [beside]
+    return [sys.executable, "-m", "tfdoctor"]
+
+
+COMMAND = _installed_command()
 # A test that starts a tfdoctor process is marked `e2e`, so that `python -m pytest -m "not e2e"` is the fast
-# inner loop; one that starts the installed command also skips where it is not installed.
-needs_command = pytest.mark.skipif(TFDOCTOR is None, reason="tfdoctor is not installed (pip install -e .)")
-E2E = [pytest.mark.e2e, needs_command]  # a spawning module's pytestmark
+# inner loop.
+E2E = [pytest.mark.e2e]  # a spawning module's pytestmark
 
 
 def build_fixture(name: str):
@@ -91,11 +102,11 @@ def command_env(env=None) -> dict:
 
 
 def command_line(*args, module=False, launcher=None) -> list:
-    """The installed command (`python -m tfdoctor` with module=True; `[*launcher, "-m", "tfdoctor"]`
+    """The installed command (COMMAND; `python -m tfdoctor` with module=True; `[*launcher, "-m", "tfdoctor"]`
     under a launcher such as torchrun) and its arguments."""
     if launcher is not None:
         return [*launcher, "-m", "tfdoctor", *args]
-    return [sys.executable, "-m", "tfdoctor", *args] if module else [TFDOCTOR, *args]
+    return [sys.executable, "-m", "tfdoctor", *args] if module else [*COMMAND, *args]
 
 
 def tfdoctor(*args, cwd=ROOT, timeout=300, env=None, module=False, launcher=None, input=None, text=True,
@@ -113,8 +124,9 @@ def tfdoctor(*args, cwd=ROOT, timeout=300, env=None, module=False, launcher=None
         done = subprocess.run(command_line(*args, module=module, launcher=launcher), cwd=cwd,
                               capture_output=True, text=text, timeout=timeout, env=command_env(env), input=input)
         return Done(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
-    code, stdout, stderr = preloaded().run(command_line(*args), cwd, command_env({**(env or {}), FORK_ENV: 1}),
-                                           input, timeout)
+    # sys.argv as the command sees it: the script's path, or (as `python -m tfdoctor`) no folder of its own
+    argv = [COMMAND[0] if len(COMMAND) == 1 else "tfdoctor", *args]
+    code, stdout, stderr = preloaded().run(argv, cwd, command_env(env), input, timeout)
     if text:
         stdout, stderr = (stream.decode("utf-8", "replace") for stream in (stdout, stderr))
     return Done(code, stdout, stderr, time.monotonic() - started)
@@ -128,13 +140,12 @@ def fresh_tfdoctor(*args, **options) -> Done:
 # What an interpreter (or torch, as it is imported) reads from the environment when it starts: a command
 # given one of these is run fresh.
 STARTUP_ENV = ("PYTHON", "TORCH", "OMP_", "MKL_", "LD_", "CUDA", "KMP_")
-FORK_ENV = "TFDOCTOR_FORK_WORKER"  # tfdoctor/process/forked_worker.py
 
 
 def _preloadable(args, env) -> bool:
     """Not `--nproc`: its ranks are fresh interpreters started by torchrun, which misjudges a job
     launched from a forked process (a rank exits 2 and says nothing)."""
-    return (hasattr(os, "fork") and TFDOCTOR is not None and not any(name.startswith(STARTUP_ENV) for name in env or {})
+    return (hasattr(os, "fork") and not any(name.startswith(STARTUP_ENV) for name in env or {})
             and not any(str(arg).startswith("--nproc") for arg in args))
 
 

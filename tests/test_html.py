@@ -22,6 +22,7 @@ import pytest
 from helpers import E2E, ROOT, tfdoctor
 from tfdoctor.report.html import plotting_available
 from tfdoctor.result import Report, Result
+from tfdoctor.usercode.environment import REQUIRE_BROWSER, SCREENSHOT_DIR
 
 pytestmark = E2E
 needs_matplotlib = pytest.mark.skipif(not plotting_available(), reason="matplotlib is not installed "
@@ -204,8 +205,8 @@ def test_html_without_matplotlib_is_a_usage_error():
 
 def browser():
     if CHROMIUM is None:
-        if os.environ.get("TFDOCTOR_REQUIRE_BROWSER") == "1":
-            pytest.fail("TFDOCTOR_REQUIRE_BROWSER=1 and no chromium on PATH (apt-get install chromium)")
+        if REQUIRE_BROWSER.get() == "1":
+            pytest.fail(f"{REQUIRE_BROWSER.name}=1 and no chromium on PATH (apt-get install chromium)")
         pytest.skip("no chromium on PATH (apt-get install chromium): the HTML is not opened in a browser")
     return CHROMIUM
 
@@ -229,7 +230,7 @@ def painted(png: Path) -> tuple[tuple[int, int], int, int]:
 
 
 def keep(png: Path) -> None:
-    folder = os.environ.get("TFDOCTOR_SCREENSHOT_DIR")
+    folder = SCREENSHOT_DIR.get()
     if folder:
         target = Path(folder) if os.path.isabs(folder) else ROOT / folder
         target.mkdir(parents=True, exist_ok=True)

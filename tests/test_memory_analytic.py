@@ -1,4 +1,5 @@
-"""Analytic memory mode: the exact figures of issue 4, sizes, validation, remedies; no torch."""
+"""Analytic memory mode: exact figures on the configuration that gets a run killed (batch 8, seq 5000,
+d_model 512: SEED), sizes, validation, remedies; no torch."""
 
 import dataclasses
 import io
@@ -15,7 +16,9 @@ from tfdoctor.report.memory import render
 
 GIB = 2**30
 SEED = Config(batch=8, seq=5000, d_model=512, heads=8, layers=6, vocab=10000)
-# Measured by tracing a GPT-2-style model step (torch 2.13 CPU), quoted in issue 4.
+# SEED's peak, measured by summing the storages alive after each op (a TorchDispatchMode on fake tensors) over
+# one AdamW training step of a GPT-2-style model (torch 2.13 CPU): in the backward of the attention softmax
+# with naive attention (56.1 GiB), 13.8 GiB with SDPA.
 SEED_TRACED_NAIVE = 60_284_841_916
 SEED_TRACED_SDPA = 14_821_264_252
 

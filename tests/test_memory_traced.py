@@ -425,10 +425,8 @@ def test_the_note_on_stored_scores_gives_an_analytic_command_that_runs():
     import re
     import shlex
 
-    from helpers import needs_command, tfdoctor
+    from helpers import tfdoctor
 
-    if needs_command.args[0]:
-        pytest.skip(needs_command.kwargs["reason"])
     traced = tfdoctor("memory", "fixtures/gpt_correct.py:build", "--batch", "4", "--seq", "64", "--format", "json")
     note = next(n for n in json.loads(traced.stdout)["trace"]["notes"] if "analytic mode" in n)
     command = shlex.split(re.search(r"`(tfdoctor memory [^`]+)`", note).group(1))

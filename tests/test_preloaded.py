@@ -1,4 +1,4 @@
-"""The suite's shortcut (tests/zygote.py and tfdoctor/process/forked_worker.py: the command forked from a process
+"""The suite's shortcut (tests/zygote.py and tests/forked_worker.py: the command forked from a process
 that has imported torch, its worker forked in turn) must give what the installed command gives: the same
 exit code, the same report and the same stderr, on a run and on a check."""
 

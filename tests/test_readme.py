@@ -20,7 +20,7 @@ import shlex
 
 import pytest
 
-from helpers import ROOT, fresh_tfdoctor as tfdoctor, needs_command
+from helpers import ROOT, fresh_tfdoctor as tfdoctor
 
 PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 TEXTS = {page.relative_to(ROOT).as_posix(): page.read_text(encoding="utf-8") for page in PAGES}
@@ -131,7 +131,6 @@ def test_the_readme_has_an_example_per_command_and_the_docs_the_rest():
 
 
 @pytest.mark.e2e
-@needs_command
 @pytest.mark.parametrize("page, command, expected, shown", COMMANDS,
                          ids=[f"{c[0]}: {c[1].split('#')[0].strip()}" for c in COMMANDS])
 def test_readme_command(page, command, expected, shown, shared_tfdoctor):

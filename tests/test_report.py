@@ -14,6 +14,7 @@ from helpers import FIXTURES, ROOT, build_fixture, tfdoctor
 from hostile_strings import HOSTILE
 from tfdoctor.report import render
 from tfdoctor.result import ExitCode, Report, Result, Status
+from tfdoctor.usercode.environment import REGEN_GOLDEN
 
 GOLDEN = Path(__file__).parent / "golden" / "report.txt"
 
@@ -49,7 +50,7 @@ def rendered(fmt: str) -> str:
 
 def test_rich_report_matches_golden():
     text = rendered("rich")
-    if os.environ.get("TFDOCTOR_REGEN_GOLDEN"):
+    if REGEN_GOLDEN.on():
         GOLDEN.write_text(text, encoding="utf-8")
     assert text == GOLDEN.read_text(encoding="utf-8")
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from helpers import E2E, ROOT, SCRIPTS, TFDOCTOR, tfdoctor
+from helpers import E2E, ROOT, SCRIPTS, command_line, tfdoctor
 
 pytestmark = E2E
 # The loop checks read the recorded trace (instant); of the model checks only a cheap pair runs where
@@ -248,7 +248,7 @@ def test_ctrl_c_during_a_script_exits_130_with_one_line():
     import signal
     import time
 
-    proc = subprocess.Popen([TFDOCTOR, "run", f"{SCRIPTS}/bad/hangs.py"], cwd=ROOT, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(command_line("run", f"{SCRIPTS}/bad/hangs.py"), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     time.sleep(6)
     proc.send_signal(signal.SIGINT)

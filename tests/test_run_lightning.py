@@ -5,6 +5,7 @@ and catches what `fit` raises; the audit must see through all of it (fixtures/sc
 """
 
 import subprocess
+import sys
 
 import pytest
 
@@ -89,7 +90,7 @@ def test_mixed_precision_plugins_are_seen(precision, amp):
 
 def test_default_trainer_writes_no_checkpoint_before_the_stop(tmp_path):
     # --max-steps 2: Lightning's default ModelCheckpoint saves right after the second step, the stop point
-    bare = subprocess.run(["python", "lightning_correct.py", "--max-steps", "2", "--default-trainer", "--root",
+    bare = subprocess.run([sys.executable, "lightning_correct.py", "--max-steps", "2", "--default-trainer", "--root",
                            str(tmp_path / "bare")], cwd=ROOT / SCRIPTS, capture_output=True, text=True, timeout=300)
     assert bare.returncode == 0, bare.stderr
     assert list((tmp_path / "bare").rglob("*.ckpt"))  # the script alone does write one

@@ -15,6 +15,7 @@ import tempfile
 import pytest
 
 from helpers import ROOT, tfdoctor as run
+from tfdoctor.usercode.environment import KEEP_WRITES, SANDBOX
 
 SCRIPT = ROOT / "fixtures" / "scripts" / "writes_everywhere.py"
 USER_FILES = {"ckpt.pt": b"the user's trained weights", "results.csv": b"step,loss\n0,9.9\n",
@@ -73,9 +74,9 @@ def hostile_run(request, tmp_path_factory):
     make_user_folder(user)
     before = checksums(user)
     # The overlay run asks for the default mechanism even where the suite runs with the fallback forced.
-    env = {"TFDOCTOR_SANDBOX": "interpose" if request.param == "interpose" else ""}
+    env = {SANDBOX.name: "interpose" if request.param == "interpose" else "", KEEP_WRITES.name: str(kept)}
     done = tfdoctor(["run", str(SCRIPT), "--only", "zero-grad", "--format", "json", "--output", "report.json",
-                     "--", "--out-dir", "out"], user, tmp, TFDOCTOR_KEEP_WRITES=str(kept), **env)
+                     "--", "--out-dir", "out"], user, tmp, **env)
     return request.param, user, tmp, kept, before, done
 
 
@@ -184,3 +185,31 @@ def test_interposer_views_and_undoes_in_process(tmp_path):
     record = summary(str(scratch))
     assert str(user / "ckpt.pt") in record["written"] and str(user / "out") in record["deleted"]
     assert "thrown away" in sandbox_lines(record)[0].plain
+
+
+def test_a_child_python_that_cannot_import_tfdoctor_still_writes_into_the_sandbox(tmp_path):
+    """The user's code starts another environment's python (a virtual environment without tfdoctor): the
+    boot folder on its PYTHONPATH installs the parent's sandbox from TFDOCTOR_SANDBOX_VIEW without
+    importing tfdoctor. Were the boot code to import it, Python's `site` would report the error and run
+    the child outside the sandbox, writing the user's file for real."""
+    import venv
+
+    from tfdoctor.process.sandbox import interpose
+
+    other = tmp_path / "other-env"
+    venv.create(other, symlinks=True, with_pip=False)
+    user, scratch = tmp_path / "user", tmp_path / "scratch"
+    user.mkdir()
+    scratch.mkdir()
+    (user / "ckpt.pt").write_bytes(b"the user's trained weights")
+    view = {"roots": [str(user)], "scratch": str(scratch), "exempt": []}  # as install() hands it to children
+    env = {name: value for name, value in os.environ.items() if not name.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env.update({interpose.VIEW_ENV: json.dumps(view), "PYTHONPATH": interpose.BOOT})
+    code = ("import importlib.util, sys; open(sys.argv[1], 'w').write('overwritten'); "
+            "print(open(sys.argv[1]).read(), importlib.util.find_spec('tfdoctor') is None)")
+    done = subprocess.run([str(other / "bin" / "python"), "-c", code, str(user / "ckpt.pt")], cwd=user, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "sitecustomize" not in done.stderr, done.stderr
+    assert done.stdout.split() == ["overwritten", "True"]  # it sees its own write; tfdoctor is not importable there
+    assert (user / "ckpt.pt").read_bytes() == b"the user's trained weights"
+    assert open(str(scratch / "mirror") + str(user / "ckpt.pt")).read() == "overwritten"

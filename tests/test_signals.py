@@ -18,9 +18,8 @@ import time
 import psutil
 import pytest
 
-from helpers import needs_command, start as start_command
+from helpers import start as start_command
 
-pytestmark = needs_command
 HANGS = "fixtures/scripts/hangs_in_loop.py"
 CLOSES = "fixtures/scripts/closes_fds.py"
 LIMIT = 180  # a hang fails the test here rather than stalling the suite

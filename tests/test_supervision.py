@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from helpers import E2E, ROOT, TFDOCTOR, tfdoctor
+from helpers import E2E, ROOT, command_line, tfdoctor
 
 pytestmark = E2E
 HOSTILE = "tests/targets/hostile.py"
@@ -92,7 +92,7 @@ def test_junit_on_stdout_stays_parseable_with_a_chatty_loop():
 
 
 def test_ctrl_c_exits_130_with_one_line():
-    proc = subprocess.Popen([TFDOCTOR, "check", f"{HOSTILE}:sleeps"], cwd=ROOT, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(command_line("check", f"{HOSTILE}:sleeps"), cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     time.sleep(6)  # well inside the factory's sleep, however slowly a fresh environment starts
     proc.send_signal(signal.SIGINT)
@@ -153,7 +153,7 @@ def test_overfit_batch_names_what_it_cannot_train(target, status, expected):
 
 
 def test_the_worker_dies_with_its_supervisor():
-    proc = subprocess.Popen([TFDOCTOR, "check", f"{HOSTILE}:sleeps"], cwd=ROOT, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(command_line("check", f"{HOSTILE}:sleeps"), cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
@@ -203,3 +203,16 @@ def test_a_library_frame_in_site_packages_is_never_named_as_the_users_line():
     user = os.path.join(os.getcwd(), "train_user_script.py")
     with_user = dump.replace("\n\n", f'\n  File "{user}", line 12 in main\n\n')
     assert user_frame(with_user, 0xab) == "train_user_script.py:12 in main"
+
+
+def test_script_arguments_past_the_environments_128_kib_reach_the_script_whole():
+    # The worker's request carries the script's arguments; in one environment string it met Linux's
+    # 128 KiB cap and the worker never started. A fresh interpreter: only an exec'd worker meets the cap.
+    shards = [f"/datasets/openwebtext-2024/tokenized/gpt2-bpe/train-0/shard-{i:06d}-of-003000.bin"
+              for i in range(3000)]
+    assert len(shards[0]) == 80 and sum(map(len, shards)) > 200 * 1024
+    done = tfdoctor("watch", "fixtures/watch/many_shards.py", "--format", "json", "--", *shards, "--steps", "4",
+                    fresh=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"3000 shards, {sum(map(len, shards))} characters of paths" in done.stderr
+    assert done.json["discovered"]["steps"] == 4

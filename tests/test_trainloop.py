@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from helpers import FIXTURES, PAD_ID, ROOT, TRAIN_IDS, build_fixture, needs_command, tfdoctor, train_fn
+from helpers import FIXTURES, PAD_ID, ROOT, TRAIN_IDS, build_fixture, tfdoctor, train_fn
 from tfdoctor import run_checks
 from tfdoctor.checks.schedule import LR_FAIL_LOW
 from tfdoctor.result import Status
@@ -543,7 +543,6 @@ def _tfdoctor(*args):
 
 
 @pytest.mark.e2e
-@needs_command
 def test_cli_exit_0_on_the_correct_loop():
     done = _tfdoctor("--train", "fixtures/loops/correct.py:train", "--only", ",".join(TRAIN_IDS + ["overfit-batch"]))
     assert done.returncode == 0, done.stdout + done.stderr
@@ -553,7 +552,6 @@ def test_cli_exit_0_on_the_correct_loop():
 
 
 @pytest.mark.e2e
-@needs_command
 def test_cli_exit_1_names_the_planted_bug():
     done = _tfdoctor("--train", "fixtures/loops/no_loss_division.py:train", "--only", ",".join(TRAIN_IDS))
     assert done.returncode == 1, done.stdout + done.stderr

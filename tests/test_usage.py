@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from helpers import needs_command, refused, tfdoctor
+from helpers import refused, tfdoctor
 
 HOSTILE = "tests/targets/hostile.py"  # its `sleeps` factory would hang were the target loaded
 SEED = ["--batch", "8", "--seq", "5000", "--d-model", "512", "--heads", "8", "--vocab", "10000"]  # test_memory_cli's
@@ -165,7 +165,6 @@ def test_version_flag():
 
 
 @pytest.mark.e2e
-@needs_command
 @pytest.mark.parametrize("args, said", [
     (("check", "fixtures/gpt_corect.py:build"), "did you mean fixtures/gpt_correct.py"),
     (("check", "fixtures/gpt_correct.py:bulid"), "did you mean 'build'?"),

@@ -63,6 +63,21 @@ def test_bad_input_is_one_line_and_exit_2(args, said):
     assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.mark.parametrize("command", ["watch", "run"])
+def test_debug_shows_the_traceback_the_hint_promises_above_the_one_line(command):
+    # "fix the script so that `python` runs it (TFDOCTOR_DEBUG=1 shows the traceback)"
+    from tfdoctor.usercode.environment import DEBUG
+
+    script = "fixtures/scripts/bad/raises_early.py"
+    plain, debug = tfdoctor(command, script), tfdoctor(command, script, env={DEBUG.name: "1"})
+    assert plain.code == debug.code == 2
+    assert "TFDOCTOR_DEBUG=1 shows the traceback" in plain.stderr and "Traceback" not in plain.stderr
+    *traceback, line = debug.stderr.strip().splitlines()
+    assert traceback[0] == "Traceback (most recent call last):" and f'{script}", line 7, in load_corpus' in debug.stderr
+    assert traceback[-1] == "FileNotFoundError: no such corpus: data/train.bin"
+    assert line.startswith("tfdoctor: error: ") and line == plain.stderr.strip(), debug.stderr
+
+
 def test_a_script_that_dies_midway_is_reported_with_the_steps_it_took():
     done = tfdoctor("watch", "fixtures/watch/raises_midway.py", "--format", "json")
     report = json.loads(done.stdout)
@@ -87,9 +102,9 @@ def test_ctrl_c_ends_the_run_and_the_steps_it_took_are_judged():
     import signal
     import subprocess
 
-    from helpers import ROOT, TFDOCTOR
+    from helpers import ROOT, command_line
 
-    proc = subprocess.Popen([TFDOCTOR, "watch", HEALTHY, "--format", "json", "--", "--steps", "100000"], cwd=ROOT,
+    proc = subprocess.Popen(command_line("watch", HEALTHY, "--format", "json", "--", "--steps", "100000"), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = []
     for line in proc.stderr:  # the script's own progress: it has trained 100 steps by then

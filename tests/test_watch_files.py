@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import E2E, ROOT, TFDOCTOR, command_env, final_screen, run_in_terminal, tfdoctor
+from helpers import E2E, ROOT, command_env, command_line, final_screen, run_in_terminal, tfdoctor
 
 pytestmark = E2E
 
@@ -90,8 +90,8 @@ def test_keep_writes_without_a_cut_short_run_is_a_usage_error(tmp_path):
 
 
 def test_ctrl_c_reaches_the_script_whose_own_handlers_write_for_real(tmp_path):
-    proc = subprocess.Popen([TFDOCTOR, "watch", SCRIPT, "--format", "json", "--output", "report.json", "--",
-                             "--out", "out", "--steps", "100000", "--save-every", "5", "--sleep", "0.02"],
+    proc = subprocess.Popen(command_line("watch", SCRIPT, "--format", "json", "--output", "report.json", "--",
+                             "--out", "out", "--steps", "100000", "--save-every", "5", "--sleep", "0.02"),
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=command_env())
     seen = []

@@ -1,6 +1,6 @@
 """A process that has imported torch once and forks one `tfdoctor` command per request, so that a test of
 the command does not pay 2-3 s of imports in the command's worker (tests/helpers.py starts one per pytest
-process; tfdoctor/process/forked_worker.py says how the worker is forked in turn).
+process; it forks the command's worker in turn: tests/forked_worker.py, put in the supervisor's seam).
 
 It is started as a fresh interpreter, never forked from pytest: a child of it holds none of pytest's state
 (warning filters, log handlers, faulthandler, signal handlers, modules imported from fixtures/, RNG draws).
@@ -27,8 +27,12 @@ def preload() -> None:
     import torch.optim  # noqa: F401
 
     import tfdoctor.cli  # noqa: F401
-    import tfdoctor.process.supervisor  # noqa: F401
     import tfdoctor.process.worker  # noqa: F401
+    from tfdoctor.process import supervisor
+
+    import forked_worker  # tests/, this file's folder: sys.path[0]
+
+    supervisor.start_worker = forked_worker.start  # every command forked from here forks its worker too
 
 
 def exit_code(error: SystemExit) -> int:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from tfdoctor.errors import UsageError
+
+if TYPE_CHECKING:
+    from tfdoctor.result import Result
 
 KINDS = ("causal", "encoder", "seq2seq")
 # What the model predicts (tfdoctor/tasks.py infers it): logits over the vocabulary at every position
@@ -89,6 +92,12 @@ class CheckSpec:
     # Reads per-position outputs: a pooled classifier (POOLED_TASKS) is judged on its backbone's
     # per-position states where the model exposes them (probes/backbone.py), else skipped with why.
     per_position: bool = False
+
+    def stamp(self, result: Result) -> Result:
+        """The result under this check's id and title: the one place a Result gets them, whichever
+        runner ran the check (runner.run_checks, watching/judging.judge_run)."""
+        result.id, result.title = self.id, self.title
+        return result
 
     def func_for(self, task: str) -> Callable:
         """The function that judges this task: a task's own variant (registered with @judges) or the

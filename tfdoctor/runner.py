@@ -82,9 +82,9 @@ def run_checks(subject_or_model, only=None, skip=None, *, seed: int = 0, target:
             missing = next((absent[name] for name in spec.inputs if name in absent), None)
             blocked = unusable is not None and spec.id != "finite-logits" and "train" not in spec.needs
             if missing is not None:
-                result = _stamped(spec, Result.skipped(missing))
+                result = spec.stamp(Result.skipped(missing))
             elif blocked:
-                result = _stamped(spec, Result.skipped(_BLOCKED))
+                result = spec.stamp(Result.skipped(_BLOCKED))
             else:  # what one check's forwards leave on the model must not reach the next (issue 29)
                 with preserved_attributes(subject.model):
                     result = _run_one(spec, subject, seed, fixtures)
@@ -118,12 +118,6 @@ def _judging_nonfinite(specs: list[CheckSpec]) -> list[CheckSpec]:
 
 _BLOCKED = ("the model's logits are NaN/Inf on valid random tokens, so this check cannot judge them (see "
             "finite-logits)")
-
-
-def _stamped(spec: CheckSpec, result: Result) -> Result:
-    """The result under its check's id and title: the one place a Result gets them."""
-    result.id, result.title = spec.id, spec.title
-    return result
 
 
 class Fixtures:
@@ -252,7 +246,7 @@ def _run_one(spec: CheckSpec, subject: Subject, seed: int, fixtures: Fixtures) -
                     "the check crashed while running your model; the traceback is in details",
                     {"traceback": "".join(frames[-6:])},
                 )
-    result = _stamped(spec, result)
+    result = spec.stamp(result)
     result.seconds = time.perf_counter() - start
     return result
 

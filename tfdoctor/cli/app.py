@@ -4,13 +4,13 @@ problem, the parser's included, into one line on stderr and exit 2."""
 from __future__ import annotations
 
 import enum
-import os
 import sys
 
 import typer
 
 from tfdoctor.cli.flags import format_alias_hint, script_options_hint
 from tfdoctor.result import ExitCode
+from tfdoctor.usercode.environment import DEBUG
 
 app = typer.Typer(
     name="tfdoctor",
@@ -109,7 +109,7 @@ def main() -> None:
         typer.echo("tfdoctor: aborted", err=True)
         sys.exit(130)
     except Exception as error:  # never a traceback; TFDOCTOR_DEBUG=1 shows it
-        if os.environ.get("TFDOCTOR_DEBUG"):
+        if DEBUG.on():
             raise
         typer.echo(f"tfdoctor: internal error: {type(error).__name__}: {error} "
                    "(rerun with TFDOCTOR_DEBUG=1 for the traceback)", err=True)

@@ -3,7 +3,6 @@ command ends the same way (one line on stderr), the progress bar, and where the 
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -14,6 +13,7 @@ from tfdoctor.cli.app import Format, shown
 from tfdoctor.errors import TfdoctorError, UsageError
 from tfdoctor.process.protocol import Ended
 from tfdoctor.result import ExitCode
+from tfdoctor.usercode.environment import DEBUG
 
 def fail_usage(error: TfdoctorError) -> None:
     typer.echo(f"tfdoctor: error: {whose()}{shown(error.one_line())}", err=True)
@@ -61,7 +61,7 @@ def handled(outcome):
             raise typer.Exit(ExitCode.USAGE_ERROR)
         fail_usage(UsageError(outcome.message))
     if outcome.ended == Ended.INTERNAL_ERROR:
-        if os.environ.get("TFDOCTOR_DEBUG"):
+        if DEBUG.on():
             typer.echo(outcome.debug, err=True)
         typer.echo(f"tfdoctor: internal error: {whose()}{outcome.message} (rerun with TFDOCTOR_DEBUG=1 for the traceback)",
                    err=True)

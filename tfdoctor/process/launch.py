@@ -30,8 +30,9 @@ from typing import Iterator
 
 from tfdoctor.process.reaper import Descendants
 from tfdoctor.recording.distributed import RankError
-from tfdoctor.process.signals import LAUNCHED_ENV, Stopped, is_stop_code, signals_stop
+from tfdoctor.process.signals import Stopped, is_stop_code, signals_stop
 from tfdoctor.process.tempdirs import private_folder, temp_environment
+from tfdoctor.usercode.environment import LAUNCHED
 
 # torchrun starts every rank with one thread per process unless told otherwise (and warns that it
 # did): set it the same way, without the warning.
@@ -95,7 +96,7 @@ def _private_temp() -> Iterator[str]:
 @contextlib.contextmanager
 def _environment(folder: str) -> Iterator[None]:
     """What the ranks inherit from this process's environment (torchrun copies it), put back after."""
-    wanted = {**temp_environment(folder), LAUNCHED_ENV: "1",
+    wanted = {**temp_environment(folder), LAUNCHED.name: "1",
               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", DEFAULT_OMP_THREADS)}
     if "GLOO_SOCKET_IFNAME" not in os.environ and _has_device(LOOPBACK_DEVICE):
         wanted["GLOO_SOCKET_IFNAME"] = LOOPBACK_DEVICE

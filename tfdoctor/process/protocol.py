@@ -1,5 +1,5 @@
-"""The worker <-> supervisor protocol, defined once: how the request reaches the worker, the events it
-sends back (one JSON object per line on a pipe, "event" naming which), how a worker ended, and the
+"""The worker <-> supervisor protocol, defined once: how the request reaches the worker (a JSON object
+on a pipe of its own, read to its end: send_request / receive_request), the events it sends back (one JSON object per line on a pipe, "event" naming which), how a worker ended, and the
 encoding of what crosses the pipe (Results and the memory Verdict, as JSON).
 
 The worker (tfdoctor/process/worker.py) writes events with Channel; the supervisor (tfdoctor/process/supervisor.py)
@@ -33,8 +33,6 @@ from typing import Any
 from tfdoctor.memory.analytic import Config, Estimate, Remedy, Verdict
 from tfdoctor.result import Result
 
-# The environment variable that carries the request (a JSON object) to the worker.
-REQUEST_ENV = "TFDOCTOR_WORKER_REQUEST"
 # The worker's exit code when its report pipe was closed under it (below os.close, which keeps it:
 # tfdoctor/process/fds.py): nothing more can be said, and the supervisor names the cause.
 CHANNEL_LOST_EXIT = 86
@@ -123,6 +121,24 @@ def decode_verdict(data: dict[str, Any]) -> Verdict:
     if estimate is not None:
         estimate = Estimate(**{**estimate, "config": Config(**estimate["config"])})
     return Verdict(**{**data, "estimate": estimate, "remedies": [Remedy(**r) for r in data.get("remedies", [])]})
+
+
+def send_request(fd: int, request: dict) -> None:
+    """Write the request on `fd` (the write end of the worker's request pipe) and close it; the
+    worker's end, not the environment, carries it: Linux caps one environment string at 128 KiB and
+    the user's script arguments travel in the request. A worker that died first is not an error
+    here: the supervisor sees it end."""
+    try:
+        with os.fdopen(fd, "wb") as pipe:
+            pipe.write(json.dumps(request).encode("utf-8"))
+    except BrokenPipeError:
+        pass
+
+
+def receive_request(fd: int) -> dict:
+    """In the worker: the request, read from `fd` to its end (the supervisor closes it), which is then closed."""
+    with os.fdopen(fd, "rb") as pipe:
+        return json.loads(pipe.read())
 
 
 class Channel:

@@ -17,9 +17,6 @@ from typing import Iterator
 # (Ctrl-C), 129 for SIGHUP, 143 for SIGTERM.
 SIGNAL_EXIT_BASE = 128
 CAUGHT = ("SIGINT", "SIGTERM", "SIGHUP")
-# Set by `tfdoctor run --nproc` (process/launch.py) for its ranks: a rank its torchrun stops (Ctrl-C,
-# SIGTERM, another rank's failure) ends quietly, since the launcher or the failed rank says why.
-LAUNCHED_ENV = "TFDOCTOR_LAUNCHED"
 SAID = {"SIGINT": "interrupted (Ctrl-C)", "SIGTERM": "terminated (SIGTERM)", "SIGHUP": "hung up (SIGHUP)"}
 
 

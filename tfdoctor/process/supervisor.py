@@ -11,7 +11,6 @@ torch and never runs user code, so it always exits.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import select
@@ -19,20 +18,21 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from tfdoctor.process import forked_worker
 from tfdoctor.process.reaper import Descendants
-from tfdoctor.process.protocol import (CHANNEL_LOST_EXIT, REQUEST_ENV, Ended, Event, Phase, decode_result, decode_verdict,
-                               phase_name, read_event)
+from tfdoctor.process.protocol import (CHANNEL_LOST_EXIT, Ended, Event, Phase, decode_result, decode_verdict,
+                                       phase_name, read_event, send_request)
 from tfdoctor.usercode.call_sites import display_path, is_library
 from tfdoctor.result import ExitCode, Result
 from tfdoctor.process.sandbox import Host
-from tfdoctor.process.signals import LAUNCHED_ENV, signals_stop, stopped_by
+from tfdoctor.process.signals import signals_stop, stopped_by
 from tfdoctor.process.tempdirs import private_folder, temp_environment
+from tfdoctor.usercode.environment import LAUNCHED
 
 FIRST_FAILURE = "tfdoctor-first-failure"
 # After SIGUSR1, how long the worker gets to write its stack dump before it is killed.
@@ -79,7 +79,7 @@ def _supervised(request: dict, timeout: float, timeout_per_check: float, progres
         release_read, release_write = os.pipe()
     # A rank of `--nproc` already has the launcher's private folder as its TMPDIR: not one more level,
     # since a Unix socket's path (multiprocessing makes them there) is limited to 107 bytes.
-    temp = os.environ["TMPDIR"] if os.environ.get(LAUNCHED_ENV) and os.environ.get("TMPDIR") else private
+    temp = os.environ["TMPDIR"] if LAUNCHED.on() and os.environ.get("TMPDIR") else private
     # The user's files are sacred: the worker writes into this scratch folder. A watched run that
     # tfdoctor does not cut short is the user's real run: it writes for real, in the user's TMPDIR.
     protected = request.get("protect", True)
@@ -89,16 +89,25 @@ def _supervised(request: dict, timeout: float, timeout_per_check: float, progres
     request = {**request, "stack_dump": dump, "progress": progress is not None, "release_fd": release_read,
                "sandbox": sandbox.spec if sandbox is not None else None, "output_fd": output_write}
     read_end, write_end = os.pipe()
-    env = {**os.environ, REQUEST_ENV: json.dumps(request), **(temp_environment(temp) if protected else {})}
+    request_read, request_write = os.pipe()
+    env = {**os.environ, **(temp_environment(temp) if protected else {})}
     outcome = Outcome()
     proc = None
     try:
         try:
-            proc = _start_worker(write_end, tuple(fd for fd in (release_read, output_write) if fd is not None), env)
+            proc = start_worker(write_end, request_read, tuple(fd for fd in (release_read, output_write)
+                                                               if fd is not None), env)
+        except BaseException:
+            os.close(request_write)
+            raise
         finally:
-            for fd in (write_end, release_read, output_write):
+            for fd in (write_end, request_read, release_read, output_write):
                 if fd is not None:
                     os.close(fd)
+        # From a thread: a request larger than the pipe's buffer (64 KiB) is written while the worker
+        # reads it, and the budgets below already hold a worker that never starts reading.
+        threading.Thread(target=send_request, args=(request_write, request), name="tfdoctor-request",
+                         daemon=True).start()
         outcome = _watch(outcome, proc, read_end, dump, timeout, timeout_per_check, progress, output_read,
                          forward_ctrl_c=request.get("command") == "watch")
         outcome.sandbox = sandbox.report() if sandbox is not None else {}
@@ -110,7 +119,7 @@ def _supervised(request: dict, timeout: float, timeout_per_check: float, progres
         return outcome
     except KeyboardInterrupt as interrupt:  # Ctrl-C, SIGTERM or SIGHUP (the worker has its own session)
         stop = stopped_by(interrupt)
-        if os.environ.get(LAUNCHED_ENV):  # one rank of `--nproc`: the launcher says it once
+        if LAUNCHED.on():  # one rank of `--nproc`: the launcher says it once
             outcome.ended, outcome.code = Ended.RANK_EXIT, stop.code
         else:
             outcome.ended, outcome.code = Ended.INTERRUPTED, stop.code
@@ -133,7 +142,7 @@ def _first_failure(outcome: Outcome) -> None:
     private temporary folder (TMPDIR, process/launch.py), is made before this rank's worker is
     killed, which is what breaks the others'. A worker killed by a signal is never a consequence: it
     says so whatever the claim."""
-    if not os.environ.get(LAUNCHED_ENV) or outcome.quiet or outcome.ended in (Ended.DONE, Ended.RANK_EXIT):
+    if not LAUNCHED.on() or outcome.quiet or outcome.ended in (Ended.DONE, Ended.RANK_EXIT):
         return
     try:
         os.close(os.open(os.path.join(tempfile.gettempdir(), FIRST_FAILURE), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -173,20 +182,25 @@ def _held(hold: Callable[[Outcome], Any], outcome: Outcome, proc, release_write:
             proc.wait(timeout=RELEASE_GRACE_SECONDS)
 
 
-def _start_worker(write_end: int, kept: tuple, env: dict):
-    """The worker process, a fresh interpreter (forked from this one only where the test suite asks,
-    tfdoctor/process/forked_worker.py); `kept`: the other descriptors it inherits."""
-    if forked_worker.wanted():
-        return forked_worker.ForkedWorker.start(write_end, kept, env, sys.stderr.fileno(), _die_with_parent)
+def spawn_worker(channel_fd: int, request_fd: int, kept: tuple, env: dict) -> subprocess.Popen:
+    """The worker process, a fresh interpreter: `python -m tfdoctor.process.worker CHANNEL_FD REQUEST_FD`
+    (the events go out on the first descriptor, the request comes in on the second); `kept`: the other
+    descriptors it inherits. Its stdin is /dev/null, its stdout this process's stderr."""
     return subprocess.Popen(
-        [sys.executable, "-m", "tfdoctor.process.worker", str(write_end)], pass_fds=(write_end,) + kept, env=env,
-        stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
+        [sys.executable, "-m", "tfdoctor.process.worker", str(channel_fd), str(request_fd)],
+        pass_fds=(channel_fd, request_fd) + kept, env=env, stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(),
         start_new_session=True,  # its own process group: DataLoader workers and all go with it
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent,
     )
 
 
-def _die_with_parent() -> None:
+# How the supervisor starts its worker: a seam, the one the test suite uses (tests/zygote.py sets it to
+# tests/forked_worker.py's `start`, which forks a process that has imported torch already, with
+# spawn_worker's arguments and the same start state). Anything with Popen's poll, wait, kill and pid.
+start_worker: Callable[[int, int, tuple, dict], Any] = spawn_worker
+
+
+def die_with_parent() -> None:
     """In the worker, before exec (Linux): the kernel kills it if the supervisor dies first, however
     that happens, so a worker stuck in the user's code never outlives tfdoctor and holds its pipes."""
     try:

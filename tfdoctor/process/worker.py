@@ -8,10 +8,10 @@ The user's code runs here, never in the process that prints the report, so that:
   a CI job silently green or running until the job's own limit;
 - threads the user leaves running cannot keep tfdoctor alive (the worker ends with os._exit).
 
-The request comes in the environment (protocol.REQUEST_ENV); the events go out one JSON object per
-line (protocol.Channel). tfdoctor/process/protocol.py lists every event and what it carries: hello, phase,
-progress/advance, discovered, result, verdict, then one last word: done, usage-error, exit,
-rank-exit or internal-error.
+Its arguments are two descriptors: the channel the events go out on, one JSON object per line
+(protocol.Channel), and the pipe the request comes in on (protocol.receive_request).
+tfdoctor/process/protocol.py lists every event and what it carries: hello, phase, progress/advance,
+discovered, result, verdict, then one last word: done, usage-error, exit, rank-exit or internal-error.
 """
 
 from __future__ import annotations
@@ -19,19 +19,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import json
 import os
 import sys
 import threading
 import traceback
+import warnings
 from typing import Any, Callable
 
 from tfdoctor.errors import InternalError, OutputShapeError, TfdoctorError, UsageError, folded
 from tfdoctor.process.fds import keep_open
-from tfdoctor.process.protocol import REQUEST_ENV, Channel, Event, Phase, encode_result, encode_verdict
+from tfdoctor.process.protocol import Channel, Event, Phase, encode_result, encode_verdict, receive_request
 from tfdoctor.usercode.world import world
 from tfdoctor.usercode.call_sites import raised_at
 from tfdoctor.process.sandbox import enter as enter_sandbox
+from tfdoctor.usercode.environment import DEBUG
 
 
 class _LineEnds:
@@ -112,18 +113,13 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
     from tfdoctor.recording.collectives import communicating_reason
     from tfdoctor.recording.discovery import discover, subject_of
     from tfdoctor.recording.models import unwrap
-    from tfdoctor.recording.script import ScriptError, record_script
+    from tfdoctor.recording.script import record_script
     from tfdoctor.recording.snapshot import TraceOnly
     from tfdoctor.runner import run_checks
 
     torch.manual_seed(request.get("seed", 0))  # a script that seeds nothing still gives one report
-    try:
-        run = record_script(request.get("script"), request.get("module"), tuple(request.get("args", ())),
-                            steps=request["steps"], model=request.get("model"), session=session)
-    except ScriptError as error:
-        if os.environ.get("TFDOCTOR_DEBUG") and error.__cause__ is not None:
-            traceback.print_exception(error.__cause__, file=sys.stderr)
-        raise
+    run = record_script(request.get("script"), request.get("module"), tuple(request.get("args", ())),
+                        steps=request["steps"], model=request.get("model"), session=session)
     if session is not None and session.world.rank != 0:
         return False
     absent = {}  # inputs the checks cannot have: the runner skips the checks that read them
@@ -168,7 +164,7 @@ def _serve_without_ranks(request: dict, channel: Channel, listener, progress) ->
     channel.send(Event.DISCOVERED, facts={**report.discovered, "series": report.series})
 
 
-def run_watch_request(request: dict, listener=None, send=None) -> None:
+def run_watch_request(request: dict, listener=None, send=None):
     """`tfdoctor watch`: run the script watched to its end (or --max-steps / --max-time), then judge the
     whole run. With `send(event, **data)` (a terminal shows the live view) the finalised steps go out
     a few times a second, with the findings of the run so far."""
@@ -187,8 +183,7 @@ def run_watch_request(request: dict, listener=None, send=None) -> None:
                        on_row=feed.row if feed is not None else None, on_monitor=feed.bind if feed else None)
     if feed is not None:
         feed.flush()
-    report = watched_report(run, request.get("only"), request.get("skip"), listener=listener)
-    return report
+    return watched_report(run, request.get("only"), request.get("skip"), listener=listener)
 
 
 def _unreadable_output(subject):
@@ -278,9 +273,13 @@ def _move(subject, device: str):
     return subject
 
 
-def main(argv: list[str]) -> None:
-    channel = Channel(int(argv[1]))
-    request = json.loads(os.environ.pop(REQUEST_ENV))
+def _prepare(request: dict, channel_fd: int) -> _LineEnds:
+    """This process made ready for the user's code: its output on stderr (returned: the stream tfdoctor
+    ends its lines on), the user's sys.argv, the stack dump armed, tfdoctor's descriptors kept open."""
+    # torch warns "Failed to initialize NumPy" at import when numpy is absent; tfdoctor never needs numpy,
+    # so on a machine without it that line is noise above every report. Only that one warning is hidden,
+    # in this process only (never on `import tfdoctor`: a library user's filters are theirs).
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     # The user's prints, Python's and C's alike, go to stderr: stdout is the report's alone. Under
     # `watch`'s live view stderr is a pipe to the supervisor, which prints them above the view.
     if request.get("output_fd") is not None:
@@ -290,7 +289,7 @@ def main(argv: list[str]) -> None:
     sys.stdout = sys.stderr = output = _LineEnds(sys.stderr)
     sys.argv = [request.get("target", "tfdoctor")]  # the user's module sees no tfdoctor arguments
     dump_path = request.get("stack_dump")
-    kept = [int(argv[1])] + ([request["release_fd"]] if request.get("release_fd") is not None else [])
+    kept = [channel_fd] + ([request["release_fd"]] if request.get("release_fd") is not None else [])
     if dump_path and hasattr(__import__("signal"), "SIGUSR1"):
         import faulthandler
         import signal
@@ -301,6 +300,14 @@ def main(argv: list[str]) -> None:
         faulthandler.register(signal.SIGUSR1, file=dump_file, all_threads=True)
         kept.append(dump_file.fileno())
     keep_open(kept)  # the user's os.closerange(3, ...) leaves tfdoctor's pipes and dump file alone
+    return output
+
+
+def main(argv: list[str]) -> None:
+    """`python -m tfdoctor.process.worker CHANNEL_FD REQUEST_FD` (supervisor.spawn_worker)."""
+    channel = Channel(int(argv[1]))
+    request = receive_request(int(argv[2]))
+    output = _prepare(request, int(argv[1]))
     # Before any thread starts (a user namespace needs one) and before the user's code runs.
     sandbox = enter_sandbox(request.get("sandbox"))
     channel.send(Event.HELLO, pid=os.getpid(), main_thread=threading.main_thread().ident)
@@ -332,6 +339,9 @@ def main(argv: list[str]) -> None:
         output.end_line()
         channel.send(Event.DONE)
     except TfdoctorError as error:
+        if DEBUG.on() and error.__cause__ is not None:  # the user's code raised: its traceback, as the hint says
+            output.end_line()
+            traceback.print_exception(error.__cause__, file=sys.stderr)
         if session is not None and session.world.rank != 0 and session.verdict_group is not None:
             # rank 0 prints the job's line: this rank ends only once it has (torchrun ends the rest then)
             with contextlib.suppress(Exception):

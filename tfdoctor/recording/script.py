@@ -39,9 +39,6 @@ class ScriptError(LoadError):
     """The script could not be audited: it raised, exited or ended before its first optimizer step."""
 
 
-_StopScript = StopScript  # raised out of the script's step at the stop point (see recording/stopping.py)
-
-
 @dataclass
 class ScriptRun:
     """What running the script up to its stop point produced."""
@@ -93,9 +90,9 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
                 try:
                     run_main(path, module)
                     recorder._manual_update()  # a hand-written update after the last backward
-                except _StopScript:
+                except StopScript:  # raised out of the script's step at the stop point (recording/stopping.py)
                     ended = "stopped"
-        except _StopScript:
+        except StopScript:
             ended = "stopped"
         except SystemExit as exc:
             ended, error = "exit", exc

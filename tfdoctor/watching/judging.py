@@ -27,7 +27,7 @@ def judge_run(series: RunSeries, only=None, skip=None, listener=None) -> list[Re
             result = Result.errored(f"tfdoctor's own {spec.id} judge crashed: {type(exc).__name__}: {exc} "
                                     f"(at {where.filename.rsplit('/', 1)[-1]}:{where.lineno})",
                                     "a bug in tfdoctor, not in your run: please report it")
-        result.id, result.title = spec.id, spec.title
+        result = spec.stamp(result)
         result.seconds = time.perf_counter() - started
         results.append(result)
         if listener is not None:

@@ -20,9 +20,7 @@ from typing import Optional
 
 from tfdoctor.process.sandbox.ledger import summary, write_state
 from tfdoctor.process.sandbox.roots import exempt_folders, inside, protected_roots
-
-FORCE_ENV = "TFDOCTOR_SANDBOX"  # "interpose": skip the overlay (CI without user namespaces behaves so)
-KEEP_ENV = "TFDOCTOR_KEEP_WRITES"  # a folder: keep a copy of what the code wrote there, for inspection
+from tfdoctor.usercode.environment import KEEP_WRITES, SANDBOX
 OVERLAY_LIMITS = ("renaming a folder the code did not create fails with EXDEV (shutil.move copies); under --nproc "
                   "each rank has its own view of the protected folders")
 INTERPOSE_LIMITS = ("Python file APIs only: non-Python subprocesses and C/Rust code that opens paths itself "
@@ -38,7 +36,7 @@ class Host:
         `keep_in`: a folder where a copy of what the code wrote is kept (`watch --keep-writes`), else
         TFDOCTOR_KEEP_WRITES."""
         roots = protected_roots(request)
-        self.keep_in = keep_in or os.environ.get(KEEP_ENV) or None
+        self.keep_in = keep_in or KEEP_WRITES.get() or None
         self.scratch = tempfile.mkdtemp(prefix="tfdoctor-writes-", dir=_scratch_parent(roots))
         self.spec = {"scratch": self.scratch, "roots": roots, "exempt": exempt_folders(roots, own)}
 
@@ -86,8 +84,8 @@ def enter(spec: Optional[dict]) -> Optional[Sandbox]:
     if not spec:
         return None
     scratch, roots, exempt = spec["scratch"], spec["roots"], spec.get("exempt", [])
-    if os.environ.get(FORCE_ENV) == "interpose":
-        fallback = f"{FORCE_ENV}=interpose"
+    if SANDBOX.get() == "interpose":
+        fallback = f"{SANDBOX.name}=interpose"
     else:
         from tfdoctor.process.sandbox import overlay
 

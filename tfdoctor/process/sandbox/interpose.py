@@ -10,13 +10,16 @@ they are imported). Child Python processes (DataLoader spawn workers, subprocess
 from TFDOCTOR_SANDBOX_VIEW through boot/sitecustomize.py. Not covered: non-Python subprocesses, C
 and Rust code that opens paths itself, calls given a dir_fd.
 
-Self-contained (no tfdoctor import): boot/sitecustomize.py loads this file by its path.
+No tfdoctor import: boot/sitecustomize.py loads this file by its path in the Python processes the user's
+code starts, where tfdoctor may not be importable (another environment's python); the two leaf modules
+it shares with tfdoctor (usercode/import_hooks.py, usercode/environment.py) are loaded by path too.
 """
 
 from __future__ import annotations
 
 import builtins
 import errno
+import importlib.util
 import io
 import json
 import os
@@ -24,9 +27,21 @@ import shutil
 import stat
 import sys
 
-from tfdoctor.usercode.import_hooks import AfterImport
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tfdoctor/
 
-VIEW_ENV = "TFDOCTOR_SANDBOX_VIEW"
+
+def _leaf(relative: str):
+    """tfdoctor/RELATIVE, a module with no tfdoctor import, loaded by its path (once per process)."""
+    name = "_tfdoctor_sandbox_" + relative[:-3].replace("/", "_")
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(_PACKAGE, relative))
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+AfterImport = _leaf("usercode/import_hooks.py").AfterImport
+VIEW_ENV = _leaf("usercode/environment.py").SANDBOX_VIEW.name
 BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
 _R = {name: getattr(os, name) for name in (
     "open", "remove", "unlink", "rmdir", "mkdir", "rename", "replace", "truncate", "chmod", "chown", "utime",

@@ -1,13 +1,14 @@
-"""Start the worker by forking this process rather than a fresh interpreter.
+"""The suite's way to start the worker: by forking the supervisor's process rather than a fresh interpreter.
 
-The supervisor starts `python -m tfdoctor.process.worker`, which spends 2-3 s importing torch (and
-TorchDynamo, which torch.optim's first step imports) before it runs a line of the user's code. The
-`tfdoctor` command itself never imports torch, so a user gains nothing from forking it. The test suite
-does: it runs the command in a process that has imported torch already (tests/zygote.py) and sets
-TFDOCTOR_FORK_WORKER=1, so that each of its runs starts its worker in milliseconds. From the fork on,
-the worker runs the same `tfdoctor.process.worker.main` as the exec'd one, in the state a fresh worker has:
-its own session, stdin from /dev/null, stdout on the supervisor's stderr, only the channel's
-descriptors open, Python's own signal handlers, the request's environment.
+The supervisor starts `python -m tfdoctor.process.worker` (supervisor.spawn_worker), which spends 2-3 s
+importing torch (and torch._dynamo, which torch.optim's first step imports) before it runs a line of
+the user's code. The `tfdoctor` command itself never imports torch, so a user gains nothing from
+forking it. The test suite does: it runs the command in a process that has imported torch already
+(tests/zygote.py), which puts `start` in the supervisor's seam (supervisor.start_worker), so that each
+of its runs starts its worker in milliseconds. From the fork on, the worker runs the same
+`tfdoctor.process.worker.main` as the exec'd one, in the state a fresh worker has: its own session,
+stdin from /dev/null, stdout on the supervisor's stderr, only the channel's and the request's
+descriptors open, Python's own signal handlers, the supervisor's environment.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import tempfile
 import time
 from typing import Callable, Iterable, Optional
 
-FORK_ENV = "TFDOCTOR_FORK_WORKER"
+from tfdoctor.process import supervisor
+
 _WAIT_STEP_SECONDS = 0.005
 
 
-def wanted() -> bool:
-    """Asked for, and worth it: this process has torch loaded for the fork to inherit."""
-    return os.environ.get(FORK_ENV) == "1" and "torch" in sys.modules and hasattr(os, "fork")
+def start(channel_fd: int, request_fd: int, kept: tuple, env: dict) -> "ForkedWorker":
+    """supervisor.spawn_worker's stand-in, with its arguments."""
+    return ForkedWorker.start(channel_fd, request_fd, kept, env, sys.stderr.fileno(), supervisor.die_with_parent)
 
 
 class ForkedWorker:
@@ -37,7 +39,7 @@ class ForkedWorker:
         self.returncode: Optional[int] = None
 
     @classmethod
-    def start(cls, channel_fd: int, pass_fds: Iterable[int], env: dict, stdout_fd: int,
+    def start(cls, channel_fd: int, request_fd: int, pass_fds: Iterable[int], env: dict, stdout_fd: int,
               before: Callable[[], None]) -> "ForkedWorker":
         """Fork; the child becomes the worker and never returns here. `before` runs in the child
         first, as Popen's preexec_fn does."""
@@ -46,7 +48,7 @@ class ForkedWorker:
         pid = os.fork()
         if pid == 0:
             try:
-                _become_worker(channel_fd, set(pass_fds), env, stdout_fd, before)
+                _become_worker(channel_fd, request_fd, set(pass_fds), env, stdout_fd, before)
             finally:
                 os._exit(1)  # the worker ends with os._exit; anything else is a crash of the start
         return cls(pid)
@@ -74,13 +76,14 @@ class ForkedWorker:
                 pass
 
 
-def _become_worker(channel_fd: int, pass_fds: set, env: dict, stdout_fd: int, before: Callable[[], None]) -> None:
+def _become_worker(channel_fd: int, request_fd: int, pass_fds: set, env: dict, stdout_fd: int,
+                   before: Callable[[], None]) -> None:
     os.setsid()  # start_new_session=True: its own process group, which the supervisor kills whole
     before()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(stdout_fd, 1)
-    _close_all_but({0, 1, 2, channel_fd, *pass_fds})
+    _close_all_but({0, 1, 2, channel_fd, request_fd, *pass_fds})
     _fresh_signal_handlers()
     os.environ.clear()
     os.environ.update(env)
@@ -88,7 +91,7 @@ def _become_worker(channel_fd: int, pass_fds: set, env: dict, stdout_fd: int, be
     sys.path[0] = os.getcwd()  # `python -m` puts the working folder first, where `-m MODULE` is found
     from tfdoctor.process import worker
 
-    worker.main(["tfdoctor.process.worker", str(channel_fd)])
+    worker.main(["tfdoctor.process.worker", str(channel_fd), str(request_fd)])
 
 
 def _close_all_but(keep: set) -> None:
