@@ -92,7 +92,8 @@ def test_judge_json_carries_the_series_and_where_each_came_from(followed):
     done = tfdoctor("judge", str(followed["log"]), "--format", "json")
     assert done.code == 1 and done.statuses["loss-divergence"] == "fail"
     (run,) = done.json["discovered"]["runs"]
-    assert run["format"] == "jsonl" and run["sources"]["loss"] == "loss" and run["sources"]["eval:val_loss"] == "val_loss"
+    assert run["format"] == "jsonl" and run["sources"]["loss"] == "loss"
+    assert run["sources"]["eval:val_loss"] == "val_loss"
     steps = done.json["series"]["steps"]
     logged = [json.loads(line) for line in followed["log"].read_text().splitlines() if '"loss"' in line]
     assert steps["step"] == [line["iter"] for line in logged] and steps["loss"] == [line["loss"] for line in logged]

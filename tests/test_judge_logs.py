@@ -11,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -289,10 +288,10 @@ def test_half_written_last_line_is_left_out_and_said(jsonl_log, tmp_path):
     assert any("half-written" in note for note in run.notes)
     csv_log = tmp_path / "log.csv"
     train = [line for line in _lines(jsonl_log) if "loss" in line]
-    csv_log.write_text("step,train_loss,learning_rate\n" + "".join(f"{l['iter']},{l['loss']!r},{l['lr']!r}\n"
-                                                                   for l in train) + "61,1.9")
+    csv_log.write_text("step,train_loss,learning_rate\n" + "".join(f"{row['iter']},{row['loss']!r},{row['lr']!r}\n"
+                                                                   for row in train) + "61,1.9")
     run = only_run(csv_log)
-    assert run.format == "csv" and losses_of(run) == {l["iter"]: l["loss"] for l in train}
+    assert run.format == "csv" and losses_of(run) == {row["iter"]: row["loss"] for row in train}
     assert any("half-written" in note for note in run.notes)
 
 

@@ -26,11 +26,10 @@ def preload() -> None:
     import torch._dynamo  # noqa: F401  (torch.optim's first step imports it)
     import torch.optim  # noqa: F401
 
+    import forked_worker  # tests/, this file's folder: sys.path[0]
     import tfdoctor.cli  # noqa: F401
     import tfdoctor.process.worker  # noqa: F401
     from tfdoctor.process import supervisor
-
-    import forked_worker  # tests/, this file's folder: sys.path[0]
 
     supervisor.start_worker = forked_worker.start  # every command forked from here forks its worker too
 

@@ -11,9 +11,9 @@ from typing import Optional
 import typer
 
 from tfdoctor.cli.app import Format, app, shown
+from tfdoctor.cli.flags import budget_in_range, format_ready, selection_nonempty, writable
 from tfdoctor.cli.outcome import emit, fail_usage
 from tfdoctor.errors import TfdoctorError, UsageError
-from tfdoctor.cli.flags import budget_in_range, format_ready, selection_nonempty, writable
 
 DEFAULT_EVERY = 2.0  # seconds between reads of a followed log
 DEFAULT_IDLE = 600.0  # a followed log that has not grown for this long: its run is taken as over

@@ -10,11 +10,11 @@ import os
 from pathlib import Path
 from typing import Callable, Optional
 
-from tfdoctor.errors import UsageError, missing_name_hint
 import tfdoctor.logs.mlflow as mlflow  # modules, not the package face: no circle with logs/__init__
 import tfdoctor.logs.tables as tables
 import tfdoctor.logs.tensorboard as tensorboard
 import tfdoctor.logs.trainer_state as trainer_state
+from tfdoctor.errors import UsageError, missing_name_hint
 from tfdoctor.logs.logged import Columns, LoggedRun, LogUnreadable, NothingLogged
 from tfdoctor.logs.mapping import logged_run
 from tfdoctor.logs.names import role_of

@@ -18,9 +18,19 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from tfdoctor.usercode.torch_compat import (SDPA_CUDNN, SDPA_EFFICIENT, SDPA_FLASH, SDPA_FLASH_CPU, SDPA_OP_PREFIX,
-                                            autograd_node_number, current_autograd_node, dispatch_mode_base,
-                                            storage_id, tensor_storage_id, tree_leaves)
+from tfdoctor.usercode.torch_compat import (
+    SDPA_CUDNN,
+    SDPA_EFFICIENT,
+    SDPA_FLASH,
+    SDPA_FLASH_CPU,
+    SDPA_OP_PREFIX,
+    autograd_node_number,
+    current_autograd_node,
+    dispatch_mode_base,
+    storage_id,
+    tensor_storage_id,
+    tree_leaves,
+)
 
 _NODE_KEY = "tfdoctor.module"  # where a forward op's autograd node remembers its module
 LARGEST_KEPT = 6

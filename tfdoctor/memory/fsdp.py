@@ -37,9 +37,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tfdoctor.usercode.torch_compat import (dispatch_mode_base, dtensor_class, fsdp2_memory_tracker_class,
-                                            fsdp2_param_tensors, fsdp2_params, fully_shard_function, local_tensor,
-                                            storage_id, tree_leaves)
+from tfdoctor.usercode.torch_compat import (
+    dispatch_mode_base,
+    dtensor_class,
+    fsdp2_memory_tracker_class,
+    fsdp2_param_tensors,
+    fsdp2_params,
+    fully_shard_function,
+    local_tensor,
+    storage_id,
+    tree_leaves,
+)
 
 PARAMETERS, GRADIENTS, OPTIMIZER, ACTIVATIONS = "parameters", "gradients", "optimizer states", "activations"
 COMPONENTS = (PARAMETERS, GRADIENTS, OPTIMIZER, ACTIVATIONS)

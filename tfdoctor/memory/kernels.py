@@ -33,8 +33,17 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from tfdoctor.errors import UsageError
-from tfdoctor.usercode.torch_compat import (SDPA_CUDNN, SDPA_EFFICIENT, SDPA_FLASH, SDPA_FLASH_CPU, SDPA_OVERRIDEABLE,
-                                            dispatch_mode_base, sdpa_efficient, sdpa_flash, sdpa_math)
+from tfdoctor.usercode.torch_compat import (
+    SDPA_CUDNN,
+    SDPA_EFFICIENT,
+    SDPA_FLASH,
+    SDPA_FLASH_CPU,
+    SDPA_OVERRIDEABLE,
+    dispatch_mode_base,
+    sdpa_efficient,
+    sdpa_flash,
+    sdpa_math,
+)
 
 TARGETS = ("cpu", "cuda")
 MATH = "math path (stores the T x T scores)"

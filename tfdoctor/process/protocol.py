@@ -1,5 +1,6 @@
 """The worker <-> supervisor protocol, defined once: how the request reaches the worker (a JSON object
-on a pipe of its own, read to its end: send_request / receive_request), the events it sends back (one JSON object per line on a pipe, "event" naming which), how a worker ended, and the
+on a pipe of its own, read to its end: send_request / receive_request), the events it sends back (one
+JSON object per line on a pipe, "event" naming which), how a worker ended, and the
 encoding of what crosses the pipe (Results and the memory Verdict, as JSON).
 
 The worker (tfdoctor/process/worker.py) writes events with Channel; the supervisor (tfdoctor/process/supervisor.py)

@@ -21,8 +21,13 @@ from tfdoctor.modes import outermost_mode_calls
 from tfdoctor.recording.grads import grad_norm, params_of
 from tfdoctor.recording.schedule import snapshot_scheduler
 from tfdoctor.usercode.call_sites import is_library
-from tfdoctor.usercode.torch_compat import (autocast_enabled, scaler_device, scaler_enabled, scaler_init_scale,
-                                            scheduler_is_initial)
+from tfdoctor.usercode.torch_compat import (
+    autocast_enabled,
+    scaler_device,
+    scaler_enabled,
+    scaler_init_scale,
+    scheduler_is_initial,
+)
 
 
 class PatchedCalls:

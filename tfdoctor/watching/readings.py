@@ -11,8 +11,12 @@ from typing import Any, Optional
 
 import torch
 
-from tfdoctor.usercode.torch_compat import (dataloader_iterator_setting, foreach_norms, index_sampler,
-                                            scaler_scale_tensor)
+from tfdoctor.usercode.torch_compat import (
+    dataloader_iterator_setting,
+    foreach_norms,
+    index_sampler,
+    scaler_scale_tensor,
+)
 from tfdoctor.watching.series import StepRow
 
 # Frames of these packages are the machinery, not the script: torch's, and tfdoctor's own hooks.

@@ -21,6 +21,7 @@ from typing import Optional
 from tfdoctor.process.sandbox.ledger import summary, write_state
 from tfdoctor.process.sandbox.roots import exempt_folders, inside, protected_roots
 from tfdoctor.usercode.environment import KEEP_WRITES, SANDBOX
+
 OVERLAY_LIMITS = ("renaming a folder the code did not create fails with EXDEV (shutil.move copies); under --nproc "
                   "each rank has its own view of the protected folders")
 INTERPOSE_LIMITS = ("Python file APIs only: non-Python subprocesses and C/Rust code that opens paths itself "
