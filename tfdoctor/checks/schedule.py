@@ -1,6 +1,7 @@
 """Schedule judge: does the learning rate of every param group warm up to a peak a Transformer can
 train at (lr-schedule)? Judges the one recorded trace of the loop, handed in by the runner, through
-the rates tfdoctor/recording/windows.py reads or projects for each param group.
+each param group's rates as recording/windows.py reads them (GroupSchedule): recorded, or projected
+from its scheduler when the recording ended. Plain numbers only: no scheduler runs here.
 """
 
 from __future__ import annotations
