@@ -136,8 +136,10 @@ def test_a_model_that_decodes_its_maximum_positions_skips_where_they_match_the_b
 
 
 def test_the_scripts_own_optimizer_is_tried_first_and_a_small_rate_fails_nothing():
-    recorded = [{"class": "AdamW", "groups": [{"lr": 1e-7, "initial_lr": 1e-7, "betas": [0.9, 0.95],
-                                               "weight_decay": 0.1, "eps": 1e-8, "foreach": None}]}]
+    from tfdoctor.recording.trace import OptimizerRecord
+
+    recorded = [OptimizerRecord("AdamW", 1, [{"lr": 1e-7, "initial_lr": 1e-7, "betas": [0.9, 0.95],
+                                              "weight_decay": 0.1, "eps": 1e-8, "foreach": None}], [{}])]
     result = run_checks(build_fixture("gpt_correct"), only="overfit-batch",
                         options={"recorded_optimizers": recorded})["overfit-batch"]
     assert result.status.value == "pass", result.message

@@ -12,7 +12,7 @@ import pytest
 from tfdoctor.errors import UsageError
 from tfdoctor.memory.analytic import Config, estimate, judge, largest_fitting, parameter_count, peak
 from tfdoctor.memory.sizes import format_bytes, parse_size
-from tfdoctor.report.memory import render
+from tfdoctor.report import render
 
 GIB = 2**30
 SEED = Config(batch=8, seq=5000, d_model=512, heads=8, layers=6, vocab=10000)

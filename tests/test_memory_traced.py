@@ -396,7 +396,7 @@ def test_report_names_the_kernel_assumed():
 
     pytest.importorskip("transformers")
     import llama_meta
-    from tfdoctor.report.memory import render
+    from tfdoctor.report import render
 
     verdict = judge_traced(Subject(llama_meta.build(), vocab_size=256), "llama", 2, 64, 2**20, "test",
                            device="cuda")

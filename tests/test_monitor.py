@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from helpers import ROOT
 from tfdoctor.watching.hooks import watching
 from tfdoctor.watching.monitor import Monitor, StopWatching
 
@@ -423,3 +424,24 @@ def test_a_small_share_is_cut_where_the_evaluations_pooled_say():
     points = eval_points(evaluations, set())
     assert [(p.step, p.calls, p.split) for p in points] == [
         (step, 4, split) for step in (0, 100, 200, 300) for split in ("training-split", "held-out")]
+
+
+@pytest.mark.parametrize("script", ["raises_early", "exits_early", "never_steps"])
+def test_watch_refuses_a_script_without_a_step_in_run_s_words(script):
+    """watch and run share one script driver core (usercode/as_main.py): a script that raises or exits
+    before its first optimizer step is refused in the same sentence and hint by both; one that just
+    ends without a step is said in each command's own terms."""
+    from tfdoctor.recording.script import ScriptError, record_script
+    from tfdoctor.watching.driver import WatchError, watch_script
+
+    path = str(ROOT / f"fixtures/scripts/bad/{script}.py")
+    with pytest.raises(WatchError) as watched:
+        watch_script(path)
+    with pytest.raises(ScriptError) as recorded:
+        record_script(path)
+    if script == "never_steps":
+        assert watched.value.message.endswith("ended without an optimizer step, so there is no run to watch")
+        assert "3 forward(s) of a model" in recorded.value.message
+        return
+    assert watched.value.message.endswith("before its first optimizer step") and watched.value.hint
+    assert (watched.value.message, watched.value.hint) == (recorded.value.message, recorded.value.hint)

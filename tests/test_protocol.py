@@ -52,7 +52,7 @@ def test_result_round_trip():
 
 
 def test_analytic_verdict_round_trip_renders_the_same():
-    from tfdoctor.report.memory import render
+    from tfdoctor.report import render
 
     verdict = judge(Config(batch=8, seq=512).validated(), 1 << 30, "test")
     back = decode_verdict(json.loads(json.dumps(encode_verdict(verdict))))

@@ -335,7 +335,7 @@ def test_checks_catalogue_wraps_every_fix_at_80_columns_through_a_pipe():
 
 def test_memory_remedies_wrap_long_code_at_80_columns():
     from tfdoctor.memory.analytic import Config, judge
-    from tfdoctor.report.memory import render as render_memory
+    from tfdoctor.report import render as render_memory
 
     verdict = judge(Config(batch=64, seq=4096).validated(), 8 << 30, "--budget")
     code = "torch.autocast(device_type='cuda', dtype=torch.bfloat16) around the forward and the loss"

@@ -7,6 +7,7 @@ from helpers import build_fixture
 from tfdoctor import Subject, assert_healthy, run_checks
 from tfdoctor.errors import SubjectError, UsageError
 from tfdoctor.registry import all_checks, select
+from tfdoctor.result import Status
 
 ISSUE_2_IDS = ["future-leak", "mask-direction", "init-loss", "overfit-batch"]
 
@@ -245,3 +246,17 @@ def test_a_check_that_needs_the_loop_but_takes_no_trace_is_refused():
 
     with pytest.raises(TypeError, match="take the recorded loop as a `trace` parameter"):
         check("no-such-loop-check", title="never registered", needs=("train",))(lambda subject: None)
+
+
+def test_a_run_judge_that_crashes_is_its_own_error_and_the_others_still_run():
+    """The run judges go through the checks' runner core: a judge handed a series it cannot read (None
+    here) becomes that judge's error, said to be tfdoctor's bug, and the next judge still runs."""
+    from tfdoctor.watching.judging import judge_run
+
+    heard = []
+    results = judge_run(None, only=["loss-spike", "data-wait"], listener=lambda event, _: heard.append(event))
+    assert sorted(r.id for r in results) == ["data-wait", "loss-spike"] and heard == ["start", "result"] * 2
+    for result in results:
+        assert result.status is Status.ERROR and result.title, result.message
+        assert result.message.startswith(f"tfdoctor's own {result.id} judge crashed: AttributeError: ")
+        assert result.hint == "a bug in tfdoctor, not in your run: please report it"

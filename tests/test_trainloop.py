@@ -288,6 +288,37 @@ def test_lr_far_above_fails_only_when_the_loss_blows_up(loop_audit):
     assert "blow_up" not in warned.details
 
 
+def test_the_trace_keeps_schedules_and_optimizers_as_plain_numbers():
+    """The scheduler is projected when the recording ends: the Trace holds its rates as floats, not a
+    copy of the scheduler (whose lambda would not pickle, and which the judge would have to step)."""
+    import pickle
+
+    from tfdoctor.recording.batches import train_batches
+    from tfdoctor.recording.loop import record_loop
+    from tfdoctor.subject import Subject, resolve
+
+    def train(model, batches):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 4))
+        for ids in batches:
+            loss = torch.nn.functional.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten(),
+                                                     ignore_index=PAD_ID)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+
+    subject = resolve(Subject(build_fixture("gpt_correct"), pad_id=PAD_ID, train=train))
+    trace = record_loop(subject, train_batches(subject, 3, torch.Generator().manual_seed(0)))
+    (schedule,), (optimizer,) = trace.schedules, trace.optimizers
+    assert (schedule.name, schedule.steps, optimizer.class_name) == ("LambdaLR", 3, "AdamW")
+    assert schedule.optimizer == optimizer.id
+    (rates,) = schedule.projected
+    assert all(type(rate) is float for rate in rates)
+    assert rates[:5] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+    assert pickle.loads(pickle.dumps(trace.schedules)) == trace.schedules
+
+
 def test_manual_schedules_are_read_from_the_recorded_rates(loop_audit):
     warming = loop_audit("manual_warmup")["lr-schedule"]
     assert warming.details["source"] == "recorded at the loop's optimizer steps"

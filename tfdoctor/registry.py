@@ -94,8 +94,8 @@ class CheckSpec:
     per_position: bool = False
 
     def stamp(self, result: Result) -> Result:
-        """The result under this check's id and title: the one place a Result gets them, whichever
-        runner ran the check (runner.run_checks, watching/judging.judge_run)."""
+        """The result under this check's id and title: the one place a Result gets them, called by the
+        runner's one core, runner.protected, for the checks and the run judges alike."""
         result.id, result.title = self.id, self.title
         return result
 

@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import time
 import traceback
+from typing import Callable
 
 from tfdoctor.context import RunContext, current, memo, progress as progress_task, running, _no_progress
 from tfdoctor.registry import CheckSpec, select
@@ -120,6 +121,55 @@ _BLOCKED = ("the model's logits are NaN/Inf on valid random tokens, so this chec
             "finite-logits)")
 
 
+def protected(spec: CheckSpec, judge: Callable[[], Result], crashed: Callable[[Exception], Result]) -> Result:
+    """`judge()` as the check's Result: timed, under its id and title, and a crash turned into
+    `crashed(exc)`, the check's own `error`, never the run's. The one runner core of every command:
+    the checks of a subject (run_checks) and the judges of a watched run (run_judges)."""
+    started = time.perf_counter()
+    try:
+        result = judge()
+        if not isinstance(result, Result):
+            raise TypeError(f"check returned {type(result).__name__}, not Result")
+    except Exception as exc:  # noqa: BLE001 - the runner owns `error`: one check's crash is not the run's
+        result = crashed(exc)
+    result = spec.stamp(result)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def run_judges(series, only=None, skip=None, listener=None) -> list[Result]:
+    """The Results of the selected run judges (registry: inputs=("series",)) on one watched run's
+    `series` (watching/series.RunSeries), in catalogue order. `listener(event, payload)` hears "start"
+    (the id) and "result" (the Result), as run_checks' listener does. The judges are pure: the same
+    series gives the same findings wherever it is judged (the `watch` worker, a callback inside the
+    user's Trainer)."""
+    results = []
+    for spec in select(only, skip, run_judges=True):
+        if listener is not None:
+            listener("start", spec.id)
+        result = protected(spec, functools.partial(spec.func, series), functools.partial(_judge_crashed, spec))
+        results.append(result)
+        if listener is not None:
+            listener("result", result)
+    return results
+
+
+def _judge_crashed(spec: CheckSpec, exc: Exception) -> Result:
+    """A run judge reads only tfdoctor's own series, so its crash is tfdoctor's bug, said as such."""
+    where = traceback.extract_tb(exc.__traceback__)[-1]
+    return Result.errored(f"tfdoctor's own {spec.id} judge crashed: {type(exc).__name__}: {exc} "
+                          f"(at {where.filename.rsplit('/', 1)[-1]}:{where.lineno})",
+                          "a bug in tfdoctor, not in your run: please report it")
+
+
+def _check_crashed(exc: Exception) -> Result:
+    """A check runs the user's model, so its crash is told with the traceback, whoever's it is."""
+    frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    return Result.errored(f"{type(exc).__name__}: {exc}",
+                          "the check crashed while running your model; the traceback is in details",
+                          {"traceback": "".join(frames[-6:])})
+
+
 class Fixtures:
     """What the runner hands a check by parameter name besides the subject, made once per run.
 
@@ -223,32 +273,23 @@ def _run_one(spec: CheckSpec, subject: Subject, seed: int, fixtures: Fixtures) -
 
     from tfdoctor.probes.process_state import preserved_process_state
 
-    start = time.perf_counter()
-    judged, func, unjudged = _judged_as(spec, subject)
-    reason = _applies(spec, subject, fixtures) or unjudged
-    if reason is not None:
-        result = Result.skipped(reason)
-    else:
+    def judge() -> Result:
+        judged, func, unjudged = _judged_as(spec, subject)
+        reason = _applies(spec, subject, fixtures) or unjudged
+        if reason is not None:
+            return Result.skipped(reason)
         with preserved_process_state():
             torch.manual_seed(seed)
-            try:
-                result = func(judged, **{name: fixtures[name] for name in spec.fixtures})
-                if judged is not subject and result.status is not Status.SKIP:  # a pooled classifier's backbone
-                    result.message += " (measured on the backbone's per-position states: a pooled classifier has none of its own)"
-                    result.details["measured_on"] = "backbone states"
-                if not isinstance(result, Result):
-                    raise TypeError(f"check returned {type(result).__name__}, not Result")
-                result = fixtures.located(spec, result)
-            except Exception as exc:  # the runner owns `error`: one check's crash is not the run's
-                frames = traceback.format_exception(type(exc), exc, exc.__traceback__)
-                result = Result.errored(
-                    f"{type(exc).__name__}: {exc}",
-                    "the check crashed while running your model; the traceback is in details",
-                    {"traceback": "".join(frames[-6:])},
-                )
-    result = spec.stamp(result)
-    result.seconds = time.perf_counter() - start
-    return result
+            result = func(judged, **{name: fixtures[name] for name in spec.fixtures})
+            if not isinstance(result, Result):
+                return result  # protected names it
+            if judged is not subject and result.status is not Status.SKIP:  # a pooled classifier's backbone
+                result.message += (" (measured on the backbone's per-position states: a pooled classifier has "
+                                   "none of its own)")
+                result.details["measured_on"] = "backbone states"
+            return fixtures.located(spec, result)
+
+    return protected(spec, judge, _check_crashed)
 
 
 def _judged_as(spec: CheckSpec, subject: Subject) -> tuple:

@@ -47,7 +47,7 @@ def scale_effect(trace, factor: float) -> str:
     if not families or not families <= SCALE_FREE:
         return (f"under SGD that is a {factor:.2f}x learning rate; an adaptive optimizer (Adam) divides the "
                 "scale out, except through the clip threshold and eps")
-    names = "/".join(sorted({o["class"] for o in trace.optimizers}))
+    names = "/".join(sorted({o.class_name for o in trace.optimizers}))
     clips = trace.of("clip")
     limit = clips[0].data.get("limit") if clips else None
     clip = (f"clip_grad_norm_(max_norm={limit:g}) measures norms {factor:.2f}x the true ones, so it cuts steps "

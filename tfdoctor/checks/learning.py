@@ -225,7 +225,7 @@ def _overfit_alone(subject, budget, kept: dict) -> Result:
     chance = 1.0 if subject.task == "regression" else math.log(subject.num_labels or subject.vocab_size)
     target = max(OVERFIT_TARGET_NATS, OVERFIT_TARGET_SHARE * chance)
     goal, floor, attempts, note = target, None, [], None
-    for plan in plans(current().options.get("recorded_optimizers")):
+    for plan in plans(_first_recorded(current().options.get("recorded_optimizers"))):
         model, note = first if not attempts else trainable_copy(subject.model)
         steps = OVERFIT_STEPS if not attempts else OVERFIT_RETRY_STEPS
         try:
@@ -247,6 +247,14 @@ def _overfit_alone(subject, budget, kept: dict) -> Result:
     if attempts[-1].curve[-1] < goal and not attempts[-1].detached:
         kept.update(model=model, batch=batch)
     return _overfit_verdict(subject, batch, attempts, target, goal, floor, note, budget)
+
+
+def _first_recorded(recorded) -> tuple[str, dict] | None:
+    """(class name, first param group's hyperparameters) of the first optimizer `tfdoctor run` recorded
+    (a list of recording/trace.OptimizerRecord), or None."""
+    if not recorded or not recorded[0].groups:
+        return None
+    return recorded[0].class_name, recorded[0].groups[0]
 
 
 def _aligned_batch(subject, generator):

@@ -1,6 +1,7 @@
 """Schedule judge: does the learning rate of every param group warm up to a peak a Transformer can
 train at (lr-schedule)? Judges the one recorded trace of the loop, handed in by the runner, through
-the rates tfdoctor/recording/windows.py reads or projects for each param group.
+each param group's rates as recording/windows.py reads them (GroupSchedule): recorded, or projected
+from its scheduler when the recording ended. Plain numbers only: no scheduler runs here.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import math
 
 from tfdoctor.sparkline import sparkline
-from tfdoctor.recording.windows import group_schedules, step_norms, stepped, window_losses
+from tfdoctor.recording.windows import GroupSchedule, group_schedules, step_norms, stepped, window_losses
 from tfdoctor.registry import check
 from tfdoctor.result import Result
 
@@ -55,17 +56,17 @@ def _blow_up(trace) -> str | None:
     return None
 
 
-def _holds(group: dict) -> str:
-    held = group["holds"]
+def _holds(group: GroupSchedule) -> str:
+    held = group.holds
     parts = [kind if kind != "vector" else "norms/biases" for kind in ("matrix", "embedding", "vector")
              if held.get(kind)]
     return "matrices" if parts == ["matrix"] else " + ".join(p if p != "matrix" else "matrices" for p in parts) \
         or "?"
 
 
-def _describe(group: dict) -> str:
-    rising = " and rising" if group["rising"] else ""
-    return f"{group['optimizer']} group {group['group']} ({_holds(group)}) {group['peak_lr']:.2g}{rising}"
+def _describe(group: GroupSchedule) -> str:
+    rising = " and rising" if group.rising else ""
+    return f"{group.optimizer} group {group.group} ({_holds(group)}) {group.peak_lr:.2g}{rising}"
 
 
 # The schedule kept as evidence (the HTML report draws it): at most this many [step, rate] points, as a
@@ -79,22 +80,19 @@ def _thinned(rates: list[float]) -> list[list]:
     return kept if kept[-1][0] == len(rates) - 1 else kept + [[len(rates) - 1, rates[-1]]]
 
 
-def _main_group(groups: list[dict]) -> tuple[dict, dict]:
+def _main_group(groups: list[GroupSchedule]) -> tuple[GroupSchedule, dict]:
     """The param group that holds the most tensors (the highest peak among equals), and the evidence:
     its schedule, then every group's."""
-    size = {id(g): sum(g["holds"].values()) for g in groups}
-    main = max(groups, key=lambda g: (size[id(g)], g["peak_lr"]))
-    details = {"source": main["source"], "peak_lr": main["peak_lr"], "peak_step": main["peak_step"],
-               "start_lr": main["start_lr"], "optimizer": main["optimizer"], "base_lr": main["base_lr"],
-               "betas": main["betas"], "eps": main["eps"], "weight_decay": main["weight_decay"],
-               "schedule_sparkline": sparkline(main["rates"]), "schedule_head": main["rates"][:5],
-               "schedule": _thinned(main["rates"]),
-               "groups": [{k: v for k, v in g.items() if k != "rates"} | {"rates_head": g["rates"][:5]}
-                          for g in groups]}
+    main = max(groups, key=lambda g: (sum(g.holds.values()), g.peak_lr))
+    details = {"source": main.source, "peak_lr": main.peak_lr, "peak_step": main.peak_step,
+               "start_lr": main.start_lr, "optimizer": main.optimizer, "base_lr": main.base_lr,
+               "betas": main.betas, "eps": main.eps, "weight_decay": main.weight_decay,
+               "schedule_sparkline": sparkline(main.rates), "schedule_head": main.rates[:5],
+               "schedule": _thinned(main.rates), "groups": [g.evidence() for g in groups]}
     return main, details
 
 
-def _no_warmup(groups: list[dict], start: float, peak: float, details: dict) -> Result | str:
+def _no_warmup(groups: list[GroupSchedule], start: float, peak: float, details: dict) -> Result | str:
     """A schedule with no warm-up on Adam: a warning (the start of its message) where the first update
     is large against the weights, else the note to add to the pass."""
     moved = _first_update_share(groups)
@@ -110,11 +108,11 @@ def _no_warmup(groups: list[dict], start: float, peak: float, details: dict) -> 
             f"size (RMS {moved[1]:.2g}), small enough without one)")
 
 
-def _first_update_share(groups: list[dict]) -> tuple[float, float] | None:
+def _first_update_share(groups: list[GroupSchedule]) -> tuple[float, float] | None:
     """(the largest share of its weights' typical size that a group of weight matrices moves at the
     first step, that size), from the first rate and the matrices' RMS before it; None when unknown."""
-    shares = [(g["start_lr"] / g["matrix_rms"], g["matrix_rms"]) for g in groups
-              if g.get("matrix_rms") and g["holds"].get("matrix") and g["start_lr"] > 0]
+    shares = [(g.start_lr / g.matrix_rms, g.matrix_rms) for g in groups
+              if g.matrix_rms and g.holds.get("matrix") and g.start_lr > 0]
     return max(shares) if shares else None
 
 
@@ -145,72 +143,98 @@ def lr_schedule(subject, trace) -> Result:
     if not groups:
         return Result.skipped("the loop's optimizer steps carried no learning rate")
     main, details = _main_group(groups)
-    peak, peak_step, start = main["peak_lr"], main["peak_step"], main["start_lr"]
-    adaptive = main["betas"] is not None
-    adam = (f"{main['optimizer']} betas {tuple(main['betas'])}, eps {main['eps']:g}" if adaptive and main["eps"]
-            is not None else main["optimizer"])
+    adam = (f"{main.optimizer} betas {tuple(main.betas)}, eps {main.eps:g}" if main.betas is not None
+            and main.eps is not None else main.optimizer)
     several = f"; {len(groups)} param groups" if len(groups) > 1 else ""
-    shape = f"peak {peak:.1e} at step {peak_step} ({main['source']}); {adam}{several}"
+    schedulers = [s.name for s in trace.schedules]
+    return (_too_low(groups, schedulers, adam, details) or _still_warming(groups, trace.steps, adam, several, details)
+            or _too_high(groups, trace, details) or _sensible(groups, main, adam, several, details))
 
-    seen = [g for g in groups if not g["rising"]]
-    if all(g["peak_lr"] < LR_FAIL_LOW for g in groups):
-        top = max(groups, key=lambda g: g["peak_lr"])
-        if not top["rising"]:
-            details.update(peak_lr=top["peak_lr"], peak_step=top["peak_step"])
-            hint = f"pick a peak learning rate between 1e-5 and 3e-3 for {top['optimizer']}"
-            if any(s["name"] == "LambdaLR" for s in trace.schedules):
-                hint = (f"LambdaLR multiplies the optimizer's lr ({top['base_lr']:g}) by your lambda; if the "
-                        "lambda already returns the rate (Noam), create the optimizer with lr=1.0")
-            every = "every param group peaks" if len(groups) > 1 else "the learning rate peaks"
-            return Result.failed(f"{every} below {LR_FAIL_LOW:g}: at most {top['peak_lr']:.1e} (step "
-                                 f"{top['peak_step']}), far below the 1e-5..3e-3 range Transformers train at "
-                                 f"with {top['optimizer']}; {adam}", hint, details)
-    rising = [g for g in groups if g["rising"]]
-    if rising and all(g["peak_lr"] < LR_USUAL_LOW for g in groups):
-        pace = []
-        for g in rising:
-            per_step = (g["rates"][-1] - g["rates"][0]) / (len(g["rates"]) - 1)
-            pace.append((LR_USUAL_LOW - g["rates"][-1]) / per_step if per_step > 0 else math.inf)
-        details["steps_to_usual_low"] = min(pace)
-        if min(pace) > WARMUP_HORIZON_STEPS:
-            return Result.warned(
-                f"the learning rate is still rising at the last of {trace.steps} steps but only reaches "
-                f"{max(g['rates'][-1] for g in rising):.1e}; at its pace it reaches {LR_USUAL_LOW:g} (the bottom "
-                f"of the usual range) only after about {min(pace):.0f} steps",
-                "check the warm-up length and the base rate the schedule multiplies", details)
-        return Result.passed(f"still warming up at the last of {trace.steps} recorded steps "
-                             f"({max(g['rates'][-1] for g in rising):.1e} and rising; the peak lies beyond them); "
-                             f"{adam}{several}", details)
 
-    high = [g for g in seen if g["holds"].get("matrix") and g["family"] in LR_WARN_HIGH
-            and g["peak_lr"] > LR_WARN_HIGH[g["family"]]]
-    by_design = [g for g in seen if not g["holds"].get("matrix") and sum(g["holds"].values())
-                 and g["family"] in LR_WARN_HIGH and g["peak_lr"] > LR_WARN_HIGH[g["family"]]]
-    if high:
-        listed = ", ".join(f"{_describe(g)} (usual peak up to {LR_WARN_HIGH[g['family']] / 10:g})" for g in high)
-        details["too_high"] = [[g["optimizer"], g["group"]] for g in high]
-        blown = _blow_up(trace)
-        hint = "lower the peak learning rate of the weight matrices (Adam family: 1e-5..3e-3)"
-        if blown:
-            details["blow_up"] = blown
-            return Result.failed(f"the learning rate is far above the usual peak: {listed}; and {blown}",
-                                 hint, details)
-        return Result.warned(f"the learning rate is far above the usual peak: {listed} (the loss did not "
-                             f"blow up within {trace.steps} steps)", hint, details)
-    def listed(gs):
-        return ", ".join(_describe(g) + (" (by design: embeddings/norms)" if g in by_design else "") for g in gs[:6])
+def _too_low(groups: list[GroupSchedule], schedulers: list[str], adam: str, details: dict) -> Result | None:
+    """Fails when every group peaks below LR_FAIL_LOW (and the highest is not still rising)."""
+    if not all(g.peak_lr < LR_FAIL_LOW for g in groups):
+        return None
+    top = max(groups, key=lambda g: g.peak_lr)
+    if top.rising:
+        return None
+    details.update(peak_lr=top.peak_lr, peak_step=top.peak_step)
+    hint = f"pick a peak learning rate between 1e-5 and 3e-3 for {top.optimizer}"
+    if "LambdaLR" in schedulers:
+        hint = (f"LambdaLR multiplies the optimizer's lr ({top.base_lr:g}) by your lambda; if the "
+                "lambda already returns the rate (Noam), create the optimizer with lr=1.0")
+    every = "every param group peaks" if len(groups) > 1 else "the learning rate peaks"
+    return Result.failed(f"{every} below {LR_FAIL_LOW:g}: at most {top.peak_lr:.1e} (step "
+                         f"{top.peak_step}), far below the 1e-5..3e-3 range Transformers train at "
+                         f"with {top.optimizer}; {adam}", hint, details)
 
-    note = f"; large rates on {listed(by_design)}" if by_design and len(groups) == 1 else ""
-    families = {g["family"] for g in groups}
-    if families == {"adam"} and not main["rising"] and start > WARMUP_START_SHARE * peak:
+
+def _still_warming(groups: list[GroupSchedule], steps: int, adam: str, several: str, details: dict) -> Result | None:
+    """A recorded schedule still rising below the usual range: passes when its pace reaches the range
+    within WARMUP_HORIZON_STEPS, else warns."""
+    rising = [g for g in groups if g.rising]
+    if not rising or not all(g.peak_lr < LR_USUAL_LOW for g in groups):
+        return None
+    pace = []
+    for g in rising:
+        per_step = (g.rates[-1] - g.rates[0]) / (len(g.rates) - 1)
+        pace.append((LR_USUAL_LOW - g.rates[-1]) / per_step if per_step > 0 else math.inf)
+    details["steps_to_usual_low"] = min(pace)
+    reached = max(g.rates[-1] for g in rising)
+    if min(pace) > WARMUP_HORIZON_STEPS:
+        return Result.warned(
+            f"the learning rate is still rising at the last of {steps} steps but only reaches "
+            f"{reached:.1e}; at its pace it reaches {LR_USUAL_LOW:g} (the bottom "
+            f"of the usual range) only after about {min(pace):.0f} steps",
+            "check the warm-up length and the base rate the schedule multiplies", details)
+    return Result.passed(f"still warming up at the last of {steps} recorded steps "
+                         f"({reached:.1e} and rising; the peak lies beyond them); "
+                         f"{adam}{several}", details)
+
+
+def _far_above(group: GroupSchedule) -> bool:
+    return group.family in LR_WARN_HIGH and group.peak_lr > LR_WARN_HIGH[group.family]
+
+
+def _too_high(groups: list[GroupSchedule], trace, details: dict) -> Result | None:
+    """Warns when a group of weight matrices peaks far above its family's usual peak; fails when the
+    loop's loss or gradients also blew up within the recorded steps."""
+    high = [g for g in groups if not g.rising and g.holds.get("matrix") and _far_above(g)]
+    if not high:
+        return None
+    listed = ", ".join(f"{_describe(g)} (usual peak up to {LR_WARN_HIGH[g.family] / 10:g})" for g in high)
+    details["too_high"] = [[g.optimizer, g.group] for g in high]
+    blown = _blow_up(trace)
+    hint = "lower the peak learning rate of the weight matrices (Adam family: 1e-5..3e-3)"
+    if blown:
+        details["blow_up"] = blown
+        return Result.failed(f"the learning rate is far above the usual peak: {listed}; and {blown}", hint, details)
+    return Result.warned(f"the learning rate is far above the usual peak: {listed} (the loss did not "
+                         f"blow up within {trace.steps} steps)", hint, details)
+
+
+def _sensible(groups: list[GroupSchedule], main: GroupSchedule, adam: str, several: str, details: dict) -> Result:
+    """Passes, noting large rates on groups that are high by design; warns when a pure Adam-family
+    schedule has no warm-up and its first update is large against the weights."""
+    start, peak = main.start_lr, main.peak_lr
+    by_design = [g for g in groups if not g.rising and not g.holds.get("matrix") and sum(g.holds.values())
+                 and _far_above(g)]
+
+    def described(some: list[GroupSchedule]) -> str:
+        return ", ".join(_describe(g) + (" (by design: embeddings/norms)" if g in by_design else "")
+                         for g in some[:6])
+
+    shape = f"peak {peak:.1e} at step {main.peak_step} ({main.source}); {adam}{several}"
+    note = f"; large rates on {described(by_design)}" if by_design and len(groups) == 1 else ""
+    if {g.family for g in groups} == {"adam"} and not main.rising and start > WARMUP_START_SHARE * peak:
         warned = _no_warmup(groups, start, peak, details)
         if isinstance(warned, Result):
             warned.message = f"{warned.message}; {shape}{note}"
             return warned
         note += warned
     if len(groups) > 1:
-        classes = ", ".join(dict.fromkeys(g["optimizer"] for g in groups))
-        return Result.passed(f"{len(groups)} param groups ({classes}) peak at {listed(groups)}; "
-                             f"schedule {main['source']}", details)
+        classes = ", ".join(dict.fromkeys(g.optimizer for g in groups))
+        return Result.passed(f"{len(groups)} param groups ({classes}) peak at {described(groups)}; "
+                             f"schedule {main.source}", details)
     return Result.passed(f"warm-up from {start:.1e} to a {shape}{note}" if start < peak else f"{shape}{note}",
                          details)

@@ -126,7 +126,7 @@ def memory(
             typer.echo(f"tfdoctor: error: {outcome.message or 'the trace delivered no verdict'}", err=True)
             raise typer.Exit(ExitCode.USAGE_ERROR)
         verdict = outcome.verdict
-    from tfdoctor.report.memory import render
+    from tfdoctor.report import render
 
     render(verdict, fmt.value, sys.stdout)
     raise typer.Exit(ExitCode.OK if verdict.fits else ExitCode.CHECKS_FAILED)

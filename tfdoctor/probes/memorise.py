@@ -132,15 +132,16 @@ def _hyperparameters(cls, group: dict) -> dict:
     return out
 
 
-def recorded_plan(recorded: list[dict]) -> Optional[Plan]:
-    """The script's first optimizer as recorded by `tfdoctor run` (torch.optim classes only), at the
-    base rate of its first param group (a scheduler's initial_lr, else the rate at the stop point)."""
-    if not recorded or not recorded[0].get("groups"):
+def recorded_plan(recorded: Optional[tuple[str, dict]]) -> Optional[Plan]:
+    """The script's first optimizer as recorded by `tfdoctor run`, given as (its class name, its first
+    param group's hyperparameters) (torch.optim classes only), at the base rate of that group (a
+    scheduler's initial_lr, else the rate at the stop point)."""
+    if recorded is None:
         return None
-    cls = getattr(torch.optim, str(recorded[0].get("class")), None)
+    class_name, group = recorded
+    cls = getattr(torch.optim, class_name, None)
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)) or cls is torch.optim.LBFGS:
         return None
-    group = recorded[0]["groups"][0]
     lr = group.get("initial_lr", group.get("lr"))
     if not isinstance(lr, (int, float)) or not lr > 0:
         return None
@@ -181,8 +182,9 @@ class AdamW:
         adam_update(params, grads, means, squares, self.lr, self.betas, self.eps, self.steps)
 
 
-def plans(recorded: Optional[list[dict]] = None) -> list[Plan]:
-    out = [p for p in [recorded_plan(recorded or [])] if p is not None]
+def plans(recorded: Optional[tuple[str, dict]] = None) -> list[Plan]:
+    """The optimizers to memorise with: the script's own first (see recorded_plan), then AdamW's rates."""
+    out = [p for p in [recorded_plan(recorded)] if p is not None]
     for rate in ADAMW_RATES:
         out.append(Plan(f"AdamW lr {rate:.0e}", rate, lambda params, rate=rate: AdamW(params, lr=rate)))
     return out

@@ -427,7 +427,7 @@ def discover(run: ScriptRun) -> dict:
         "decoder_ids": _key_name(decoder),
         "batch_shape": list(ids.shape) if ids is not None else None,
         "vocab_size": recorder.vocab,
-        "optimizers": sorted({o["class"] for o in trace.optimizers}) or (["manual update"] if trace.manual else []),
+        "optimizers": sorted({o.class_name for o in trace.optimizers}) or (["manual update"] if trace.manual else []),
         "steps": trace.steps,
         "steps_asked": run.steps_asked,
         "seconds_to_stop": round(run.seconds, 3),

@@ -37,9 +37,10 @@ from tfdoctor.probes.fused_head import watch_log_probs
 from tfdoctor.probes.process_state import BATCH_NORM_MODULES, DROPOUT_MODULES
 from tfdoctor.recording.grads import grad_norm, int_tensors, nodes_near, reaches, sample
 from tfdoctor.recording.patched import PatchedCalls
+from tfdoctor.recording.schedule import schedule_record
 from tfdoctor.recording.scores import READ_CHUNK_ELEMENTS, SCORE_FUNCTIONS, class_dim, read_scores
 from tfdoctor.recording.stale import UpdateWatch
-from tfdoctor.recording.trace import LOCATED_EVENTS, Event, Trace
+from tfdoctor.recording.trace import LOCATED_EVENTS, Event, OptimizerRecord, Trace
 from tfdoctor.usercode.call_sites import call_site
 from tfdoctor.usercode.torch_compat import is_compiling_function, outside_function_mode
 from tfdoctor.subject import extract_logits
@@ -541,9 +542,9 @@ def finish(recorder: Recorder, caught) -> Trace:
     optimizers = []
     for optimizer in recorder.optimizers.values():
         groups = [{k: _plain(v) for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-        optimizers.append({"class": type(optimizer).__name__, "id": id(optimizer), "groups": groups,
-                           "composition": _composition(recorder.model, optimizer)})
-    schedules = [{"name": s["name"], "snapshot": s["snapshot"], "steps": s["steps"], "optimizer": s["optimizer"]}
+        optimizers.append(OptimizerRecord(type(optimizer).__name__, id(optimizer), groups,
+                                          _composition(recorder.model, optimizer)))
+    schedules = [schedule_record(s["name"], s["steps"], s["optimizer"], s["snapshot"])
                  for s in recorder.schedulers.values()]
     messages = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
     names = recorder.names

@@ -1,6 +1,7 @@
 """A learning-rate scheduler seen stepping, kept as a copy bound to a stand-in optimizer
 (`snapshot_scheduler`) and projected forward from its start (`project_groups`): the rates of each
-param group at each step, far enough to see the peak, for the lr-schedule check.
+param group at each step, far enough to see the peak, for the lr-schedule check. The projection runs
+once, when the recording ends (`schedule_record`), so the Trace holds floats and no live scheduler.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import warnings
 from typing import Optional
 
 import torch
+
+from tfdoctor.recording.trace import ScheduleRecord
 
 # Schedule projection: at least this many steps, then until twice the step of the peak so far,
 # never beyond the cap (a LambdaLR step costs ~7 us here, so the cap costs ~0.3 s).
@@ -36,6 +39,12 @@ def snapshot_scheduler(scheduler):
         return copy.deepcopy(scheduler, memo={id(scheduler.optimizer): stand_in})
     except Exception:  # an exotic scheduler: the lr-schedule check falls back on the recorded rates
         return None
+
+
+def schedule_record(name: str, steps: int, optimizer: int, snapshot) -> ScheduleRecord:
+    """The scheduler as the Trace keeps it: its rates projected from `snapshot` (snapshot_scheduler's
+    copy, or None) into plain floats."""
+    return ScheduleRecord(name, steps, optimizer, project_groups(snapshot))
 
 
 def project_groups(snapshot) -> Optional[list[list[float]]]:

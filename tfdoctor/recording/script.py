@@ -18,21 +18,18 @@ the facts the report shows under "discovered" and the Subject the model checks r
 
 from __future__ import annotations
 
-import os
-import time
+import contextlib
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
-from tfdoctor.usercode.as_main import as_main, run_main, script_name
-from tfdoctor.usercode.auditing import audited_by
-from tfdoctor.errors import InternalError, LoadError, first_line
+from tfdoctor.errors import LoadError
 from tfdoctor.recording.binding import ScriptRecorder
 from tfdoctor.recording.ranks import RankRecorder
 from tfdoctor.recording.recorder import finish
 from tfdoctor.recording.stopping import StopScript
 from tfdoctor.recording.trace import Trace
-from tfdoctor.usercode.call_sites import raised_at, raised_in_tfdoctor
+from tfdoctor.usercode.as_main import ScriptOutcome, exit_code, refuse_no_step, run_script, script_name
 
 
 class ScriptError(LoadError):
@@ -80,33 +77,14 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
     recorded beside the trace and gathered to rank 0 at the stop point (Trace.ranks there)."""
     name = script_name(path, module, ScriptError)
     recorder = ScriptRecorder(steps, model)
-    ended, error = "finished", None
-    started = time.perf_counter()
     with warnings.catch_warnings():
         caught = _shown_and_kept()
-        try:
-            with as_main(path, module, args), audited_by("tfdoctor run"), recorder.installed_process_wide(), \
-                    _rank_recording(recorder, session):
-                try:
-                    run_main(path, module)
-                    recorder._manual_update()  # a hand-written update after the last backward
-                except StopScript:  # raised out of the script's step at the stop point (recording/stopping.py)
-                    ended = "stopped"
-        except StopScript:
-            ended = "stopped"
-        except SystemExit as exc:
-            ended, error = "exit", exc
-        except KeyboardInterrupt:
-            raise
-        except Exception as exc:  # the script's own error: named below, never a traceback
-            ended, error = "raised", exc
-            ours = raised_in_tfdoctor(exc)
-            if ours is not None:  # a hook or patch of tfdoctor's raised inside the script's call
-                raise InternalError(f"at {ours}, while {os.path.basename(path or module)} "
-                                    f"ran: {first_line(exc)}; not your script's fault") from exc
+        try:  # `run` stops the script early: any sys.exit before the stop point is noted, Ctrl-C propagates
+            outcome = run_script(path, module, args, "tfdoctor run", _recording(recorder, session), StopScript,
+                                 clean_exit_finishes=False, interrupt_ends=False)
         finally:
             recorder.stopper.disarm()
-    seconds = time.perf_counter() - started
+    ended, error, seconds = outcome.ended, outcome.error, outcome.seconds
     if recorder.stopper.raised and ended != "stopped":  # caught by the script, which ran on or raised after
         ended, error = "stopped", None
     if recorder.stop_error is not None:
@@ -127,11 +105,22 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
     return run
 
 
+@contextlib.contextmanager
+def _recording(recorder: ScriptRecorder, session) -> Iterator[None]:
+    """The recorder installed process-wide (and a rank's recording) around the script. A stop raised
+    out of the script's step ends the block here, so that what is installed unwinds as after a clean
+    end (the ranks meet); record_script reads the stop off the recorder's stopper."""
+    with recorder.installed_process_wide(), _rank_recording(recorder, session):
+        try:
+            yield
+            recorder._manual_update()  # a hand-written update after the last backward
+        except StopScript:
+            pass
+
+
 def _rank_recording(recorder: ScriptRecorder, session):
     """On every rank of a distributed run: what the rank checks compare (recording/ranks.py), handed
     to rank 0 at the stop point; the script's destroy_process_group() waits until tfdoctor is done."""
-    import contextlib
-
     if session is None:
         return contextlib.nullcontext()
     stack = contextlib.ExitStack()
@@ -154,39 +143,28 @@ def _rank_recording(recorder: ScriptRecorder, session):
 
 def _refuse_unaudited(run: ScriptRun) -> None:
     trace, recorder, name = run.trace, run.recorder, run.name
+    outcome = ScriptOutcome(run.ended, run.seconds, run.error)
     if recorder.unmatched:
         raise ScriptError(recorder.unmatched, "give --model one of those class or variable names")
     if trace.steps:
         if recorder.bound is None:
             raise ScriptError(f"{name} stepped an optimizer but never called an nn.Module with trainable "
                               "parameters, so there is no model to audit")
-        where = f" at {raised_at(run.error)}" if run.error is not None and raised_at(run.error) else ""
+        where = f" at {outcome.where}" if outcome.where else ""
         if run.ended == "raised" and run.session is not None:  # the other ranks wait on it: the job ends
             raise ScriptError(f"{name} raised {type(run.error).__name__}: {run.error}{where} after "
                               f"{trace.steps} optimizer step(s)",
                               "fix the script so that it runs under torchrun (TFDOCTOR_DEBUG=1 shows the "
                               "traceback)") from run.error
         if run.ended != "stopped":
-            how = {"finished": "ended", "exit": f"called sys.exit({_exit_code(run.error)!r})",
+            how = {"finished": "ended", "exit": f"called sys.exit({exit_code(run.error)!r})",
                    "raised": f"raised {type(run.error).__name__}: {run.error}"}[run.ended]
             run.notes.append(f"the script {how}{where} after {trace.steps} of the {run.steps_asked} "
                              "optimizer steps asked for; judged on those")
         return
-    where = f" at {raised_at(run.error)}" if run.error is not None and raised_at(run.error) else ""
-    if run.ended == "raised":
-        raise ScriptError(f"{name} raised {type(run.error).__name__}: {run.error}{where} before its first "
-                          "optimizer step", "fix the script so that `python` runs it (TFDOCTOR_DEBUG=1 shows "
-                                            "the traceback)") from run.error
-    if run.ended == "exit":
-        raise ScriptError(f"{name} called sys.exit({_exit_code(run.error)!r}){where} before its first "
-                          "optimizer step", "check the script's arguments (give them after --)") from run.error
+    refuse_no_step(name, outcome, ScriptError)
     forwards = sum(1 for e in trace.events if e.kind == "forward")
     backwards = sum(1 for e in trace.events if e.kind == "backward")
     raise ScriptError(f"{name} ended without an optimizer step: {forwards} forward(s) of a model and "
                       f"{backwards} backward() call(s) seen",
                       "give it arguments that make it train (after --), e.g. more iterations")
-
-
-def _exit_code(error) -> Any:
-    code = getattr(error, "code", None)
-    return code if code is None or isinstance(code, int) else str(code)

@@ -10,6 +10,7 @@ The recorder (recording/recorder.py) fills it, whichever driver runs the loop (r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 # Events that carry the user's file:line of the call (see tfdoctor/usercode/call_sites.py), which the
 # loop checks name in their findings. Forwards and batches are many and judged by content only.
@@ -25,12 +26,41 @@ class Event:
     data: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class OptimizerRecord:
+    """An optimizer the loop stepped, as plain data read when the recording ended."""
+
+    class_name: str  # AdamW, SGD, Muon, ...; "manual update" for a loop that updates the weights itself
+    id: Optional[int]  # id() of the optimizer, as opt_step events and ScheduleRecord name it; None: manual
+    groups: list[dict]  # each param group's hyperparameters as plain values (lr, initial_lr, betas, eps, ...)
+    # What each param group holds: "embedding", "matrix", "vector" (elements), "tensors", "names" (a few).
+    composition: list[dict]
+
+
+MANUAL_UPDATE = OptimizerRecord("manual update", None, [{}], [{}])
+
+
+@dataclass(frozen=True)
+class ScheduleRecord:
+    """A learning-rate scheduler the loop stepped, as plain numbers: projected when the recording ends
+    (recording/schedule.project_groups, on the copy taken at its first step), so that a judge reads
+    floats and runs no scheduler."""
+
+    name: str  # its class: LambdaLR, OneCycleLR, ...
+    steps: int  # the loop's own step() calls while recorded
+    optimizer: int  # id() of the optimizer it schedules (OptimizerRecord.id)
+    # Each param group's rate after 0, 1, 2, ... step() calls from the scheduler's start, far enough to see
+    # the peak. None: it cannot be projected (ReduceLROnPlateau follows the loss; a scheduler deepcopy
+    # cannot copy); the judges then read the rates the loop's optimizer steps used.
+    projected: Optional[list[list[float]]]
+
+
 @dataclass
 class Trace:
     events: list[Event]
     batches_fed: int
-    optimizers: list[dict]  # per optimizer stepped: class name, id, per-group hyperparameters and contents
-    schedules: list[dict]  # per scheduler stepped by the loop: name, snapshot (or None), steps, optimizer id
+    optimizers: list[OptimizerRecord]  # per optimizer stepped, in the order of their first step
+    schedules: list[ScheduleRecord]  # per scheduler stepped by the loop
     warnings: list[str]
     param_count: int
     # What the gradient reaching the scores over the vocabulary says, one entry per watched tensor and

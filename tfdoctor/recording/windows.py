@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+from tfdoctor.recording.trace import MANUAL_UPDATE
 
 # objective: the offsets tried between a scored position and the input token it is graded on.
 OFFSETS = (-1, 0, 1, 2, 3)
@@ -254,7 +258,7 @@ def no_scores(trace, subject) -> str:
 def optimizer_families(trace) -> set[str]:
     """The update rules of the loop's stepped optimizers (see _family): "sgd", "adam", "muon", "manual",
     "other"."""
-    found = {_family(optimizer["class"], group) for optimizer in trace.optimizers for group in optimizer["groups"]}
+    found = {_family(optimizer.class_name, group) for optimizer in trace.optimizers for group in optimizer.groups}
     if getattr(trace, "manual", False) and not trace.optimizers:
         found.add("manual")
     return found
@@ -275,34 +279,60 @@ def _family(optimizer: str, group: dict) -> str:
     return "other"
 
 
-def group_schedules(trace) -> list[dict]:
+@dataclass
+class GroupSchedule:
+    """One param group's learning rate over the loop's steps, with what the lr-schedule judge weighs it
+    against (its optimizer family, hyperparameters, what it holds), as plain data."""
+
+    optimizer: str  # the optimizer's class, "manual update" for a loop that updates the weights itself
+    group: int  # the param group's index in its optimizer
+    family: str  # adam | muon | sgd | manual | other (see _family)
+    rates: list[float]  # the rate at each step: projected from the scheduler's start, or as recorded
+    source: str  # where `rates` come from, in the user's terms
+    peak_lr: float
+    peak_step: int
+    start_lr: float
+    rising: bool  # recorded (not projected) rates still rising at the last step: the peak is not seen
+    base_lr: Any  # the group's initial_lr (a scheduler's base), else its lr; None for a manual update
+    betas: Any  # Adam's betas as a list, None for optimizers without them
+    eps: Any
+    weight_decay: Any
+    holds: dict[str, int]  # how many embedding tables, weight matrices and vectors the group holds
+    names: list[str]  # the parameters it holds
+    matrix_rms: Optional[float]  # the median RMS of its weight matrices before the first update
+
+    def evidence(self) -> dict:
+        """The group as a check's details show it: every field but the rates, then their first five."""
+        shown = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "rates"}
+        return shown | {"rates_head": self.rates[:5]}
+
+
+def group_schedules(trace) -> list[GroupSchedule]:
     """Every param group of every optimizer the loop stepped (a loop that updates the weights itself
     counts as one group): its learning rate at each step, projected from its scheduler when it has
-    one, else as recorded (a manual `group["lr"] = f(step)` is read from what it set)."""
-    from tfdoctor.recording.schedule import project_groups
-
+    one (Trace.schedules, projected when the recording ended), else as recorded (a manual
+    `group["lr"] = f(step)` is read from what it set)."""
     recorded: dict = {}
     first_rms: dict = {}  # optimizer -> its groups' weight-matrix RMS before the first update
     for event in trace.of("opt_step"):
         recorded.setdefault(event.data["optimizer"], []).append(event.data["lrs"])
         if "matrix_rms" in event.data:
             first_rms.setdefault(event.data["optimizer"], event.data["matrix_rms"])
-    projected = {}
-    for schedule in sorted(trace.schedules, key=lambda s: -s["steps"]):
-        if schedule.get("optimizer") in projected:
+    projected = {}  # optimizer -> (each group's rates, their source): the scheduler stepped most often wins
+    for schedule in sorted(trace.schedules, key=lambda s: -s.steps):
+        if schedule.optimizer in projected:
             continue
-        groups = project_groups(schedule["snapshot"])
+        groups = schedule.projected
         if groups:
-            projected[schedule.get("optimizer")] = (groups, f"{schedule['name']} projected over "
-                                                            f"{len(groups[0])} steps")
-    optimizers = {o["id"]: o for o in trace.optimizers}
+            projected[schedule.optimizer] = (groups, f"{schedule.name} projected over {len(groups[0])} steps")
+    optimizers = {o.id: o for o in trace.optimizers}
     found = []
     for key, steps in recorded.items():
-        optimizer = optimizers.get(key, {"class": "manual update", "groups": [{}], "composition": [{}]})
+        optimizer = optimizers.get(key, MANUAL_UPDATE)
         for index in range(max(len(lrs) for lrs in steps)):
             rates = [lrs[index] for lrs in steps if index < len(lrs)]
-            group = optimizer["groups"][index] if index < len(optimizer["groups"]) else {}
-            held = optimizer["composition"][index] if index < len(optimizer["composition"]) else {}
+            group = optimizer.groups[index] if index < len(optimizer.groups) else {}
+            held = optimizer.composition[index] if index < len(optimizer.composition) else {}
             rising = False
             if key in projected and index < len(projected[key][0]):
                 rates, source = projected[key][0][index], projected[key][1]
@@ -314,14 +344,12 @@ def group_schedules(trace) -> list[dict]:
             if not rates:
                 continue
             peak = max(rates)
-            found.append({"optimizer": optimizer["class"], "group": index,
-                          "family": _family(optimizer["class"], group), "rates": rates, "source": source,
-                          "peak_lr": peak, "peak_step": rates.index(peak), "start_lr": rates[0],
-                          "rising": rising, "base_lr": group.get("initial_lr", group.get("lr")),
-                          "betas": group.get("betas"), "eps": group.get("eps"),
-                          "weight_decay": group.get("weight_decay"),
-                          "holds": {k: held.get(k, 0) for k in ("embedding", "matrix", "vector")},
-                          "names": held.get("names", []),
-                          "matrix_rms": (first_rms.get(key) or [])[index] if index < len(first_rms.get(key) or [])
-                          else None})
+            rms = first_rms.get(key) or []
+            found.append(GroupSchedule(
+                optimizer=optimizer.class_name, group=index, family=_family(optimizer.class_name, group), rates=rates,
+                source=source, peak_lr=peak, peak_step=rates.index(peak), start_lr=rates[0], rising=rising,
+                base_lr=group.get("initial_lr", group.get("lr")), betas=group.get("betas"), eps=group.get("eps"),
+                weight_decay=group.get("weight_decay"),
+                holds={k: held.get(k, 0) for k in ("embedding", "matrix", "vector")},
+                names=held.get("names", []), matrix_rms=rms[index] if index < len(rms) else None))
     return found

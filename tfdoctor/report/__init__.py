@@ -1,9 +1,12 @@
-"""Reporters: one module per format, each with `render(report, out, width=None)`. They only read the
-Report; none imports torch.
+"""Reporters: one module per format, each with `render(report, out, width=None)`, and the memory
+command's verdict in report/memory.py, one function per format. They only read what they render;
+none imports torch.
 
-`render` is the one way in: it hands each reporter a copy of the Report whose strings are safe in any
-format (report/text.py), and writes the machine formats as UTF-8 whatever the locale's encoding (a
-JUnit or SARIF file declares UTF-8 and its parsers read it as such).
+`render` is the one way in, for a Report and a memory verdict alike: it picks the reporter by what is
+rendered and the format, hands a reporter a copy of the Report whose strings are safe in any format
+(report/text.py; the memory reporter cleans the user's names it shows), and writes the machine
+formats as UTF-8 whatever the locale's encoding (a JUnit or SARIF file declares UTF-8 and its parsers
+read it as such).
 """
 
 from __future__ import annotations
@@ -17,18 +20,31 @@ from tfdoctor.report.text import clean_report
 from tfdoctor.result import Report
 
 FORMATS = ("rich", "json", "junit", "sarif", "html")
-_MODULES = {"rich": "tfdoctor.report.console", "json": "tfdoctor.report.json_format",
-            "junit": "tfdoctor.report.junit", "sarif": "tfdoctor.report.sarif", "html": "tfdoctor.report.html"}
+# (what is rendered, format) -> "module:function" of its reporter, imported when used.
+_REPORTERS = {
+    ("report", "rich"): "tfdoctor.report.console:render",
+    ("report", "json"): "tfdoctor.report.json_format:render",
+    ("report", "junit"): "tfdoctor.report.junit:render",
+    ("report", "sarif"): "tfdoctor.report.sarif:render",
+    ("report", "html"): "tfdoctor.report.html:render",
+    ("memory", "rich"): "tfdoctor.report.memory:render_rich",
+    ("memory", "json"): "tfdoctor.report.memory:render_json",
+    ("memory", "html"): "tfdoctor.report.memory:render_html",
+}
 
 
-def render(report: Report, fmt: str, out: TextIO, width: int | None = None) -> None:
-    reporter = importlib.import_module(_MODULES[fmt])
-    report = clean_report(report)
+def render(shown, fmt: str, out: TextIO, width: int | None = None) -> None:
+    """Write `shown` (a Report, or a memory verdict: tfdoctor.memory's Verdict) to `out` in `fmt`."""
+    kind = "report" if isinstance(shown, Report) else "memory"
+    module, function = _REPORTERS[kind, fmt].split(":")
+    reporter = getattr(importlib.import_module(module), function)
+    if kind == "report":
+        shown = clean_report(shown)
     if fmt == "rich" or _is_utf8(out) or not hasattr(out, "buffer"):
-        reporter.render(report, out, width=width)
+        reporter(shown, out, width=width)
         return
     text = io.StringIO()
-    reporter.render(report, text, width=width)
+    reporter(shown, text, width=width)
     out.flush()
     out.buffer.write(text.getvalue().encode("utf-8"))
     out.buffer.flush()

@@ -1,4 +1,5 @@
-"""Render a memory verdict (tfdoctor.memory.analytic.Verdict) as Rich text or one JSON object.
+"""Render a memory verdict (tfdoctor.memory.analytic.Verdict) as Rich text, one JSON object or an
+HTML page: one function per format, reached through report.render like every reporter.
 
 Reads the verdict only; imports neither torch nor anything that does.
 """
@@ -77,7 +78,7 @@ def _logits_bytes(verdict: Verdict):
     return verdict.traced.get("logits_bytes")
 
 
-def render_json(verdict: Verdict, out: TextIO) -> None:
+def render_json(verdict: Verdict, out: TextIO, width: int | None = None) -> None:
     json.dump(to_dict(verdict), out, indent=2, allow_nan=False)
     out.write("\n")
 
@@ -262,16 +263,12 @@ def _limits(verdict: Verdict) -> list[str]:
     return lines
 
 
-def render(verdict: Verdict, fmt: str, out: TextIO, width: int | None = None) -> None:
-    if fmt == "json":
-        render_json(verdict, out)
-    elif fmt == "html":
-        from tfdoctor.report.html import render as render_html
+def render_html(verdict: Verdict, out: TextIO, width: int | None = None) -> None:
+    """The page report/html.py draws from the JSON document, with its heading and notes."""
+    from tfdoctor.report.html import render as render_page
 
-        render_html({**to_dict(verdict), "heading": _heading(verdict),
-                     "notes": [MODEL_NOTE, ANALYTIC_NOTE if verdict.traced is None else TRACED_NOTE]}, out, width)
-    else:
-        render_rich(verdict, out, width)
+    render_page({**to_dict(verdict), "heading": _heading(verdict),
+                 "notes": [MODEL_NOTE, ANALYTIC_NOTE if verdict.traced is None else TRACED_NOTE]}, out, width)
 
 
 def _heading(verdict: Verdict) -> str:

@@ -1,18 +1,16 @@
 """The script driver of the watch monitor (`tfdoctor watch`): run an unmodified training script as
 __main__, as `python train.py ARGS` or `python -m pkg.mod ARGS` would, with the monitor's hooks
-installed, to its end or to --max-steps / --max-time, and hand back the run's series."""
+installed, to its end or to --max-steps / --max-time, and hand back the run's series. Running the
+script and the refusals when it takes no step are `run`'s too (usercode/as_main.py)."""
 
 from __future__ import annotations
 
-import os
-import time
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from tfdoctor.usercode.as_main import as_main, run_main, script_name
-from tfdoctor.usercode.auditing import audited_by
-from tfdoctor.errors import InternalError, LoadError, first_line
-from tfdoctor.usercode.call_sites import raised_at, raised_in_tfdoctor
+from tfdoctor.errors import LoadError
+from tfdoctor.usercode.as_main import refuse_no_step, run_script, script_name
 from tfdoctor.watching.series import RunSeries, StepRow
 
 
@@ -24,7 +22,7 @@ class WatchError(LoadError):
 class WatchedRun:
     series: RunSeries
     name: str  # the script as the user named it
-    ended: str  # finished | max-steps | max-time | exit | raised
+    ended: str  # finished | max-steps | max-time | exit | raised | interrupted
     seconds: float
     error: Optional[BaseException] = None
     where: str = ""  # the script's line that raised or exited, when it did
@@ -45,43 +43,15 @@ def watch_script(path: Optional[str] = None, module: Optional[str] = None, args:
     monitor = Monitor(on_row=on_row, max_steps=max_steps, max_time=max_time)
     if on_monitor is not None:
         on_monitor(monitor)
-    ended, error = "finished", None
-    started = time.perf_counter()
-    try:
-        with as_main(path, module, args), audited_by("tfdoctor watch"), watching(monitor):
-            run_main(path, module)
-    except StopWatching as stop:
-        ended = str(stop)
-    except SystemExit as exc:
-        ended, error = ("finished", None) if exc.code in (None, 0) else ("exit", exc)
-    except KeyboardInterrupt:  # Ctrl-C (forwarded by the supervisor): the run so far is judged
-        ended = "interrupted"
-    except Exception as exc:  # the script's own error: named in the report, never a traceback
-        ours = raised_in_tfdoctor(exc)
-        if ours is not None:
-            raise InternalError(f"at {ours}, while {os.path.basename(path or module)} ran: {first_line(exc)}; "
-                                "not your script's fault") from exc
-        ended, error = "raised", exc
-    if monitor.stopped and ended != monitor.stopped:  # the script caught the stop and ended on its own
-        ended = monitor.stopped
-    series = monitor.finish(ended)
-    run = WatchedRun(series, name, ended, time.perf_counter() - started, error,
-                     raised_at(error) if error is not None else "")
+    # watch runs the script to its end: sys.exit(0) is how many scripts finish, and Ctrl-C ends the run
+    outcome = run_script(path, module, args, "tfdoctor watch", watching(monitor), StopWatching,
+                         clean_exit_finishes=True, interrupt_ends=True)
+    if monitor.stopped and outcome.ended != monitor.stopped:  # the script caught the stop and ended on its own
+        outcome = dataclasses.replace(outcome, ended=monitor.stopped)
+    series = monitor.finish(outcome.ended)
+    run = WatchedRun(series, name, outcome.ended, outcome.seconds, outcome.error, outcome.where)
     if not series.steps:
-        _refuse_unwatched(run)
+        refuse_no_step(name, outcome, WatchError)
+        raise WatchError(f"{name} ended without an optimizer step, so there is no run to watch",
+                         "give it arguments that make it train (after --)")
     return run
-
-
-def _refuse_unwatched(run: WatchedRun) -> None:
-    where = f" at {run.where}" if run.where else ""
-    if run.ended == "raised":
-        raise WatchError(f"{run.name} raised {type(run.error).__name__}: {run.error}{where} before its first "
-                         "optimizer step", "fix the script so that `python` runs it (TFDOCTOR_DEBUG=1 shows "
-                                           "the traceback)") from run.error
-    if run.ended == "exit":
-        raise WatchError(f"{run.name} called sys.exit({run.error.code!r}){where} before its first optimizer step",
-                         "check the script's arguments (give them after --)") from run.error
-    if run.ended == "interrupted":
-        raise WatchError(f"{run.name} was interrupted (Ctrl-C) before its first optimizer step")
-    raise WatchError(f"{run.name} ended without an optimizer step, so there is no run to watch",
-                     "give it arguments that make it train (after --)")
