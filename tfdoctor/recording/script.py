@@ -18,11 +18,12 @@ the facts the report shows under "discovered" and the Subject the model checks r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from tfdoctor.usercode.as_main import as_main, run_main, script_name
 from tfdoctor.usercode.auditing import audited_by
@@ -33,6 +34,7 @@ from tfdoctor.recording.recorder import finish
 from tfdoctor.recording.stopping import StopScript
 from tfdoctor.recording.trace import Trace
 from tfdoctor.usercode.call_sites import raised_at, raised_in_tfdoctor
+from tfdoctor.usercode.patches import Patches
 
 
 class ScriptError(LoadError):
@@ -57,19 +59,22 @@ class ScriptRun:
     session: Any = None  # a distributed run: this rank's RankSession (recording/distributed.py)
 
 
-def _shown_and_kept() -> list:
+@contextlib.contextmanager
+def _shown_and_kept() -> Iterator[list]:
     """The script's warnings reach its stderr as under `python SCRIPT` (the user's filters decide which),
-    and are kept for the Trace too. Installed inside a catch_warnings block, which puts the original
-    showwarning back."""
+    and are kept for the Trace too, in the list yielded."""
     kept: list = []
-    show = warnings.showwarning
 
-    def shown(message, category, filename, lineno, file=None, line=None):
-        kept.append(warnings.WarningMessage(message, category, filename, lineno, file, line))
-        show(message, category, filename, lineno, file, line)
+    def keeping(show: Callable) -> Callable:
+        def shown(message, category, filename, lineno, file=None, line=None):
+            kept.append(warnings.WarningMessage(message, category, filename, lineno, file, line))
+            show(message, category, filename, lineno, file, line)
 
-    warnings.showwarning = shown
-    return kept
+        return shown
+
+    with Patches() as patches:
+        patches.wrap(warnings, "showwarning", keeping)
+        yield kept
 
 
 def record_script(path: Optional[str] = None, module: Optional[str] = None, args: tuple = (),
@@ -85,8 +90,7 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
     recorder = ScriptRecorder(steps, model)
     ended, error = "finished", None
     started = time.perf_counter()
-    with warnings.catch_warnings():
-        caught = _shown_and_kept()
+    with warnings.catch_warnings(), _shown_and_kept() as caught:
         try:
             with as_main(path, module, args), audited_by("tfdoctor run"), recorder.installed_process_wide(), \
                     _rank_recording(recorder, session):

@@ -11,6 +11,7 @@ import sys
 from typing import Iterator, Optional
 
 from tfdoctor.errors import missing_file_hint
+from tfdoctor.usercode.patches import Patches
 
 
 def script_name(path: Optional[str], module: Optional[str], error: type) -> str:
@@ -37,14 +38,15 @@ def script_name(path: Optional[str], module: Optional[str], error: type) -> str:
 def as_main(path: Optional[str], module: Optional[str], args: tuple) -> Iterator[None]:
     """The script's own sys.argv, and its folder first on sys.path (as `python train.py` puts it), for
     the block; the process's own are back after it, however it ends."""
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = [path if path is not None else module, *args]
-    if path is not None:
-        sys.path[0:1] = [os.path.dirname(os.path.abspath(path))]
-    try:
-        yield
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
+    saved_path = sys.path[:]
+    with Patches() as patches:
+        patches.setattr(sys, "argv", [path if path is not None else module, *args])
+        if path is not None:
+            sys.path[0:1] = [os.path.dirname(os.path.abspath(path))]
+        try:
+            yield
+        finally:
+            sys.path[:] = saved_path
 
 
 def run_main(path: Optional[str], module: Optional[str]) -> None:
