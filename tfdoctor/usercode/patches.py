@@ -198,6 +198,7 @@ PATCHED_TARGETS: tuple[Target, ...] = (
     Target("torch.serialization:", ("save", "load"), _SANDBOX, "sandbox"),
     Target("safetensors.torch:", ("save_file", "load_file"), _SANDBOX, "sandbox"),
     Target("sys:", ("dont_write_bytecode",), _SANDBOX, "sandbox"),
+    Target("<os.environ>", ("TFDOCTOR_SANDBOX_VIEW", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE"), _SANDBOX, "sandbox"),
     Target("sys:meta_path", ("<an AfterImport finder, first>",), _SANDBOX, "sandbox"),
     # Probes (check, run's model checks), for one measurement
     Target("torch:", ("multinomial",), "probes/own_decoder.py", "a greedy decode"),
