@@ -361,6 +361,19 @@ def test_trainer_callback_added_late_says_how_to_take_the_hooks_off(tmp_path, ca
     assert_unhooked()
 
 
+def test_trainer_guard_is_undone_once_the_callback_is_removed(tmp_path):
+    """The callback wraps the Trainer's train() on the instance (usercode/patches.py): kept for the next
+    train() while the callback is the trainer's, undone when a train() ends without it."""
+    from tfdoctor.integrations.huggingface import TfdoctorCallback
+
+    callback = TfdoctorCallback()
+    trainer = hf_trainer(tmp_path, callback, max_steps=2, eval_steps=100)
+    assert vars(trainer)["train"].tfdoctor_callback is callback
+    trainer.remove_callback(callback)
+    trainer.train()
+    assert "train" not in vars(trainer)  # the class's own train() again, nothing left on the instance
+
+
 # ---------------------------------------------------------------------------------- Lightning
 
 

@@ -21,6 +21,7 @@ from transformers import Trainer, TrainerCallback
 
 from tfdoctor.integrations.common import DEFAULT_JUDGE_EVERY, LiveWatch, logger
 from tfdoctor.result import Report
+from tfdoctor.usercode.patches import Patches
 
 
 class TfdoctorCallback(TrainerCallback):
@@ -99,21 +100,28 @@ def _calling_trainer() -> Optional[Trainer]:
 def _guard(trainer: Optional[Trainer], callback: TfdoctorCallback) -> bool:
     """Wrap this trainer's `train` (on the instance) so that a run that raises still takes the hooks
     off: the Trainer has no event for an exception. Once per trainer and callback; True when it was
-    wrapped already (a train() under way is guarded only then)."""
+    wrapped already (a train() under way is guarded only then). The wrap stays for the trainer's next
+    train() while the callback is one of its callbacks, and is undone when a train() ends without it."""
     if trainer is None:
         return False
     if getattr(trainer.train, "tfdoctor_callback", None) is callback:
         return True
-    original = trainer.train
+    patches = Patches()
 
-    @functools.wraps(original)
-    def train(*args, **kwargs):
-        try:
-            return original(*args, **kwargs)
-        except BaseException as error:
-            callback.raised(error)
-            raise
+    def guarding(original):
+        @functools.wraps(original)
+        def train(*args, **kwargs):
+            try:
+                return original(*args, **kwargs)
+            except BaseException as error:
+                callback.raised(error)
+                raise
+            finally:
+                if callback not in trainer.callback_handler.callbacks:  # trainer.remove_callback(...)
+                    patches.undo()
 
-    train.tfdoctor_callback = callback
-    trainer.train = train
+        train.tfdoctor_callback = callback
+        return train
+
+    patches.wrap(trainer, "train", guarding)
     return False

@@ -31,6 +31,7 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from tfdoctor.subject import device_of, is_hugging_face
+from tfdoctor.usercode.patches import Patches
 
 # The parameter that counts the new tokens, by name (nanoGPT: max_new_tokens; nanochat: max_tokens;
 # minGPT: max_new_tokens; other hand-written decoders: steps, num_tokens, n_tokens, length).
@@ -168,13 +169,10 @@ def _argmax_draws(active: bool) -> Iterator[None]:
             return out.copy_(top)
         return top
 
-    function, method = torch.multinomial, torch.Tensor.multinomial
-    torch.multinomial = most_likely
-    torch.Tensor.multinomial = most_likely
-    try:
+    with Patches() as patches:
+        patches.setattr(torch, "multinomial", most_likely)
+        patches.setattr(torch.Tensor, "multinomial", most_likely)
         yield
-    finally:
-        torch.multinomial, torch.Tensor.multinomial = function, method
 
 
 def _tokens_of(value) -> Optional[torch.Tensor]:

@@ -11,6 +11,7 @@ from typing import Callable, Iterator, TypeVar
 import torch
 
 from tfdoctor.modes import evaluation
+from tfdoctor.usercode.patches import Patches
 
 T = TypeVar("T")
 
@@ -147,13 +148,12 @@ def training_without_dropout(model: torch.nn.Module) -> Iterator[torch.nn.Module
     For models whose backward refuses eval(): Reformer's reversible layers assert model.training,
     and RWKV's eval forward updates its recurrent state in place, which autograd then rejects."""
     flags = [(module, module.training) for module in model.modules()]
-    saved: list[tuple[object, str, object]] = []
+    zeroed = Patches()
     seen: set[int] = set()
 
     def zero(owner, names) -> None:
         for name in names:
-            saved.append((owner, name, getattr(owner, name)))
-            setattr(owner, name, 0.0)
+            zeroed.setattr(owner, name, 0.0)
 
     def zero_config(config) -> None:
         if config is None or id(config) in seen or not hasattr(config, "__dict__"):
@@ -173,8 +173,7 @@ def training_without_dropout(model: torch.nn.Module) -> Iterator[torch.nn.Module
         model.train()
         yield model
     finally:
-        for owner, name, value in reversed(saved):
-            setattr(owner, name, value)
+        zeroed.undo()
         for module, training in flags:
             module.training = training
 

@@ -15,28 +15,37 @@ from __future__ import annotations
 import os
 from typing import Iterable
 
+from tfdoctor.usercode.patches import Patches
 
-def keep_open(fds: Iterable[int]) -> None:
-    """From now on, in this process, os.close and os.closerange leave `fds` open."""
+
+def keep_open(fds: Iterable[int]) -> Patches:
+    """From now on, in this process, os.close and os.closerange leave `fds` open (the worker never
+    undoes it: its process ends with the run; the Patches returned can)."""
     owner = os.getpid()
     kept = frozenset(int(fd) for fd in fds)
-    close, closerange = os.close, os.closerange
 
-    def guarded_close(fd: int) -> None:
-        if fd in kept and os.getpid() == owner:
-            return
-        close(fd)
+    def guarding_close(close):
+        def guarded_close(fd: int) -> None:
+            if fd in kept and os.getpid() == owner:
+                return
+            close(fd)
 
-    def guarded_closerange(low: int, high: int) -> None:
-        if os.getpid() != owner:
-            closerange(low, high)
-            return
-        start = low
-        for fd in sorted(fd for fd in kept if low <= fd < high):
-            closerange(start, fd)
-            start = fd + 1
-        closerange(start, high)
+        return guarded_close
 
-    guarded_close.__wrapped__ = close  # type: ignore[attr-defined]
-    guarded_closerange.__wrapped__ = closerange  # type: ignore[attr-defined]
-    os.close, os.closerange = guarded_close, guarded_closerange
+    def guarding_closerange(closerange):
+        def guarded_closerange(low: int, high: int) -> None:
+            if os.getpid() != owner:
+                closerange(low, high)
+                return
+            start = low
+            for fd in sorted(fd for fd in kept if low <= fd < high):
+                closerange(start, fd)
+                start = fd + 1
+            closerange(start, high)
+
+        return guarded_closerange
+
+    patches = Patches()
+    patches.wrap(os, "close", guarding_close)
+    patches.wrap(os, "closerange", guarding_closerange)
+    return patches

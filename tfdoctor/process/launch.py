@@ -33,6 +33,7 @@ from tfdoctor.recording.distributed import RankError
 from tfdoctor.process.signals import Stopped, is_stop_code, signals_stop
 from tfdoctor.process.tempdirs import private_folder, temp_environment
 from tfdoctor.usercode.environment import LAUNCHED
+from tfdoctor.usercode.patches import Patches
 
 # torchrun starts every rank with one thread per process unless told otherwise (and warns that it
 # did): set it the same way, without the warning.
@@ -84,13 +85,9 @@ def without_nproc(args: list[str]) -> list[str]:
 def _private_temp() -> Iterator[str]:
     """A folder of the job's own for torchelastic's logs and error files (it makes them with
     tempfile.mkdtemp in this process) and the ranks' temporary files; removed at the end."""
-    with private_folder() as folder:
-        saved = tempfile.tempdir
-        tempfile.tempdir = folder
-        try:
-            yield folder
-        finally:
-            tempfile.tempdir = saved
+    with private_folder() as folder, Patches() as patches:
+        patches.setattr(tempfile, "tempdir", folder)
+        yield folder
 
 
 @contextlib.contextmanager
@@ -159,15 +156,10 @@ def _loopback_stores() -> Iterator[None]:
                 kwargs["master_listen_fd"] = listener.detach()  # the store owns the socket from here
             super().__init__(host_name, port, *args, **kwargs)
 
-    owners = [dist, c10d_rendezvous_backend]
-    saved = [owner.TCPStore for owner in owners]
-    for owner in owners:
-        owner.TCPStore = LoopbackTCPStore
-    try:
+    with Patches() as patches:
+        for owner in (dist, c10d_rendezvous_backend):
+            patches.setattr(owner, "TCPStore", LoopbackTCPStore)
         yield
-    finally:
-        for owner, value in zip(owners, saved):
-            owner.TCPStore = value
 
 
 def _job_code(failures: dict, nproc: int) -> int:

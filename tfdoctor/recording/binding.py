@@ -31,6 +31,7 @@ from tfdoctor.recording.recorder import Recorder, compiling
 from tfdoctor.recording.snapshot import snapshot_model, why_uncopied
 from tfdoctor.recording.stopping import Stopper
 from tfdoctor.usercode.call_sites import call_site
+from tfdoctor.usercode.patches import Patches
 from tfdoctor.subject import extract_logits, vocab_size_of
 
 
@@ -89,7 +90,7 @@ class ScriptRecorder(Recorder):
         self.settled = False
         self.rebound: Optional[str] = None
         self.stopped_at: Optional[str] = None
-        self.detach: list[Callable[[], None]] = []
+        self.bound_forward = Patches()  # the bound model's class forward, wrapped (bind), undone at a rebind
         self.on_stop: Optional[Callable[[], None]] = None  # called at the stop point, before unwinding
         self.stop_error: Optional[BaseException] = None
         self.stopper = Stopper()  # raises the stop, again when the script catches it
@@ -116,9 +117,7 @@ class ScriptRecorder(Recorder):
         return self.calls.get(id(self.bound)) if self.bound is not None else None
 
     def bind(self, module: torch.nn.Module) -> None:
-        for undo in reversed(self.detach):
-            undo()
-        self.detach = []
+        self.bound_forward.undo()
         self.model = module
         self.bound = module
         self.params = [p for p in module.parameters() if p.requires_grad]
@@ -141,10 +140,7 @@ class ScriptRecorder(Recorder):
                                      if where), None)
         # `model.forward(x)` called directly skips module hooks: as record_loop does, the class's
         # forward is wrapped, recording only for this module and only when no hook did.
-        cls = type(module)
-        own = cls.__dict__.get("forward")
-        cls.forward = self.direct_forward(cls.forward)
-        self.detach.append(lambda: delattr(cls, "forward") if own is None else setattr(cls, "forward", own))
+        self.bound_forward.wrap(type(module), "forward", self.direct_forward)
 
     def _split_parameters(self) -> None:
         self.param_ids = {id(p) for p in self.bound.parameters()} if self.bound is not None else set()
@@ -519,23 +515,20 @@ class ScriptRecorder(Recorder):
                 optimizer_init(optimizer, *args, **kwargs)
                 recorder.built.add(optimizer)  # which models are trained is known before they step
 
-            module_cls.__call__ = __call__
-            module_cls.load_state_dict = load_state_dict
-            torch.optim.Optimizer.__init__ = init_optimizer
             try:
-                with recorder.installed(None), pretrained_loads(recorder.loaded), \
-                        watching_collectives(lambda: recorder.depth > 0, recorder.forward_collectives):
-                    yield
+                with Patches() as patches:
+                    patches.setattr(module_cls, "__call__", __call__)
+                    patches.setattr(module_cls, "load_state_dict", load_state_dict)
+                    patches.setattr(torch.optim.Optimizer, "__init__", init_optimizer)
+                    with recorder.installed(None), pretrained_loads(recorder.loaded), \
+                            watching_collectives(lambda: recorder.depth > 0, recorder.forward_collectives):
+                        yield
             finally:
-                module_cls.__call__ = call_original
-                module_cls.load_state_dict = load_original
-                torch.optim.Optimizer.__init__ = optimizer_init
-                for undo in reversed(recorder.detach):
-                    undo()
+                recorder.bound_forward.undo()
                 for handles in recorder.hooks.values():
                     for handle in handles:
                         handle.remove()
-                recorder.detach, recorder.hooks = [], {}
+                recorder.hooks = {}
                 recorder.keep_own_events()
 
         return installed()

@@ -10,11 +10,13 @@ wrapper the checks unwrap) is not the model's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from typing import Callable, Iterator
 
 from tfdoctor.usercode.call_sites import call_site
+from tfdoctor.usercode.patches import Patches
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
                "broadcast", "all_to_all", "all_to_all_single", "reduce", "gather", "scatter", "send", "recv")
@@ -36,7 +38,6 @@ def watching_collectives(inside_forward: Callable[[], bool], seen: dict) -> Iter
         yield
         return
     torch_folder = _torch_folder()
-    originals = {name: getattr(dist, name) for name in COLLECTIVES if callable(getattr(dist, name, None))}
 
     def wrapped(name: str, original: Callable) -> Callable:
         def collective(*args, **kwargs):
@@ -46,16 +47,13 @@ def watching_collectives(inside_forward: Callable[[], bool], seen: dict) -> Iter
                     seen[name] = call_site() or caller
             return original(*args, **kwargs)
 
-        collective.__wrapped__ = original
         return collective
 
-    for name, original in originals.items():
-        setattr(dist, name, wrapped(name, original))
-    try:
+    with Patches() as patches:
+        for name in COLLECTIVES:
+            if callable(getattr(dist, name, None)):
+                patches.wrap(dist, name, functools.partial(wrapped, name))
         yield
-    finally:
-        for name, original in originals.items():
-            setattr(dist, name, original)
 
 
 def communicating_reason(seen: dict) -> str:

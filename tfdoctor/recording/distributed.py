@@ -20,6 +20,7 @@ import datetime
 from typing import Any, Optional
 
 from tfdoctor.errors import LoadError, first_line
+from tfdoctor.usercode.patches import Patches
 from tfdoctor.usercode.world import World
 
 
@@ -91,17 +92,14 @@ class RankSession:
         off until tfdoctor has sent the exit code over the group (see close)."""
         import torch.distributed as dist
 
-        original = dist.destroy_process_group
         session = self
 
         def destroy_process_group(*args, **kwargs):
             session.deferred.append((args, kwargs))
 
-        dist.destroy_process_group = destroy_process_group
-        try:
+        with Patches() as patches:
+            patches.setattr(dist, "destroy_process_group", destroy_process_group)
             yield
-        finally:
-            dist.destroy_process_group = original
 
     # ------------------------------------------------------------------ after the checks
 

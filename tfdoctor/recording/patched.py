@@ -1,9 +1,9 @@
 """The recorder's wrappers of what PyTorch offers no hook for: GradScaler's methods, clip_grad_*,
 zero_grad, LR scheduler steps and autocast regions, and `installed`, which puts every patch and hook
-of the recorder in place (in a fixed order: the recorder is order-sensitive) and removes them in
-`finally`. A mixin of recorder.Recorder, whose state and events the wrappers record into. Each
-wrapper first asks the recorder whether it `owns` the parameters concerned: another model's clip,
-zero_grad, scaler or scheduler call passes through unrecorded.
+of the recorder in place (in a fixed order: the recorder is order-sensitive) and removes them when
+the block ends (usercode/patches.py). A mixin of recorder.Recorder, whose state and events the
+wrappers record into. Each wrapper first asks the recorder whether it `owns` the parameters
+concerned: another model's clip, zero_grad, scaler or scheduler call passes through unrecorded.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import inspect
 import os
 import sys
 import weakref
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -21,6 +21,7 @@ from tfdoctor.modes import outermost_mode_calls
 from tfdoctor.recording.grads import grad_norm, params_of
 from tfdoctor.recording.schedule import snapshot_scheduler
 from tfdoctor.usercode.call_sites import is_library
+from tfdoctor.usercode.patches import Patches
 from tfdoctor.usercode.torch_compat import (
     autocast_enabled,
     scaler_device,
@@ -61,7 +62,6 @@ class PatchedCalls:
                             else grad_norm(recorder.params)
             return original(params, *args, **kwargs)
 
-        clipped.__wrapped__ = original
         return clipped
 
     def scaler_method(self, name: str, original: Callable) -> Callable:
@@ -114,7 +114,6 @@ class PatchedCalls:
             return original(scaler, *args, **kwargs)
 
         wrapper = {"__init__": init, "scale": scale, "unscale_": unscale_, "step": step, "update": update}[name]
-        wrapper.__wrapped__ = original
         return wrapper
 
     def _requested(self, scaler) -> bool:
@@ -135,7 +134,6 @@ class PatchedCalls:
                 recorder.event("zero_grad", owner=owner)
             return original(obj, *args, **kwargs)
 
-        zero_grad.__wrapped__ = original
         return zero_grad
 
     def module_mode(self, original: Callable) -> Callable:
@@ -173,7 +171,6 @@ class PatchedCalls:
             finally:
                 recorder.sched_depth -= 1
 
-        step.__wrapped__ = original
         return step
 
     def autocast_method(self, name: str, original: Callable) -> Callable:
@@ -202,82 +199,55 @@ class PatchedCalls:
             return original(region, *args, **kwargs)
 
         wrapper = {"__init__": init, "__enter__": enter, "__exit__": exit_}[name]
-        wrapper.__wrapped__ = original
         return wrapper
 
     # ------------------------------------------------------------------ install / restore
 
     @contextlib.contextmanager
     def installed(self, train_fn) -> Iterator[None]:
+        """Every patch and hook of the recorder, in a fixed order (the recorder is order-sensitive), all
+        taken off again when the block ends, however it ends: the hooks, then the patches in reverse."""
         from torch.amp.autocast_mode import autocast
         from torch.nn.utils import clip_grad
         from torch.optim import lr_scheduler
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        patches: list[tuple[Any, str, Any]] = []  # (owner, attribute, original) in the order applied
-
-        def patch(owner, attr, make):
-            original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
-            patches.append((owner, attr, original))
-            setattr(owner, attr, make(original))
-
-        handles = []
-        restore_forward = None
-        try:
-            clip_originals = {}
+        with Patches() as patches, contextlib.ExitStack() as hooks:
+            clip_wrappers = {}
             for attr, how in (("clip_grad_norm_", "norm"), ("clip_grad_value_", "value"),
                               ("clip_grads_with_norm_", "norm")):
                 original = getattr(torch.nn.utils, attr, None)
                 if original is None:
                     continue
-                clip_originals[id(original)] = self.clip(how, original)
+                clip_wrappers[id(original)] = wrapper = self.clip(how, original)
                 for owner in (clip_grad, torch.nn.utils):
                     if getattr(owner, attr, None) is original:
-                        patch(owner, attr, lambda orig, w=clip_originals[id(original)]: w)
+                        patches.wrap(owner, attr, lambda orig, w=wrapper: w)
             # `from torch.nn.utils import clip_grad_norm_` in the loop's module binds the original.
             namespace = getattr(train_fn, "__globals__", None)
             if isinstance(namespace, dict):
                 for name, value in list(namespace.items()):
-                    if id(value) in clip_originals and value is not None:
-                        patch_dict = namespace
-                        patches.append((patch_dict, name, value))
-                        patch_dict[name] = clip_originals[id(value)]
-            scaler_cls = torch.amp.GradScaler
+                    if id(value) in clip_wrappers and value is not None:
+                        patches.setitem(namespace, name, clip_wrappers[id(value)])
             for name in ("__init__", "scale", "unscale_", "step", "update"):
-                patch(scaler_cls, name, lambda orig, n=name: self.scaler_method(n, orig))
-            patch(torch.optim.Optimizer, "zero_grad", lambda orig: self.zero_grad("optimizer", orig))
-            patch(torch.nn.Module, "zero_grad", lambda orig: self.zero_grad("model", orig))
-            patch(torch.nn.Module, "train", self.module_mode)
+                patches.wrap(torch.amp.GradScaler, name, lambda orig, n=name: self.scaler_method(n, orig))
+            patches.wrap(torch.optim.Optimizer, "zero_grad", lambda orig: self.zero_grad("optimizer", orig))
+            patches.wrap(torch.nn.Module, "zero_grad", lambda orig: self.zero_grad("model", orig))
+            patches.wrap(torch.nn.Module, "train", self.module_mode)
             for cls in with_own_step(lr_scheduler.LRScheduler):
-                patch(cls, "step", self.sched_step)
+                patches.wrap(cls, "step", self.sched_step)
             for name in ("__init__", "__enter__", "__exit__"):
-                patch(autocast, name, lambda orig, n=name: self.autocast_method(n, orig))
-            handles += [register_optimizer_step_pre_hook(self.opt_pre),
-                        register_optimizer_step_post_hook(self.opt_post),
-                        self.model.register_forward_pre_hook(self.forward_pre, with_kwargs=True),
-                        self.model.register_forward_hook(self.forward_post, with_kwargs=True)]
+                patches.wrap(autocast, name, lambda orig, n=name: self.autocast_method(n, orig))
+            for handle in (register_optimizer_step_pre_hook(self.opt_pre),
+                           register_optimizer_step_post_hook(self.opt_post),
+                           self.model.register_forward_pre_hook(self.forward_pre, with_kwargs=True),
+                           self.model.register_forward_hook(self.forward_post, with_kwargs=True)):
+                hooks.callback(handle.remove)
             # `model.forward(...)` called directly (The Annotated Transformer does) skips module hooks:
             # the class's forward is wrapped too, recording only for this copy and only when no hook did.
-            cls = type(self.model)
-            own_forward = cls.__dict__.get("forward")
-            setattr(cls, "forward", self.direct_forward(cls.forward))
-            restore_forward = (cls, own_forward)
+            patches.wrap(type(self.model), "forward", self.direct_forward)
             with self:
                 yield
-        finally:
-            for handle in reversed(handles):
-                handle.remove()
-            if restore_forward is not None:
-                cls, own_forward = restore_forward
-                if own_forward is None:
-                    delattr(cls, "forward")
-                else:
-                    setattr(cls, "forward", own_forward)
-            for owner, attr, original in reversed(patches):
-                if isinstance(owner, dict):
-                    owner[attr] = original
-                else:
-                    setattr(owner, attr, original)
 
 
 def _called_by_library() -> bool:

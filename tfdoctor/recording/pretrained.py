@@ -16,6 +16,7 @@ import sys
 from typing import Callable
 
 from tfdoctor.usercode.import_hooks import AfterImport
+from tfdoctor.usercode.patches import Patches
 
 MODULE = "transformers.modeling_utils"
 
@@ -24,34 +25,30 @@ MODULE = "transformers.modeling_utils"
 def pretrained_loads(loaded: dict[int, str]):
     """While open, every model `PreTrainedModel.from_pretrained` returns (a subclass's, an Auto class's)
     is entered in `loaded` as id(model) -> "from_pretrained('name')"; everything is put back after."""
-    undo: list[Callable[[], None]] = []
+    patches = Patches()
 
     def patch(module) -> None:
         base = getattr(module, "PreTrainedModel", None)
-        original = base.__dict__.get("from_pretrained") if base is not None else None
-        if not isinstance(original, classmethod):
-            return
-        function = original.__func__
-
-        @functools.wraps(function)
-        def from_pretrained(cls, *args, **kwargs):
-            returned = function(cls, *args, **kwargs)
-            model = returned[0] if isinstance(returned, tuple) else returned  # output_loading_info=True
-            name = args[0] if args else kwargs.get("pretrained_model_name_or_path")
-            loaded.setdefault(id(model), f"from_pretrained({str(name)!r})")
-            return returned
-
-        base.from_pretrained = classmethod(from_pretrained)
-        undo.append(lambda: setattr(base, "from_pretrained", original))
+        if base is not None and isinstance(base.__dict__.get("from_pretrained"), classmethod):
+            patches.wrap(base, "from_pretrained", lambda original: classmethod(_noting(original.__func__, loaded)))
 
     if MODULE in sys.modules:
         patch(sys.modules[MODULE])
     else:
-        finder = AfterImport({MODULE: patch})
-        sys.meta_path.insert(0, finder)
-        undo.append(lambda: sys.meta_path.remove(finder) if finder in sys.meta_path else None)
-    try:
+        patches.prepend(sys.meta_path, AfterImport({MODULE: patch}))
+    with patches:
         yield
-    finally:
-        for step in reversed(undo):
-            step()
+
+
+def _noting(function: Callable, loaded: dict[int, str]) -> Callable:
+    """`from_pretrained`'s function, entering the model it returns in `loaded`."""
+
+    @functools.wraps(function)
+    def from_pretrained(cls, *args, **kwargs):
+        returned = function(cls, *args, **kwargs)
+        model = returned[0] if isinstance(returned, tuple) else returned  # output_loading_info=True
+        name = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        loaded.setdefault(id(model), f"from_pretrained({str(name)!r})")
+        return returned
+
+    return from_pretrained

@@ -35,6 +35,7 @@ import torch
 from tfdoctor.recording.models import is_shard, unwrap
 from tfdoctor.recording.windows import micro_batch_weights
 from tfdoctor.usercode.call_sites import call_site
+from tfdoctor.usercode.patches import Patches
 
 # Indices of each sampler iteration kept in the digest. Two different shuffles of N items agree on
 # their first m indices with chance ~1/N^m, so a few are enough; 64 keep a partial epoch comparable.
@@ -127,8 +128,9 @@ class RankRecorder:
         self._stepping: set[int] = set()  # optimizers whose step has begun and not ended
         self._nested: set[int] = set()  # optimizers stepped inside another's step
         self._inside: set[int] = set()  # samplers whose patched method is running (super() calls)
-        self._undo: list[Callable[[], None]] = []
-        self._patched: set[tuple[type, str]] = set()
+        self._hooks: list = []  # the handles of the global hooks
+        self._patches = Patches()
+        self._patched: set[tuple[type, str]] = set()  # (class, name) wrapped already
 
     # ------------------------------------------------------------------ install
 
@@ -139,10 +141,9 @@ class RankRecorder:
         from torch.utils.data.distributed import DistributedSampler
 
         try:
-            for handle in (register_optimizer_step_pre_hook(self._step_begins),
-                           register_optimizer_step_post_hook(self._step_ends),
-                           register_module_forward_pre_hook(self._forward)):
-                self._undo.append(handle.remove)
+            self._hooks += [register_optimizer_step_pre_hook(self._step_begins),
+                            register_optimizer_step_post_hook(self._step_ends),
+                            register_module_forward_pre_hook(self._forward)]
             self._patch(DistributedSampler, "__init__", self._made)
             self._patch(DataLoader, "__init__", self._loader_made)
             self._patch(DataLoader, "__iter__", self._loader_iterated)
@@ -161,19 +162,18 @@ class RankRecorder:
         self._remove()
 
     def _remove(self) -> None:
-        for undo in reversed(self._undo):
-            undo()
-        self._undo, self._patched = [], set()
+        try:
+            self._patches.undo()
+        finally:
+            while self._hooks:
+                self._hooks.pop().remove()
+            self._patched = set()
 
     def _patch(self, owner: type, name: str, wrap: Callable[[Callable], Callable]) -> None:
         if (owner, name) in self._patched or name not in owner.__dict__:
             return
-        original = owner.__dict__[name]
-        wrapper = wrap(original)
-        wrapper.__wrapped__ = original
-        setattr(owner, name, wrapper)
+        self._patches.wrap(owner, name, wrap)
         self._patched.add((owner, name))
-        self._undo.append(lambda: setattr(owner, name, original))
 
     def _patch_sampler_class(self, cls: type) -> None:
         self._patch(cls, "__iter__", self._iterated)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from tfdoctor.errors import LoadError
 from tfdoctor.recording.binding import ScriptRecorder
@@ -30,6 +30,7 @@ from tfdoctor.recording.recorder import finish
 from tfdoctor.recording.stopping import StopScript
 from tfdoctor.recording.trace import Trace
 from tfdoctor.usercode.as_main import ScriptOutcome, exit_code, refuse_no_step, run_script, script_name
+from tfdoctor.usercode.patches import Patches
 
 
 class ScriptError(LoadError):
@@ -51,19 +52,22 @@ class ScriptRun:
     session: Any = None  # a distributed run: this rank's RankSession (recording/distributed.py)
 
 
-def _shown_and_kept() -> list:
+@contextlib.contextmanager
+def _shown_and_kept() -> Iterator[list]:
     """The script's warnings reach its stderr as under `python SCRIPT` (the user's filters decide which),
-    and are kept for the Trace too. Installed inside a catch_warnings block, which puts the original
-    showwarning back."""
+    and are kept for the Trace too, in the list yielded."""
     kept: list = []
-    show = warnings.showwarning
 
-    def shown(message, category, filename, lineno, file=None, line=None):
-        kept.append(warnings.WarningMessage(message, category, filename, lineno, file, line))
-        show(message, category, filename, lineno, file, line)
+    def keeping(show: Callable) -> Callable:
+        def shown(message, category, filename, lineno, file=None, line=None):
+            kept.append(warnings.WarningMessage(message, category, filename, lineno, file, line))
+            show(message, category, filename, lineno, file, line)
 
-    warnings.showwarning = shown
-    return kept
+        return shown
+
+    with Patches() as patches:
+        patches.wrap(warnings, "showwarning", keeping)
+        yield kept
 
 
 def record_script(path: Optional[str] = None, module: Optional[str] = None, args: tuple = (),
@@ -77,8 +81,7 @@ def record_script(path: Optional[str] = None, module: Optional[str] = None, args
     recorded beside the trace and gathered to rank 0 at the stop point (Trace.ranks there)."""
     name = script_name(path, module, ScriptError)
     recorder = ScriptRecorder(steps, model)
-    with warnings.catch_warnings():
-        caught = _shown_and_kept()
+    with warnings.catch_warnings(), _shown_and_kept() as caught:
         try:  # `run` stops the script early: any sys.exit before the stop point is noted, Ctrl-C propagates
             outcome = run_script(path, module, args, "tfdoctor run", _recording(recorder, session), StopScript,
                                  clean_exit_finishes=False, interrupt_ends=False)

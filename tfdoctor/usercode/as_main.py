@@ -17,6 +17,7 @@ from typing import Any, ContextManager, Iterator, Optional
 from tfdoctor.errors import InternalError, LoadError, first_line, missing_file_hint
 from tfdoctor.usercode.auditing import audited_by
 from tfdoctor.usercode.call_sites import raised_at, raised_in_tfdoctor
+from tfdoctor.usercode.patches import Patches
 
 
 def script_name(path: Optional[str], module: Optional[str], error: type) -> str:
@@ -43,14 +44,15 @@ def script_name(path: Optional[str], module: Optional[str], error: type) -> str:
 def as_main(path: Optional[str], module: Optional[str], args: tuple) -> Iterator[None]:
     """The script's own sys.argv, and its folder first on sys.path (as `python train.py` puts it), for
     the block; the process's own are back after it, however it ends."""
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = [path if path is not None else module, *args]
-    if path is not None:
-        sys.path[0:1] = [os.path.dirname(os.path.abspath(path))]
-    try:
-        yield
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
+    saved_path = sys.path[:]
+    with Patches() as patches:
+        patches.setattr(sys, "argv", [path if path is not None else module, *args])
+        if path is not None:
+            sys.path[0:1] = [os.path.dirname(os.path.abspath(path))]
+        try:
+            yield
+        finally:
+            sys.path[:] = saved_path
 
 
 def run_main(path: Optional[str], module: Optional[str]) -> None:

@@ -9,14 +9,16 @@ the monitor runs for a whole training run within 3% of its step time (bench/watc
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
 from tfdoctor.modes import outermost_mode_calls
 from tfdoctor.usercode.call_sites import call_site
+from tfdoctor.usercode.patches import Patches
 from tfdoctor.usercode.torch_compat import dataloader_iterator_base, scaler_enabled, scheduler_is_initial
 from tfdoctor.watching.monitor import Monitor
 
@@ -32,15 +34,9 @@ def watching(monitor: Monitor) -> Iterator[Monitor]:
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
     from torch.utils.data import dataloader
 
-    patches: list[tuple[Any, str, Any]] = []
+    patches = Patches()
     handles: list = []
-
-    def patch(owner, attr: str, make: Callable) -> None:
-        original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr, None)
-        if original is None:
-            return
-        patches.append((owner, attr, original))
-        setattr(owner, attr, make(original))
+    patch = functools.partial(patches.wrap, raising=False)  # get_total_norm: only in newer torch
 
     stepping: list = []  # the optimizer steps under way: a post hook closes the watched one's row
 
@@ -104,8 +100,7 @@ def watching(monitor: Monitor) -> Iterator[Monitor]:
     finally:
         for handle in reversed(handles):
             handle.remove()
-        for owner, attr, original in reversed(patches):
-            setattr(owner, attr, original)
+        patches.undo()
 
 
 def _loss(monitor: Monitor, original: Callable) -> Callable:
@@ -120,7 +115,6 @@ def _loss(monitor: Monitor, original: Callable) -> Callable:
                 monitor.loss_called(out, input, target, reduction, ignore)
         return out
 
-    loss.__wrapped__ = original
     return loss
 
 
@@ -129,7 +123,6 @@ def _backward(monitor: Monitor, original: Callable) -> Callable:
         monitor.backward_called(self)
         return original(self, *args, **kwargs)
 
-    backward.__wrapped__ = original
     return backward
 
 
@@ -157,7 +150,6 @@ def _returns_norm(monitor: Monitor, original: Callable) -> Callable:
             monitor.clip_returned(norm)
         return norm
 
-    measured.__wrapped__ = original
     return measured
 
 
@@ -187,7 +179,6 @@ def _scaler(monitor: Monitor, name: str, original: Callable) -> Callable:
         return out
 
     wrapper = {"scale": scale, "unscale_": unscale_, "step": step, "update": update}[name]
-    wrapper.__wrapped__ = original
     return wrapper
 
 
@@ -200,7 +191,6 @@ def _tagged_iterator(original: Callable) -> Callable:
             pass
         return iterator
 
-    __iter__.__wrapped__ = original
     return __iter__
 
 
@@ -211,7 +201,6 @@ def _timed_next(monitor: Monitor, original: Callable) -> Callable:
         monitor.batch_waited(getattr(iterator, "_tfdoctor_loader", iterator), time.perf_counter() - started)
         return batch
 
-    __next__.__wrapped__ = original
     return __next__
 
 
@@ -225,7 +214,6 @@ def _scheduler_init(monitor: Monitor, original: Callable, making: list) -> Calla
         if not making[0]:
             monitor.scheduler_made(scheduler)
 
-    __init__.__wrapped__ = original
     return __init__
 
 
@@ -243,7 +231,6 @@ def _scheduler_step(monitor: Monitor, original: Callable) -> Callable:
         finally:
             monitor.scheduler_depth -= 1
 
-    step.__wrapped__ = original
     return step
 
 

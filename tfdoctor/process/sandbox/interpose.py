@@ -41,6 +41,7 @@ def _leaf(relative: str):
 
 
 AfterImport = _leaf("usercode/import_hooks.py").AfterImport
+Patches = _leaf("usercode/patches.py").Patches
 VIEW_ENV = _leaf("usercode/environment.py").SANDBOX_VIEW.name
 BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
 _R = {name: getattr(os, name) for name in (
@@ -391,7 +392,7 @@ PATCHES = {
 
 # --- libraries that open paths in C or Rust: patched when imported -------------------------------------
 
-def _patch_torch(torch) -> list:
+def _patch_torch(torch, patches) -> None:
     save, load = torch.save, torch.load
 
     def guarded_save(obj, f, *args, **kwargs):
@@ -405,14 +406,12 @@ def _patch_torch(torch) -> list:
         full = _active.covers(f) if _active and isinstance(f, (str, bytes, os.PathLike)) else None
         return load(f if full is None else _active.read(full), *args, **kwargs)
 
-    done = []
     for module in (torch, torch.serialization):
-        done += [(module, "save", module.save), (module, "load", module.load)]
-        module.save, module.load = guarded_save, guarded_load
-    return done
+        patches.setattr(module, "save", guarded_save)
+        patches.setattr(module, "load", guarded_load)
 
 
-def _patch_safetensors(module) -> list:
+def _patch_safetensors(module, patches) -> None:
     save_file, load_file = module.save_file, module.load_file
 
     def guarded_save_file(tensors, filename, metadata=None):
@@ -426,22 +425,17 @@ def _patch_safetensors(module) -> list:
         full = _active.covers(filename) if _active else None
         return load_file(filename if full is None else _active.read(full), *args, **kwargs)
 
-    done = [(module, "save_file", save_file), (module, "load_file", load_file)]
-    module.save_file, module.load_file = guarded_save_file, guarded_load_file
-    return done
+    patches.setattr(module, "save_file", guarded_save_file)
+    patches.setattr(module, "load_file", guarded_load_file)
 
 
 AFTER_IMPORT = {"torch": _patch_torch, "safetensors.torch": _patch_safetensors}
 
 
-class _AfterImport(AfterImport):
-    """Patches a library the moment it is imported (the user's code imports it after we start);
-    `undo` collects what each patch made."""
-
-    def __init__(self, undo: list) -> None:
-        self.undo = undo
-        super().__init__({name: (lambda module, patch=patch: self.undo.extend(patch(module)))
-                          for name, patch in AFTER_IMPORT.items()})
+def _after_import(patches) -> AfterImport:
+    """Patches a library the moment it is imported (the user's code imports it after we start)."""
+    return AfterImport({name: (lambda module, patch=patch: patch(module, patches))
+                        for name, patch in AFTER_IMPORT.items()})
 
 
 # --- install / uninstall --------------------------------------------------------------------------------
@@ -450,24 +444,11 @@ class Installed:
     """Every patch made, so that `uninstall` leaves the process as it was found."""
 
     def __init__(self, view: View) -> None:
-        self.view, self.undo, self.finder = view, [], _AfterImport([])
-        self.env = {name: os.environ.get(name) for name in (VIEW_ENV, "PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
-        self.bytecode = sys.dont_write_bytecode
+        self.view, self.patches = view, Patches()
 
     def uninstall(self) -> None:
         global _active
-        for module, name, original in reversed(self.undo + self.finder.undo):
-            setattr(module, name, original)
-        self.undo.clear()
-        self.finder.undo.clear()
-        if self.finder in sys.meta_path:
-            sys.meta_path.remove(self.finder)
-        for name, value in self.env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-        sys.dont_write_bytecode = self.bytecode
+        self.patches.undo()
         _active = None
 
 
@@ -478,21 +459,23 @@ def install(roots: list[str], scratch: str, exempt=(), children: bool = True) ->
     view = View(roots, scratch, exempt)
     os.makedirs(view.mirror, exist_ok=True)
     installed = Installed(view)
+    patches = installed.patches
     for (module, name), patch in PATCHES.items():
         if hasattr(module, name):
-            installed.undo.append((module, name, getattr(module, name)))
-            setattr(module, name, patch)
+            patches.setattr(module, name, patch)
     for name, patch in AFTER_IMPORT.items():
         if name in sys.modules:
-            installed.undo.extend(patch(sys.modules[name]))
-    sys.meta_path.insert(0, installed.finder)
+            patch(sys.modules[name], patches)
+    patches.prepend(sys.meta_path, _after_import(patches))
     _active = view
     if children:
-        os.environ[VIEW_ENV] = json.dumps({"roots": view.roots, "scratch": scratch, "exempt": view.exempt})
-        os.environ["PYTHONPATH"] = os.pathsep.join([BOOT, *filter(None, [os.environ.get("PYTHONPATH")])])
+        patches.setitem(os.environ, VIEW_ENV, json.dumps({"roots": view.roots, "scratch": scratch,
+                                                          "exempt": view.exempt}))
+        patches.setitem(os.environ, "PYTHONPATH",
+                        os.pathsep.join([BOOT, *filter(None, [os.environ.get("PYTHONPATH")])]))
     # Python's own bytecode writer goes past every patch: it writes no caches into the user's folders.
-    sys.dont_write_bytecode = True
-    os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+    patches.setattr(sys, "dont_write_bytecode", True)
+    patches.setitem(os.environ, "PYTHONDONTWRITEBYTECODE", "1")
     return installed
 
 
