@@ -37,14 +37,13 @@ def logged_run(read: Columns, tags: dict[str, str], following: bool = False) -> 
     sources: dict[str, str] = {}
     steps = sorted({p.step for role, name in chosen.items() if role[0] in TRAINING for p in read.columns[name]})
     at = {role: {p.step: p for p in read.columns[name]} for role, name in chosen.items()}
-    rows = [StepRow(step=step, loss=None) for step in steps]
-    for row in rows:
-        point = at.get(("loss", 0), {}).get(row.step)
-        row.loss = point.value if point is not None else None
-        for field in ("grad_norm", "scale"):
-            point = at.get((field, 0), {}).get(row.step)
-            if point is not None:
-                setattr(row, field, point.value)
+
+    def logged(series_name: str, step: int):
+        point = at.get((series_name, 0), {}).get(step)
+        return point.value if point is not None else None
+
+    rows = [StepRow(step=step, loss=logged("loss", step), grad_norm=logged("grad_norm", step),
+                    scale=logged("scale", step)) for step in steps]
     groups = sorted(group for series_name, group in chosen if series_name == "lr")
     for row in rows:
         rates = [at[("lr", g)].get(row.step) for g in groups]
@@ -127,7 +126,10 @@ def _memory(rows, chosen, roles, at, sources) -> None:
         for row in rows:
             point = at[(field, 0)].get(row.step)
             if point is not None and math.isfinite(point.value):
-                setattr(row, field, int(point.value * unit))
+                if field == "rss":
+                    row.rss = int(point.value * unit)
+                else:
+                    row.cuda_allocated = int(point.value * unit)
         sources[field] = chosen[(field, 0)]
 
 
