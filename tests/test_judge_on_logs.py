@@ -5,19 +5,20 @@ judge, each healthy log quiet across every judge; and series built by hand for w
 shows (a schedule restarted on resume, an evaluation below training, a logged loss scale, series a log
 lacks). Until tfdoctor/logs/ reads them, tests/logreading.py turns the logs into the series."""
 
+import importlib.util
 import math
-import sys
-from pathlib import Path
-
-import pytest
 
 import logreading
+import pytest
+from helpers import ROOT
+
 from tfdoctor.checks import curves, logged, run_health, run_schedule
 from tfdoctor.watching.judging import judge_run
 from tfdoctor.watching.series import EvalPoint, RunSeries, StepRow
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures" / "logs"))
-import make  # noqa: E402
+_spec = importlib.util.spec_from_file_location("fixtures_logs_make", ROOT / "fixtures" / "logs" / "make.py")
+make = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make)
 
 QUIET = ("pass", "skip")
 
