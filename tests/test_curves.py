@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from tfdoctor.checks import curves
+from tfdoctor.checks import curves, grad_norm
 from tfdoctor.watching.series import RunSeries, StepRow
 
 JUDGES = ("loss-spike", "loss-divergence", "loss-plateau", "grad-norm-trend")
@@ -80,7 +80,7 @@ def test_summed_micro_batches_grow_the_gradient_norm(watch_audit):
     report = watch_audit("grad_growth")
     result = report["grad-norm-trend"]
     assert result.status.value == "warn", result.message
-    assert result.details["factor"] >= curves.NORM_GROWTH
+    assert result.details["factor"] >= grad_norm.NORM_GROWTH
     assert result.details["low_step"] < result.details["step"] < len(series_of(report))
     medians = result.details["window_medians"]
     assert medians[-1] > 4 * medians[0]
@@ -108,7 +108,7 @@ def noisy_run(steps=300, start=4.3, floor=1.8, noise=0.05, norm=0.5, warmup=20, 
 
 def judge(series: RunSeries) -> dict:
     return {"loss-spike": curves.loss_spike(series), "loss-divergence": curves.loss_divergence(series),
-            "loss-plateau": curves.loss_plateau(series), "grad-norm-trend": curves.grad_norm_trend(series)}
+            "loss-plateau": curves.loss_plateau(series), "grad-norm-trend": grad_norm.grad_norm_trend(series)}
 
 
 def test_empty_series_skips_every_judge():
@@ -242,25 +242,25 @@ def test_norm_collapse_warns_unless_the_loss_goes_to_zero():
     series = noisy_run()
     for row in series.steps[150:]:
         row.grad_norm *= 1e-4
-    result = curves.grad_norm_trend(series)
+    result = grad_norm.grad_norm_trend(series)
     assert result.status.value == "warn" and "collapsed" in result.message
-    assert 150 <= result.details["step"] < 150 + 2 * curves.NORM_WINDOW
+    assert 150 <= result.details["step"] < 150 + 2 * grad_norm.NORM_WINDOW
     memorised = noisy_run(start=3.0, floor=0.0, noise=0.0)
     for row in memorised.steps:
         row.grad_norm *= math.exp(-row.step / 30)  # the gradient fades with the loss
         row.loss = abs(row.loss)
-    assert curves.grad_norm_trend(memorised).status.value == "pass"
+    assert grad_norm.grad_norm_trend(memorised).status.value == "pass"
 
 
 def test_norm_that_rises_then_falls_is_no_growth():
     series = noisy_run()
     for row in series.steps:
         row.grad_norm *= 1 + 8 * math.sin(math.pi * row.step / 300)  # up 9x and back down
-    assert curves.grad_norm_trend(series).status.value == "pass"
+    assert grad_norm.grad_norm_trend(series).status.value == "pass"
 
 
 def test_norm_growth_skips_steps_the_scaler_skipped():
     series = noisy_run()
     for row in series.steps[::7]:
         row.grad_norm, row.skipped = float("inf"), True  # fp16 overflows: scaler-overflow's business
-    assert curves.grad_norm_trend(series).status.value == "pass"
+    assert grad_norm.grad_norm_trend(series).status.value == "pass"

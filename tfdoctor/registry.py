@@ -44,6 +44,7 @@ CHECK_MODULES = (
     "tfdoctor.checks.determinism",
     "tfdoctor.checks.depth",
     "tfdoctor.checks.curves",
+    "tfdoctor.checks.grad_norm",
     "tfdoctor.checks.run_health",
     "tfdoctor.checks.run_schedule",
     "tfdoctor.checks.run_mode",

@@ -6,8 +6,10 @@ or a callback recorded (tfdoctor/watching/series.py); no torch here.
 
 from __future__ import annotations
 
+import math
 import statistics
 
+from tfdoctor.checks.verdicts import logged
 from tfdoctor.registry import check
 from tfdoctor.result import Result, percent
 from tfdoctor.watching.series import HELD_OUT, TRAINING_SPLIT, EvalPoint, RunSeries, trailing
@@ -73,6 +75,15 @@ TRAIN_WINDOW = 10  # the training loss around an evaluation: the median of the s
 BELOW_MARGIN = 0.05  # evaluation loss more than 5% below that median ...
 BELOW_SHARE = 0.5  # ... at half the evaluations or more (and at least BELOW_MIN_POINTS of them)
 BELOW_MIN_POINTS = 2
+# On a log: no row was fingerprinted and dropout is not known, so only the losses are compared, each
+# evaluation against the training loss interpolated at its step (a logged training point is the mean
+# over the steps since the one before: it stands at their middle). A model trained with dropout measures
+# its training loss with dropout on and its evaluation with it off: fixtures/logs/make.py's Trainer runs
+# (eval every 50 of 300 steps) put the evaluation at most 3.9% below training with GPT-2's dropout of
+# 0.1 (trainer_dropout: 2.9, 3.9, 1.3, 2.6, 1.7%), at most 0.5% below without (trainer_healthy). The
+# margin, 2.5x what dropout gave there, leaves room for larger models' larger dropout gaps; warn at most
+# (an easier evaluation set is no proof of a leak).
+LOG_BELOW_MARGIN = 0.10
 
 
 def _scaler_calibration(skipped: list[bool]) -> tuple[int, bool]:
@@ -104,6 +115,8 @@ def scaler_overflow(series: RunSeries) -> Result:
     find the op that overflows float16 in the forward, or train in bfloat16 (no scaler needed).
     """
     rows = [row for row in series.steps if row.scale is not None or row.skipped]
+    if logged.log_of(series):
+        return _logged_scale(series, rows)
     if not rows:
         return Result.skipped("the run used no GradScaler (no loss scale recorded)")
     if len(rows) < CALM_STEPS * 2:
@@ -134,6 +147,44 @@ def scaler_overflow(series: RunSeries) -> Result:
             "activations, exp or a sum of squares under autocast: compute it in float32), or train in "
             "torch.bfloat16, which needs no GradScaler", details)
     return _skip_share_verdict(series, rows, skipped, calibration, settled, details)
+
+
+def _logged_scale(series: RunSeries, rows) -> Result:
+    """scaler-overflow on a log: a log holds the scale where it holds any (the Trainer's and Lightning's
+    logs do not), never the skipped steps themselves. Each halving between two logged points is one
+    skipped step at least (backoff_factor 0.5): their count over the steps after the scale first grew
+    (the end of its calibration) is a lower bound on the share skipped."""
+    scales = [(row.step, row.scale) for row in rows if row.scale is not None and row.scale > 0]
+    if not scales:
+        return Result.skipped(logged.missing("loss scale", logged.named(series, "scale")))
+    if len(scales) < CALM_STEPS:
+        return Result.skipped(f"only {len(scales)} logged loss scales: too few to tell calibration from overflow "
+                              f"(needs {CALM_STEPS})")
+    grew = next((i for i in range(1, len(scales)) if scales[i][1] > scales[i - 1][1]), None)
+    after = scales[grew - 1:] if grew else []
+    halvings = sum(max(0, round(math.log2(a / b))) for (_, a), (_, b) in zip(after, after[1:]))
+    span = after[-1][0] - after[0][0] if after else 0
+    share = halvings / span if span else 0.0
+    low = next(((step, scale) for step, scale in scales if scale < SCALE_FLOOR), None)
+    name = logged.named(series, "scale")
+    details = {"step": low[0] if low else (after[0][0] if after else scales[0][0]), "logged_scales": len(scales),
+               "scale_first": scales[0][1], "scale_last": scales[-1][1], "scale_min": min(v for _, v in scales),
+               "scale_max": max(v for _, v in scales), "halvings_after_calibration": halvings,
+               "steps_after_calibration": span, "share_at_least": share, "warn_share": SKIP_WARN_SHARE,
+               "fail_share": SKIP_FAIL_SHARE, "scale_floor": SCALE_FLOOR}
+    hint = ("let the scaler wait before it probes a higher scale: GradScaler(growth_interval=2000) (the default); if "
+            "the scale collapses, find the op that overflows float16 in the forward, or train in torch.bfloat16")
+    if low is not None:
+        return Result.failed(f"the loss scale ({name}) fell to {low[1]:.3g} at step {low[0]}: below 1 the scaler "
+                             "shrinks the loss and the gradients still overflow, so float16 steps are being thrown "
+                             "away whatever the scale", hint, details)
+    seen = (f"the loss scale ({name}) halved at least {halvings} times over the {span} steps after it first grew "
+            f"(at least {percent(share)} of them skipped; a log shows the scale, not each skipped step)")
+    if share >= SKIP_FAIL_SHARE:
+        return Result.failed(seen, hint, details)
+    if share >= SKIP_WARN_SHARE:
+        return Result.warned(seen, hint, details)
+    return Result.passed(f"{seen}: it settled (threshold {SKIP_WARN_SHARE:.0%})", details)
 
 
 def _skip_share_verdict(series: RunSeries, rows, skipped, calibration: int, settled: bool, details) -> Result:
@@ -181,6 +232,12 @@ def data_wait(series: RunSeries) -> Result:
     (tokenizing) done once ahead of training rather than in __getitem__.
     """
     loader = series.facts.get("loader")
+    log = logged.log_of(series)
+    if log is not None:  # data_wait 0.0 on a log means not measured, unless the log has the series
+        if "data_wait" not in (log.get("sources") or {}):
+            return Result.skipped(logged.missing("time spent waiting for batches", "data_wait") + ": a log rarely "
+                                  "says how long each step waited for its DataLoader")
+        loader = loader or {}
     if loader is None:
         return Result.skipped("no DataLoader was seen: the time to build batches the script makes itself "
                               "is not measured")
@@ -201,6 +258,13 @@ def data_wait(series: RunSeries) -> Result:
             f"({percent(share)}; over the whole run {percent(total)})")
     if share < DATA_WAIT_SHARE:
         return Result.passed(f"{seen}: threshold {DATA_WAIT_SHARE:.0%}", details)
+    if log is not None and not loader:  # a log does not say how the DataLoader was set up
+        details["cause"] = "the input pipeline"
+        return Result.warned(f"{seen}, from step {first}: the model sits idle while the next batch is made (the log "
+                             f"does not say how the DataLoader was set up)",
+                             "load in worker processes: DataLoader(..., num_workers=4, pin_memory=True, "
+                             "persistent_workers=True), and do per-row work (tokenizing) once ahead of training",
+                             details)
     cause, hint = _loader_cause(loader, str(series.facts.get("device") or ""))
     details["cause"] = _loader_cause_short(loader, str(series.facts.get("device") or ""))
     return Result.warned(f"{seen}, from step {first}: the model sits idle while {cause}", hint, details)
@@ -297,7 +361,8 @@ def _line(points: list[tuple[int, int]]) -> tuple[float, float]:
 def _memory_plan(series: RunSeries) -> tuple[int, str]:
     """The optimizer steps the run was planned to take, and where that number came from: its own
     length when it finished, else the plan it was given (--max-steps, the Trainer's), else its steps."""
-    steps = len(series.steps)
+    # a log's rows are its logged points: the run's length is its last logged step
+    steps = series.steps[-1].step if logged.log_of(series) and series.steps else len(series.steps)
     planned, source = series.facts.get("planned_steps"), series.facts.get("planned_from")
     if series.facts.get("ended") != "finished" and isinstance(planned, int) and planned > steps:
         return planned, str(source or "max_steps")
@@ -326,6 +391,8 @@ def memory_growth(series: RunSeries) -> Result:
     signals = _memory_signals(series)
     planned, planned_from = _memory_plan(series)
     trends = [trend for trend in (_memory_trend(kind, points, planned) for kind, points in signals.items()) if trend]
+    if not signals and logged.log_of(series):
+        return Result.skipped(logged.missing("memory series", "rss or cuda_allocated"))
     if not trends:
         counted = max((len(points) for points in signals.values()), default=0)
         return Result.skipped(f"{counted} steps with memory recorded: too few to judge a trend once the first "
@@ -391,6 +458,8 @@ def eval_gap(series: RunSeries) -> Result:
     Fix: hold out the validation rows before training (split once, by index, with no overlap), and
     compute the evaluation loss the way the training loss is computed.
     """
+    if logged.log_of(series) is not None:
+        return _logged_eval_gap(series)
     if not series.evals:
         return Result.skipped("the script evaluated nothing (no loss computed under no_grad or eval() on "
                               "batches it did not train on)")
@@ -475,3 +544,56 @@ def _below_verdict(series: RunSeries, sources: list[dict], details: dict) -> Res
         "check that the validation rows come from the same distribution, share no documents with the "
         "training rows (near-duplicates, overlapping windows), and that its loss averages over tokens the "
         "way the training loss does", details)
+
+
+def _logged_train_at(points: list[tuple[float, float]], step: int) -> float | None:
+    """The training loss at `step`, linear between the logged points around it (each placed at the middle
+    of the steps it averages); None outside them."""
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= step <= x1:
+            return y0 + (y1 - y0) * (step - x0) / (x1 - x0) if x1 > x0 else y0
+    return None
+
+
+def _logged_eval_gap(series: RunSeries) -> Result:
+    """eval-gap on a log: an evaluation loss persistently below the training loss around it, by more
+    than dropout explains; what a log cannot show (which rows were trained on) is said, not judged."""
+    unknown = "a log holds no row fingerprints: whether the evaluation rows were also trained on cannot be checked"
+    if not series.evals:
+        return Result.skipped(logged.missing("evaluation loss", "eval_loss, val_loss") + f"; {unknown}")
+    every = logged.interval(series)
+    centred = [(row.step - (every - 1) / 2, row.loss) for row in series.steps
+               if row.loss is not None and math.isfinite(row.loss) and row.loss > 0]
+    details = {"evaluations": len(series.evals), "below_margin": LOG_BELOW_MARGIN, "interval": every,
+               "fingerprinted": False, "dropout": series.facts.get("dropout")}
+    worst = None
+    for source, points in series.sources().items():
+        # a log of every step: the median around the evaluation, as watched (one step's loss is noisy)
+        compared = [(p, _train_loss_near(series, p.step) if every == 1 else _logged_train_at(centred, p.step))
+                    for p in points if math.isfinite(p.loss)]
+        compared = [(p, train) for p, train in compared if train is not None]
+        below = [(p, train) for p, train in compared if p.loss < train * (1 - LOG_BELOW_MARGIN)]
+        persistent = len(below) >= BELOW_MIN_POINTS and len(below) >= BELOW_SHARE * len(compared)
+        if worst is None or (persistent, len(below)) > (worst["persistent"], len(worst["below"])):
+            worst = {"source": source, "compared": compared, "below": below, "persistent": persistent}
+    name = logged.named(series, f"eval:{worst['source']}")
+    compared, below = worst["compared"], worst["below"]
+    details.update(source=name, compared=len(compared), below=len(below),
+                   points=[{"step": p.step, "eval": p.loss, "train": train} for p, train in compared])
+    details["step"] = below[0][0].step if below else series.evals[-1].step
+    if not compared:
+        return Result.skipped(f"no evaluation ({name}) falls between two logged training losses; {unknown}", details)
+    gaps = [(train - p.loss) / train for p, train in compared]
+    if not worst["persistent"]:
+        return Result.passed(f"the evaluation loss ({name}) sat at most {max(max(gaps), 0):.0%} below the training "
+                             f"loss around it over {len(compared)} evaluations (judged from {LOG_BELOW_MARGIN:.0%}); "
+                             f"{unknown}", details)
+    point, train = max(below, key=lambda pair: (pair[1] - pair[0].loss) / pair[1])
+    return Result.warned(
+        f"the evaluation loss ({name}) sat more than {LOG_BELOW_MARGIN:.0%} below the training loss around it at "
+        f"{len(below)} of {len(compared)} evaluations, from step {below[0][0].step} (at step {point.step}: "
+        f"{point.loss:.3f} against {train:.3f}), more than dropout explains: the evaluation set is easier than the "
+        f"training data, overlaps it, or its loss is averaged differently; {unknown}",
+        "check that the validation rows are held out before training (no shared documents or overlapping "
+        "windows) and that its loss averages over tokens the way the training loss does; `tfdoctor watch` "
+        "fingerprints the rows and can tell a leak", details)

@@ -5,6 +5,7 @@ the user's line (watching/monitor.py); the loop check of the first steps is trai
 
 from __future__ import annotations
 
+from tfdoctor.checks.verdicts import logged
 from tfdoctor.registry import check
 from tfdoctor.result import Result, counted
 from tfdoctor.watching.series import RunSeries
@@ -24,6 +25,9 @@ def eval_mode_steps(series: RunSeries) -> Result:
 
     Fix: `model.train()` at the start of each epoch, or right after each evaluation.
     """
+    if logged.log_of(series) is not None:
+        return Result.skipped(logged.missing("training mode", "module.training") + ": a log does not say whether "
+                              "the model trained in train() or eval() mode")
     rows = [row for row in series.steps if row.micro_losses]
     if not rows:
         return Result.skipped("no optimizer step with a training loss was recorded")

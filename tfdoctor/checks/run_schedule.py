@@ -28,6 +28,7 @@ from __future__ import annotations
 import statistics
 from typing import Optional
 
+from tfdoctor.checks.verdicts import logged
 from tfdoctor.registry import check
 from tfdoctor.result import Result
 from tfdoctor.watching.series import RunSeries, StepRow, trailing
@@ -44,6 +45,21 @@ RISING_MIN_RATIO = 1.05  # by at least 5% (a rate flat within float rounding is 
 # A shorter run is a smoke test (the shipped fixtures/scripts/lightning_correct.py: 20 steps of a
 # 100-step warm-up): a warm-up longer than it is expected there, not a fault.
 WARMUP_MIN_STEPS = 100
+
+# A log carries no scheduler and no promise: what its rates show is judged. A rate that jumps back up
+# after it had decayed: at least RESTART_JUMP times the point before, which sat at RESTART_DECAYED of the
+# highest rate so far or lower, and still that high RESTART_HOLD points on (a jump of one or two steps is
+# a spike, loss-spike's to judge). Restarts at even spacing (within RESTART_EVEN) are warm restarts by
+# design (CosineAnnealingWarmRestarts, the Trainer's cosine_with_restarts); a lone restart whose rates
+# repeat the log's first RESTART_REPLAY rates (within RESTART_MATCH) is a schedule started over: a
+# scheduler created anew on resume, its state not loaded. The Trainer's linear, cosine and
+# constant_with_warmup schedules only rise during the warm-up, before any decay: never a restart.
+RESTART_JUMP = 2.0
+RESTART_DECAYED = 0.5
+RESTART_HOLD = 2
+RESTART_EVEN = 0.1
+RESTART_REPLAY = 3
+RESTART_MATCH = 0.05
 
 # data-wait. Watched, the healthy runs (TensorDataset, num_workers=0, tiny model on a CPU) wait 1-4%
 # of a typical step for their batch, also on a loaded machine; slow_loader.py (8 ms per row in
@@ -258,6 +274,9 @@ def _fast_verdict(rows, promise, start, name, per_step, planned, details) -> Res
 def _schedulers(series: RunSeries) -> str:
     """The schedulers the run stepped, for the message: " (schedulers seen: LambdaLR)"."""
     seen = series.facts.get("schedulers") or []
+    if not seen and logged.log_of(series):
+        every = logged.interval(series)
+        return f" (the rate logged every {every} steps)" if every > 1 else ""
     names = [s.get("name", "?") if isinstance(s, dict) else str(s) for s in seen]
     return f" (schedulers seen: {', '.join(names)})" if names else " (no scheduler seen)"
 
@@ -287,8 +306,12 @@ def lr_trajectory(series: RunSeries) -> Result:
     (Lightning: "interval": "step").
     """
     rated = [(row.step, max(row.lrs)) for row in series.steps if row.lrs]
+    log = logged.log_of(series)
+    if log and not rated:
+        return Result.skipped(logged.missing("learning rate", logged.named(series, "lr")))
     if len(rated) < MIN_RATE_STEPS:
-        return Result.skipped(f"{len(rated)} steps with a recorded learning rate: too few to judge a "
+        unit = "logged points" if log else "steps"
+        return Result.skipped(f"{len(rated)} {unit} with a recorded learning rate: too few to judge a "
                               f"schedule (needs {MIN_RATE_STEPS})")
     rates = [rate for _, rate in rated]
     peak = max(min(rates[i:i + PEAK_SPAN]) for i in range(len(rates) - PEAK_SPAN + 1))
@@ -302,10 +325,15 @@ def lr_trajectory(series: RunSeries) -> Result:
         return stepped_wrong
     if peak <= 0:
         details["step"] = rated[0][0]
-        return Result.failed(f"the optimizer's learning rate was 0 at every one of {len(rated)} steps: no step "
+        unit = "logged points" if log else "steps"
+        return Result.failed(f"the optimizer's learning rate was 0 at every one of {len(rated)} {unit}: no step "
                              f"changed the weights{seen}",
                              "set the optimizer's lr (a scheduler's factor multiplies it), and check the "
                              "scheduler's lambda at step 0", details)
+    if log:
+        restarted = _restart_verdict(series, rated, details, seen)
+        if restarted is not None:
+            return restarted
     zero_tail = _near_zero_tail(rates, NEAR_ZERO * peak)
     if zero_tail:
         return _decay_verdict(series, rated, zero_tail, details, seen)
@@ -324,8 +352,9 @@ def _decay_verdict(series: RunSeries, rated, zero_tail: int, details: dict, seen
     details.update({"step": step, "steps_at_zero": zero_tail, "share_at_zero": share,
                     "warn_share": DECAY_WARN_SHARE, "fail_share": DECAY_FAIL_SHARE})
     if share < DECAY_WARN_SHARE:
+        unit = "logged points" if logged.log_of(series) else "steps"
         return Result.passed(f"the rate peaked at {details['peak']:.3g} and decayed to about 0 over the last "
-                             f"{zero_tail} of {len(rated)} steps{seen}", details)
+                             f"{zero_tail} of {len(rated)} {unit}{seen}", details)
     message = (f"the learning rate reached about 0 (below {NEAR_ZERO:.0%} of its peak {details['peak']:.3g}) "
                f"at step {step} and stayed there: the last {zero_tail} of {len(rated)} steps ({share:.0%}) "
                f"changed (almost) nothing{seen}")
@@ -352,10 +381,14 @@ def _warmup_verdict(series: RunSeries, rated, details: dict, seen: str) -> Resul
         ran = (f"the rate held at {details['peak']:.3g}" if min(rates) == details["peak"] else
                f"the rate ran between {min(rates):.3g} and {details['peak']:.3g}")
         return Result.passed(f"{ran}{brief}, and ended at {rates[-1]:.3g}{seen}", details)
-    if len(rates) < WARMUP_MIN_STEPS:
-        return Result.passed(f"the rate was still rising at the end of this {len(rates)}-step run ({rates[-1]:.3g}): "
+    length = rated[-1][0] if logged.log_of(series) else len(rates)  # a log's points are steps apart
+    if length < WARMUP_MIN_STEPS:
+        return Result.passed(f"the rate was still rising at the end of this {length}-step run ({rates[-1]:.3g}): "
                              f"a run this short is a smoke test, its warm-up is not judged (from "
                              f"{WARMUP_MIN_STEPS} steps){seen}", details)
+    if ended == "log":
+        return Result.passed(f"the rate was still rising where the log ends ({rates[-1]:.3g}); a log does not say "
+                             f"whether the run went on: its warm-up is not judged{seen}", details)
     if ended != "finished":
         how = ended or "how, unknown"
         return Result.passed(f"the rate was still rising when the run was stopped ({how}) at {rates[-1]:.3g}: "
@@ -366,3 +399,64 @@ def _warmup_verdict(series: RunSeries, rated, details: dict, seen: str) -> Resul
         f"finished, so the model never trained at its intended rate{seen}",
         "make the warm-up a few percent of the run's optimizer steps (counted in optimizer steps, not "
         "samples or micro-batches), or train for longer", details)
+
+
+def _restarts(rated: list[tuple[int, float]]) -> list[int]:
+    """Indices of the troughs the rate climbed back out of after decaying: the rate had fallen to
+    RESTART_DECAYED of its highest so far or lower, then rose to RESTART_JUMP times the trough and stayed
+    there RESTART_HOLD more points. A scheduler re-created with a warm-up first drops to its start (the
+    trough), then rises; one without a warm-up jumps straight up from the trough."""
+    found, top, trough = [], 0.0, None
+    for i, (_, rate) in enumerate(rated):
+        if trough is None or rate < rated[trough][1]:
+            if rate <= RESTART_DECAYED * top:
+                trough = i
+        if trough is not None and i > trough:
+            held = [r for _, r in rated[i:i + RESTART_HOLD + 1]]
+            if len(held) == RESTART_HOLD + 1 and min(held) >= RESTART_JUMP * rated[trough][1] > 0:
+                found.append(trough)
+                top, trough = 0.0, None  # the next restart is judged against this cycle's own peak
+                continue
+        top = max(top, rate)
+    return found
+
+
+def _restart_verdict(series: RunSeries, rated, details: dict, seen: str) -> Optional[Result]:
+    """On a log: a rate that jumped back up after decaying, judged as a restart by design (evenly spaced)
+    or a schedule started over (its rates repeat the log's first ones); None when the rate never did."""
+    found = _restarts(rated)
+    if not found:
+        return None
+    steps = [rated[i][0] for i in found]
+    gaps = [b - a for a, b in zip([rated[0][0]] + steps, steps)]
+    even = len(found) >= 2 and max(gaps) - min(gaps) <= RESTART_EVEN * max(gaps)
+
+    def replays(at: int) -> bool:  # the rates from `at` on repeat the log's first ones
+        count = min(RESTART_REPLAY, len(rated) - at)
+        return count > 0 and all(abs(rated[at + k][1] - rated[k][1]) <= RESTART_MATCH * max(rated[k][1], 1e-30)
+                                 for k in range(count))
+
+    # the trough is the schedule's first point again (re-created with a warm-up) or the point before it
+    first = next((at for at in (found[0], found[0] + 1) if replays(at)), found[0] + 1)
+    replay = replays(first)
+    count = min(RESTART_REPLAY, len(rated) - first)
+    steps[0] = rated[first][0]
+    details.update({"step": steps[0], "restarts": steps, "evenly_spaced": even, "replays_start": replay,
+                    "rate_before": rated[first - 1][1], "rate_after": rated[first][1], "jump": RESTART_JUMP,
+                    "decayed": RESTART_DECAYED})
+    jumped = (f"the learning rate jumped from {rated[first - 1][1]:.3g} (step {rated[first - 1][0]}) to "
+              f"{rated[first][1]:.3g} (step {steps[0]}) after decaying from {details['peak']:.3g}")
+    if even:
+        return Result.passed(f"the rate restarted {len(found)} times at steps {', '.join(map(str, steps))}, evenly "
+                             f"spaced: warm restarts by design (a cosine with restarts){seen}", details)
+    hint = ("save the scheduler with the checkpoint and restore it on resume: "
+            "scheduler.load_state_dict(checkpoint['scheduler']) (the HF Trainer does this from "
+            "checkpoint-N/scheduler.pt when given resume_from_checkpoint); create the scheduler once")
+    if replay:
+        return Result.failed(
+            f"{jumped}, and from there it repeats the run's first rates ({', '.join(f'{rated[k][1]:.3g}' for k in range(count))}): "
+            f"the schedule started over at step {steps[0]}, as a scheduler created anew does when a run resumes "
+            f"without loading its state; the rest of the run follows a schedule meant for its start{seen}", hint, details)
+    return Result.warned(f"{jumped}{'' if len(found) == 1 else f' ({len(found)} times, at steps {steps})'}: a "
+                         "scheduler restarted or re-created mid-run (on resume), unless warm restarts were meant"
+                         f"{seen}", hint, details)
