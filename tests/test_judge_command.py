@@ -22,6 +22,7 @@ pytestmark = E2E
 
 FIXTURES = ROOT / "fixtures" / "watch"
 LOOP_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+PLANNED_STEPS = 1500
 
 
 def _writer(script: str, log, *args) -> subprocess.Popen:
@@ -35,7 +36,7 @@ def followed(tmp_path_factory):
     up to 1500 steps; it stops once the test says so). Returns what was seen when the finding appeared."""
     folder = tmp_path_factory.mktemp("follow")
     log, stop = folder / "train_log.jsonl", folder / "stop"
-    writer = _writer("jsonl_log_diverges.py", log, "--steps", 1500, "--sleep", 0.02, "--until", stop)
+    writer = _writer("jsonl_log_diverges.py", log, "--steps", PLANNED_STEPS, "--sleep", 0.02, "--until", stop)
     try:
         deadline = time.monotonic() + 300
         while not (log.exists() and log.stat().st_size) and time.monotonic() < deadline:
@@ -79,7 +80,9 @@ def healthy_log(tmp_path_factory):
 def test_follow_names_the_divergence_while_the_run_still_writes(followed):
     seen = followed["seen"]
     assert seen is not None, followed["stderr"][-5:]
-    assert seen["writer_running"] and seen["steps_written"] < followed["steps_at_end"]
+    # the writer was still running, far from the 1500 steps it planned (it stops once told, so it may
+    # write no line after the finding: the count at the end proves nothing more)
+    assert seen["writer_running"] and seen["steps_written"] < PLANNED_STEPS
     assert seen["line"].startswith("tfdoctor: FAIL loss-divergence at step ")
     assert followed["code"] == 1
     checks = {c["id"]: c for c in followed["report"]["checks"]}
