@@ -11,9 +11,10 @@ what the model itself says, most trusted first:
    masked and causal LMs, and XLM's class sits in both mappings): does the first output move when
    the last token changes? Then the model reads both ways, an encoder; else causal.
 4. the class names: *ForCausalLM causal, *ForMaskedLM encoder.
-5. a task head (*ForSequenceClassification, *ForTokenClassification) says nothing about its backbone
-   (BERT's and GPT-2's classifiers are named alike): the same measurement, on the backbone's last hidden
-   states (output_hidden_states=True), since a pooled head has no per-position output.
+5. a task head (*ForSequenceClassification, *ForTokenClassification, *ForQuestionAnswering,
+   *ForMultipleChoice) says nothing about its backbone (BERT's and GPT-2's classifiers are named alike):
+   the same measurement, on the backbone's last hidden states (output_hidden_states=True), since a pooled
+   head has no per-position output (a multiple-choice head is given its ids as one choice, [B, 1, T]).
 
 `is_decoder=False` says nothing: GPT-NeoX's causal LM carries it.
 """
@@ -95,10 +96,12 @@ def named_kind(model) -> Optional[str]:
     return None
 
 
-def measured_kind(model, vocab_size: Optional[int], length: int = 8, states: bool = False) -> Optional[str]:
+def measured_kind(model, vocab_size: Optional[int], length: int = 8, states: bool = False,
+                  choices: bool = False) -> Optional[str]:
     """"encoder" when output 0 moves as the last of `length` tokens changes, "causal" when it does
     not, None when the model cannot be called that way. Two rows, one forward, eval mode. `states`:
-    measured on the last hidden states instead of the logits (a classifier's backbone)."""
+    measured on the last hidden states instead of the logits (a classifier's backbone). `choices`: the
+    ids given as [2, 1, length], one choice per row (a multiple-choice head)."""
     import torch
 
     from tfdoctor.probes.modes import evaluation
@@ -112,7 +115,8 @@ def measured_kind(model, vocab_size: Optional[int], length: int = 8, states: boo
     ids = ids.to(next(model.parameters(), torch.empty(0)).device)
     try:
         with torch.no_grad(), evaluation(model):
-            output = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+            fed = ids.unsqueeze(1) if choices else ids
+            output = model(input_ids=fed, attention_mask=torch.ones_like(fed),
                            **({"output_hidden_states": True} if states else {}))
     except Exception:  # a model that wants other inputs: the name-based default stands
         return None
@@ -137,6 +141,8 @@ def hugging_face_kind(model) -> Optional[str]:
     lineage = _lineage(model)
     if any("LMHead" in name for name in lineage) and not named_kind(model):
         return measured_kind(model, getattr(config, "vocab_size", None)) or "causal"
-    if any(name.endswith(("ForSequenceClassification", "ForTokenClassification")) for name in lineage):
-        return measured_kind(model, getattr(config, "vocab_size", None), states=True)
+    heads = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "ForMultipleChoice")
+    if any(name.endswith(heads) for name in lineage):
+        choices = any(name.endswith("ForMultipleChoice") for name in lineage)
+        return measured_kind(model, getattr(config, "vocab_size", None), states=True, choices=choices)
     return named_kind(model)

@@ -17,10 +17,13 @@ from tfdoctor.errors import UsageError
 KINDS = ("causal", "encoder", "seq2seq")
 # What the model predicts (tfdoctor/tasks.py infers it): logits over the vocabulary at every position
 # (next-token, masked or seq2seq LM: the kind says which), one score vector per row from a pooled state,
-# one per token over labels unrelated to the vocabulary, or real-valued outputs per row.
-TASKS = ("lm", "sequence-classification", "token-classification", "regression")
+# one per token over labels unrelated to the vocabulary, real-valued outputs per row, a span's start and
+# end scores at every position (extractive question answering), or one score per (question, choice)
+# sequence, compared across the choices (multiple choice).
+TASKS = ("lm", "sequence-classification", "token-classification", "regression", "question-answering",
+         "multiple-choice")
 # Tasks whose prediction is one vector per row: no per-position output to read a mask from.
-POOLED_TASKS = ("sequence-classification", "regression")
+POOLED_TASKS = ("sequence-classification", "regression", "multiple-choice")
 
 # One module per family. A new family adds its module here (and its ids to CATALOGUE).
 CHECK_MODULES = (

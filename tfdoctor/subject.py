@@ -62,9 +62,12 @@ class Subject:
                 causal LMs need none: their use_cache / past_key_values path is used.
     task:       what the model predicts: "lm" (logits [B, T, V] over the vocabulary: next-token, masked
                 or seq2seq, as `kind` says), "sequence-classification" (class scores [B, C] from a
-                pooled state), "token-classification" ([B, T, C], labels unrelated to the vocabulary)
-                or "regression" ([B, K] real values per row). None: a Hugging Face head's class, else
-                the output's shape (tfdoctor/tasks.py). A declared task always wins.
+                pooled state), "token-classification" ([B, T, C], labels unrelated to the vocabulary),
+                "regression" ([B, K] real values per row), "question-answering" (a span's start and
+                end scores [B, T] each: start_logits / end_logits, or the pair) or "multiple-choice"
+                (ids [B, C, T] in, scores [B, C] out; tfdoctor feeds [B, 1, T], one choice per row,
+                and a given `forward` gets those ids too). None: a Hugging Face head's class, else
+                the output's structure and shape (tfdoctor/tasks.py). A declared task always wins.
     num_labels: C, the classes (or regression outputs) a classifier scores; filled in from the output
                 (V for a language model).
     states:     states(model, input_ids [B, T]) -> [B, T, H], a pooled classifier's per-position
@@ -212,12 +215,19 @@ def tokenizer_padding_side(tokenizer) -> Optional[str]:
 # Calling a model
 
 
-def extract_logits(output) -> Any:
-    """Logits from what a forward returned: a tensor, an object with .logits, a dict, or a tuple."""
+def extract_logits(output, length: Optional[int] = None) -> Any:
+    """Logits from what a forward returned: a tensor, an object with .logits, a dict, or a tuple; a
+    question-answering head's start and end scores (an object or dict with start_logits / end_logits, or
+    a pair of [B, `length`] tensors) stacked [B, T, 2] (tfdoctor/tasks.py)."""
     import torch
+
+    from tfdoctor.tasks import span_scores
 
     if isinstance(output, torch.Tensor):
         return output
+    spans = span_scores(output, length)
+    if spans is not None:
+        return spans
     logits = getattr(output, "logits", None)
     if isinstance(logits, torch.Tensor):
         return logits
@@ -227,7 +237,8 @@ def extract_logits(output) -> Any:
         return output[0]
     raise OutputShapeError(
         f"the model returned {type(output).__name__}, not logits",
-        "return a tensor [B, T, V], an object with .logits, or a tuple whose first item is the logits",
+        "return a tensor [B, T, V], an object with .logits, or a tuple whose first item is the logits (a "
+        "question-answering head: start_logits and end_logits, or the pair (start, end))",
     )
 
 
@@ -246,11 +257,30 @@ def _logits(subject: Subject, *ids):
     # Probes slice their ids (ids[:, :-1]); a user's forward may call .view on them, which needs
     # contiguous memory, as the batches of a real data loader always are.
     ids = tuple(t.contiguous() if hasattr(t, "contiguous") else t for t in ids)
+    length = ids[-1].shape[-1] if ids and hasattr(ids[-1], "shape") else None
+    choices = subject.task == "multiple-choice"
+    if choices:  # each row one question with one choice: [B, 1, T] in, [B, 1] out (tfdoctor/tasks.py)
+        ids = tuple(t.unsqueeze(1) for t in ids)
+    logits = extract_logits(_output(subject, *ids), length)
+    if choices and logits.dim() == 1:  # a head that squeezed its one choice away
+        logits = logits.unsqueeze(-1)
+    return logits
+
+
+def _output(subject: Subject, *ids):
+    """What the model (or the Subject's forward) returns for `ids`, before the logits are read off it."""
     if subject.forward is not None:
-        return extract_logits(subject.forward(model, *ids))
-    if is_hugging_face(model):
-        return extract_logits(_call_hugging_face(subject, *ids))
-    return extract_logits(model(*ids))  # (input_ids) or (src_ids, tgt_ids)
+        return subject.forward(subject.model, *ids)
+    if is_hugging_face(subject.model):
+        return _call_hugging_face(subject, *ids)
+    return subject.model(*ids)  # (input_ids) or (src_ids, tgt_ids)
+
+
+def _returns_spans(subject: Subject, ids: tuple) -> bool:
+    """Whether the model answers `ids` with a span's start and end scores (tfdoctor/tasks.span_scores)."""
+    from tfdoctor.tasks import span_scores
+
+    return span_scores(_output(subject, *(t.contiguous() for t in ids)), ids[-1].shape[-1]) is not None
 
 
 def _call_hugging_face(subject: Subject, *ids):
@@ -422,15 +452,20 @@ def _preflight(subject: Subject) -> tuple:
             raise SubjectError(f"calling the model on ids [{B}, {T}] raised {type(exc).__name__}: {exc}",
                                "check --kind, --vocab and --seq-len, or give Subject(forward=...)") from exc
     shape, V = tuple(logits.shape), subject.vocab_size
-    task = subject.task or tasks.shaped_task(shape, B, T, V)
+    task = subject.task
+    if task is None and shape == (B, T, tasks.SPAN_ENDS) and subject.batch_first is not False:
+        with torch.no_grad(), evaluation(subject.model):  # two labels per token, or a span's two ends?
+            task = tasks.QA if _returns_spans(subject, ids) else None
+    task = task or tasks.shaped_task(shape, B, T, V)
     if task is None or not tasks.fits(task, shape, B, T, V):
         expected = (f"[B, T, V] = [{B}, {T}, {V}]" if task in (None, tasks.LM)
-                    else f"{tasks.SHAPES[task]} with B = {B}" + (f", T = {T}" if task == tasks.TOKEN else ""))
+                    else f"{tasks.SHAPES[task]} with B = {B}" + (f", T = {T}" if task in (tasks.TOKEN, tasks.QA) else ""))
         told = "" if subject.task is None else f" for --task {task}"
         raise OutputShapeError(
             f"output shape {expected} expected{told} but got {list(shape)}",
             "return logits over the vocabulary for every position, or pass the right --vocab; a classifier "
-            "takes --task sequence-classification / token-classification / regression",
+            "takes --task sequence-classification / token-classification / regression / question-answering / "
+            "multiple-choice",
         )
     subject = dataclasses.replace(subject, task=task, num_labels=tasks.outputs_of(task, shape, V))
     _refuse_unusable_logits(logits, subject)

@@ -22,7 +22,7 @@ SEQ2SEQ_STATES = "a seq2seq classifier: its decoder's states are not read (the m
 
 
 def _hugging_face_states(pad_id: Optional[int]):
-    def states(model, input_ids):
+    def states(model, input_ids):  # a multiple-choice head's ids come as [B, 1, T] (subject.call): mask alike
         mask = None if pad_id is None else (input_ids != pad_id).long()
         output = model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
         return output.hidden_states[-1]  # (B, T, H)
