@@ -288,6 +288,11 @@ def _call_hugging_face(subject: Subject, *ids):
     one attends to its pads by design). The decoder gets no padding mask: its start token may be
     the pad id (T5), and its own causal mask hides trailing pads."""
     model, pad = subject.model, subject.pad_id
+    if subject.kind == "seq2seq" and subject.task in ("sequence-classification", "regression"):
+        # BART's and T5's classifiers pool the decoder's state at each row's end-of-text, the decoder fed
+        # the source shifted right, as the library builds it: one id tensor, ending its rows with EOS
+        src = _ended_rows(subject, ids[0])
+        return model(input_ids=src, attention_mask=None if pad is None else (src != pad).long())
     if subject.kind == "seq2seq":
         src, tgt = ids
         mask = None if pad is None else (src != pad).long()
@@ -295,6 +300,24 @@ def _call_hugging_face(subject: Subject, *ids):
     (input_ids,) = ids
     mask = None if pad is None else (input_ids != pad).long()
     return model(input_ids=input_ids, attention_mask=mask)
+
+
+def _ended_rows(subject: Subject, ids):
+    """`ids` with each row's last real token (the last that is not pad_id) made the end-of-text id and
+    every other EOS in it swapped for the next id, as a tokenizer ends every text once; unchanged without
+    an eos id."""
+    import torch
+
+    eos = subject.eos_id
+    if eos is None:
+        return ids
+    other = (eos + 1) % subject.vocab_size
+    other = (other + 1) % subject.vocab_size if other == subject.pad_id else other
+    ids = ids.masked_fill(ids == eos, other)
+    real = ids != subject.pad_id if subject.pad_id is not None else torch.ones_like(ids, dtype=torch.bool)
+    positions = torch.arange(ids.shape[-1], device=ids.device).expand_as(ids)
+    last = torch.where(real, positions, -1).amax(-1, keepdim=True).clamp(min=0)
+    return ids.scatter(-1, last, eos)
 
 
 def random_tokens(subject: Subject, batch: int, length: int, generator=None):

@@ -28,7 +28,9 @@ def lm_batch(subject: Subject, batch: int, length: int, generator: torch.Generat
     labels drawn independently of the input (chance is ln(C))."""
     if (subject.task or "lm") != "lm":
         ids = random_tokens(subject, batch, length, generator)
-        return LMBatch((ids,), random_targets(subject, torch.ones_like(ids, dtype=torch.bool), generator))
+        targets = random_targets(subject, torch.ones_like(ids, dtype=torch.bool), generator)
+        # a seq2seq head (BART's, T5's) reads its decoder: given the source, as the library feeds it
+        return LMBatch((ids, ids) if subject.kind == "seq2seq" else (ids,), targets)
     ids = random_tokens(subject, batch, length + 1, generator)
     if subject.kind == "seq2seq":
         source = random_tokens(subject, batch, length, generator)
