@@ -48,6 +48,7 @@ CHECK_MODULES = (
     "tfdoctor.checks.run_schedule",
     "tfdoctor.checks.run_mode",
     "tfdoctor.checks.pooled",  # how padding-mask and padding-equivalence judge a pooled classifier
+    "tfdoctor.checks.token_labels",  # how ignore-index judges a token classifier's labels
 )
 
 # The catalogue's order, which is the report's order: stated here, so that moving a check to another

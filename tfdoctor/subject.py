@@ -365,6 +365,7 @@ def resolve(subject: Subject) -> Subject:
         # A Subject with its own forward decides how the model is called, so the model's class says
         # nothing about what that forward computes: it stays a causal LM unless it declares otherwise.
         kind = (inferred_kind(subject.model) if subject.forward is None else None) or "causal"
+    announced = subject.kind is not None or (subject.forward is None and inferred_kind(subject.model) is not None)
     task = subject.task
     if task is None and subject.forward is None and is_hugging_face(subject.model):
         from tfdoctor.tasks import named_task
@@ -410,15 +411,36 @@ def resolve(subject: Subject) -> Subject:
     resolved = dataclasses.replace(subject, vocab_size=vocab, seq_len=seq_len, batch_size=batch, kind=kind,
                                    pad_id=pad_id, padding_side=padding_side, eos_id=eos_id, task=task)
     if subject.batch_first is not None:
-        return _preflight(resolved)[0]
-    resolved = dataclasses.replace(resolved, batch_first=True)
-    try:
-        resolved, ids, logits = _preflight(resolved)
-    except SubjectError:
-        resolved, ids, logits = _at_decoded_length(resolved, subject.seq_len, max_positions)
-    if _behaves_sequence_first(resolved, ids, logits):
-        resolved = _preflight(dataclasses.replace(resolved, batch_first=False))[0]
+        resolved = _preflight(resolved)[0]
+    else:
+        resolved = dataclasses.replace(resolved, batch_first=True)
+        try:
+            resolved, ids, logits = _preflight(resolved)
+        except SubjectError:
+            resolved, ids, logits = _at_decoded_length(resolved, subject.seq_len, max_positions)
+        if _behaves_sequence_first(resolved, ids, logits):
+            resolved = _preflight(dataclasses.replace(resolved, batch_first=False))[0]
+    if not announced and resolved.task in ("token-classification", "question-answering") and _reads_later(resolved):
+        # A tagger or a span head is not asked to predict its next token: one that reads later tokens is
+        # a bidirectional encoder, as most are, not a causal LM leaking its future (the kind's default).
+        resolved = dataclasses.replace(resolved, kind="encoder")
     return resolved
+
+
+def _reads_later(subject: Subject) -> bool:
+    """Whether the first position's output moves when the last token of the row changes (one forward of
+    two rows in eval mode)."""
+    import torch
+
+    (ids,) = _twin_ids(subject)[:1]
+    ids = ids.clone()
+    ids[1, -1] = ids[0, -1] + 1 if ids[0, -1] + 1 < subject.vocab_size else 0
+    if subject.pad_id is not None and int(ids[1, -1]) == subject.pad_id:
+        ids[1, -1] = (subject.pad_id + 1) % subject.vocab_size
+    with torch.no_grad(), evaluation(subject.model):
+        out = call(subject, ids).float()
+    scale = max(float(out.abs().max()), 1e-30)
+    return float((out[1, 0] - out[0, 0]).abs().max()) > RELATIVE_TOLERANCE * scale
 
 
 def _at_decoded_length(resolved: Subject, given_seq_len: Optional[int], max_positions: Optional[int]) -> tuple:
