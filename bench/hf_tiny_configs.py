@@ -269,9 +269,12 @@ def tiny_config(model_type, which):
     config = config_class(**d)
     if which in TASK_HEADS:
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        if getattr(text, "pad_token_id", None) is None and isinstance(getattr(text, "eos_token_id", None), int):
+        if getattr(text, "pad_token_id", None) is None:
             # a decoder's head pools the last real token by the pad id: users set it to EOS, as for GPT-2
-            config.pad_token_id = text.pad_token_id = text.eos_token_id
+            # (the vocabulary's last id where the config names no EOS either)
+            eos = getattr(text, "eos_token_id", None)
+            eos = eos[0] if isinstance(eos, list) and eos else eos
+            config.pad_token_id = text.pad_token_id = eos if isinstance(eos, int) else text.vocab_size - 1
         if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
             config.decoder_start_token_id = config.pad_token_id  # T5's checkpoints start the decoder at pad
     return config

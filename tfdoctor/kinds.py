@@ -73,6 +73,19 @@ def _registered_names() -> tuple[set, set]:
             names(getattr(auto, "MODEL_FOR_MASKED_LM_MAPPING_NAMES", {})))
 
 
+def type_kind(model_type: Optional[str]) -> Optional[str]:
+    """causal / encoder from the LM classes the library registers for a model type, when it registers one
+    kind only: a head whose backbone's states cannot be measured (Funnel pools its sequence, Perceiver
+    decodes latents) has its type's LM kind."""
+    try:
+        from transformers.models.auto import modeling_auto as auto
+    except Exception:  # an old or trimmed transformers: no registrations to read
+        return None
+    causal = model_type in getattr(auto, "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", {})
+    masked = model_type in getattr(auto, "MODEL_FOR_MASKED_LM_MAPPING_NAMES", {})
+    return None if causal == masked else "causal" if causal else "encoder"
+
+
 def registered_kind(model) -> Optional[str]:
     """causal / encoder from the first class in the ancestry the library registers for one task
     only; None when none is registered, or the first registered one serves both (XLM)."""
@@ -144,5 +157,6 @@ def hugging_face_kind(model) -> Optional[str]:
     heads = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "ForMultipleChoice")
     if any(name.endswith(heads) for name in lineage):
         choices = any(name.endswith("ForMultipleChoice") for name in lineage)
-        return measured_kind(model, getattr(config, "vocab_size", None), states=True, choices=choices)
+        return (measured_kind(model, getattr(config, "vocab_size", None), states=True, choices=choices)
+                or type_kind(getattr(config, "model_type", None)))
     return named_kind(model)

@@ -99,7 +99,7 @@ def pooled_padding_mask(subject) -> Result:
     import torch
 
     from tfdoctor.context import current
-    from tfdoctor.probes.pooled import pad_content_change, padded_rows, pooling_cause, scores, tolerance
+    from tfdoctor.probes.pooled import head_terms, pad_content_change, padded_rows, pooling_cause, scores, tolerance
 
     side, why_side = _side(subject)
 
@@ -107,7 +107,7 @@ def pooled_padding_mask(subject) -> Result:
         generator = torch.Generator().manual_seed(current().seed + 3)
         rows = padded_rows(subject, side, generator)
         base = scores(subject, rows.ids)
-        tol = tolerance(base)
+        tol = tolerance(base, terms=head_terms(subject, rows.ids))
         noise = _noise(subject, rows)
         if noise > tol:
             return Result.warned(f"two identical eval forwards gave class scores {noise:.3g} apart: the model is "
@@ -142,7 +142,8 @@ def pooled_padding_equivalence(subject) -> Result:
     import torch
 
     from tfdoctor.context import current
-    from tfdoctor.probes.pooled import alone_scores, padded_rows, pooling_cause, row_gaps, scores, tolerance
+    from tfdoctor.probes.pooled import (alone_scores, head_terms, padded_rows, pooling_cause, row_gaps, scores,
+                                        tolerance)
 
     side, why_side = _side(subject)
 
@@ -151,7 +152,7 @@ def pooled_padding_equivalence(subject) -> Result:
         rows = padded_rows(subject, side, generator)
         alone = alone_scores(subject, rows)
         padded = scores(subject, rows.ids)
-        tol = tolerance(alone, padded)
+        tol = tolerance(alone, padded, terms=head_terms(subject, rows.ids))
         noise = _noise(subject, rows)
         if noise > tol:
             return Result.warned(f"two identical eval forwards gave class scores {noise:.3g} apart: the model is "
