@@ -176,3 +176,21 @@ def test_a_classifier_loop_on_a_pooling_bug_fails_naming_it(classifier_loops):
     assert done.returncode == 1
     assert {c for c, s in done.statuses.items() if s in LOUD} == {"padding-mask", "padding-equivalence"}
     assert done.checks["padding-equivalence"]["details"]["cause"] == "pools-pads"
+
+
+@pytest.mark.parametrize("side, status, cause", [(None, "warn", "edge-position"), ("right", "fail", "edge-position"),
+                                                 ("left", "fail", "pad-count")])
+def test_a_last_position_pooler_is_failed_only_on_a_side_it_is_wrong_for(side, status, cause):
+    """x[:, -1] pools a pad of a right-padded row and the last real token of a left-padded one (XLNet's
+    summary does the same, and its tokenizer pads left): with no side declared it warns, naming the flag.
+    Declared left, this model still fails, for another cause: its learned positions count from the row's
+    start, so left pads shift every token's position (XLNet's relative positions do not: it passes)."""
+    from classifiers import PAD_ID, TextClassifier
+
+    torch.manual_seed(0)
+    subject = Subject(TextClassifier(pooling="last-position"), pad_id=PAD_ID, padding_side=side)
+    result = run_checks(subject, only=["padding-equivalence"])["padding-equivalence"]
+    assert result.status.value == status, result.message
+    assert result.details["cause"] == cause
+    if status == "warn":
+        assert "--padding-side left" in result.message and result.details["cause"] == "edge-position"
