@@ -124,7 +124,11 @@ def measured_kind(model, vocab_size: Optional[int], length: int = 8, states: boo
         return None
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(1, vocab_size, (1, length), generator=generator).repeat(2, 1)
-    ids[1, -1] = 1 + ids[0, -1] % (vocab_size - 1)  # another token, never 0 (often the pad)
+    # other tokens, never 0 (often the pad): the last one, or for a head's states every one after the
+    # first, which an encoder's first position reads somewhere even through local or hashed attention
+    # (Reformer's LSH buckets: position 0 read token 2 and not token 1)
+    at = 1 if states else -1
+    ids[1, at:] = 1 + ids[0, at:] % (vocab_size - 1)
     ids = ids.to(next(model.parameters(), torch.empty(0)).device)
     try:
         with torch.no_grad(), evaluation(model):
@@ -133,22 +137,39 @@ def measured_kind(model, vocab_size: Optional[int], length: int = 8, states: boo
                            **({"output_hidden_states": True} if states else {}))
     except Exception:  # a model that wants other inputs: the name-based default stands
         return None
-    if states:
+    if states:  # a head's own per-position scores where it has them (a tagger's, a span's start), else states
         hidden = getattr(output, "hidden_states", None)
-        logits = hidden[-1] if isinstance(hidden, (tuple, list)) and hidden else None
+        start = getattr(output, "start_logits", None)
+        logits = getattr(output, "logits", None)
+        if isinstance(start, torch.Tensor) and start.shape == ids.shape:
+            logits = start.unsqueeze(-1)
+        elif not (isinstance(logits, torch.Tensor) and logits.dim() == 3):
+            logits = hidden[-1] if isinstance(hidden, (tuple, list)) and hidden else None
     else:
         logits = getattr(output, "logits", output[0] if isinstance(output, (tuple, list)) else output)
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != ids.shape or not bool(torch.isfinite(logits).all()):
         return None
     logits = logits.float()
-    moved = float((logits[1, :-1] - logits[0, :-1]).abs().max())
+    moved = float((logits[1, :at] - logits[0, :at]).abs().max())
     return "encoder" if moved > RELATIVE_TOLERANCE * max(float(logits.abs().max()), 1e-30) else "causal"
+
+
+def _takes_decoder_input(model) -> bool:
+    import inspect
+
+    try:
+        return "decoder_input_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # a forward without a signature to read: as the config says
+        return True
 
 
 def hugging_face_kind(model) -> Optional[str]:
     """The kind of a transformers model, by the order in the module docstring."""
     config = getattr(model, "config", None)
-    kind = flagged_kind(config) or registered_kind(model)
+    kind = flagged_kind(config)
+    if kind == "seq2seq" and not _takes_decoder_input(model):
+        kind = None  # a head on the encoder alone (UMT5ForTokenClassification): its config is the pair's
+    kind = kind or registered_kind(model)
     if kind is not None:
         return kind
     lineage = _lineage(model)
