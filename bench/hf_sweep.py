@@ -2,6 +2,7 @@
 
     PYTHONPATH=$PWD python bench/hf_sweep.py --jobs 2 --out /tmp/sweep.jsonl --skip overfit-batch,memory
     PYTHONPATH=$PWD python bench/hf_sweep.py --only xlm,llama@bf16,bert/mlm --out /tmp/some.jsonl
+    PYTHONPATH=$PWD python bench/hf_sweep.py --heads --jobs 2 --out /tmp/heads.jsonl --skip memory
     python bench/hf_sweep.py --table /tmp/sweep.jsonl          # the table of an earlier run
 
 Every model type of the installed transformers with a causal-LM, masked-LM or seq2seq-LM class is
@@ -11,6 +12,9 @@ worker code in one child process per model with a wall timeout (forked after tor
 tfdoctor are imported once), with `--pad-id EOS` where the config has no pad token (users pad with
 EOS), plus `--packing position_ids --only packing-isolation` where the forward takes `position_ids`.
 A model whose own forward does not run on the tiny config is a row "unbuilt" with the reason.
+With --heads, every model type's task heads instead (TYPE/seqcls, /tokcls, /qa, /mc: each
+*ForSequenceClassification, *ForTokenClassification, *ForQuestionAnswering and *ForMultipleChoice the
+library registers), which tfdoctor must judge as their tasks or skip with a reason.
 
 Each model is one JSON line in --out, appended as it ends, so a run can be resumed (rows already in
 the file are skipped; this run's unbuilt rows are tried again). A hang is "timeout", what the command
@@ -64,9 +68,12 @@ def worker(spec, skip, checks, packing, details=()):
     c = m.config
     try:  # the library's own forward must run on the tiny config, else the row is "unbuilt", not tfdoctor's
         ids = torch.randint(3, min(c.get_text_config().vocab_size, 512) - 1, (2, 32))
+        eos = getattr(c.get_text_config(), "eos_token_id", None)
+        if spec.endswith("/seqcls") and isinstance(eos, int) and eos < ids.max() + 2:
+            ids[:, -1] = eos  # BART's and T5's classifiers pool each row's end-of-text, as tokenizers append it
         extra = {"decoder_input_ids": ids} if getattr(c, "is_encoder_decoder", False) else {}
         with torch.no_grad():
-            m(input_ids=ids, **extra)
+            m(input_ids=ids.unsqueeze(1) if spec.endswith("/mc") else ids, **extra)  # choices: [B, C, T]
     except Exception as e:
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
         return {"built": False, "reason": f"forward raised {type(e).__name__}: {first}"}
@@ -113,6 +120,22 @@ def all_types():
              and mlm[t] != (seq2seq.get(t) or causal.get(t))]
     order = [t for t in FIRST if t.split("@")[0].split("/")[0] in types]
     return order + [t for t in types if t not in order] + extra
+
+
+def all_heads():
+    """TYPE/HEAD for every task head the installed transformers registers (bench/hf_tiny_configs.TASK_HEADS), the
+    types of FIRST first."""
+    from transformers.models.auto import modeling_auto as ma
+
+    sys.path.insert(0, str(HERE))
+    from hf_tiny_configs import TASK_HEADS
+
+    specs = []
+    for head, mapping in TASK_HEADS.items():
+        types = sorted(getattr(ma, mapping))
+        first = [t for t in FIRST if t in types]
+        specs += [f"{t}/{head}" for t in first + [t for t in types if t not in first]]
+    return specs
 
 
 def _findings(report):
@@ -233,12 +256,13 @@ def main():
     parser.add_argument("--details", default=None,
                         help="comma-separated check ids whose details every row keeps (to calibrate a threshold)")
     parser.add_argument("--no-packing", action="store_true", help="no --packing position_ids pass")
+    parser.add_argument("--heads", action="store_true", help="sweep the task heads (TYPE/seqcls, /tokcls, /qa, /mc)")
     parser.add_argument("--table", metavar="JSONL", help="print the table of an earlier run and exit")
     args = parser.parse_args()
     if args.table:
         table([json.loads(line) for line in Path(args.table).read_text().splitlines() if line.strip()])
         return
-    specs = args.only.split(",") if args.only else all_types()
+    specs = args.only.split(",") if args.only else all_heads() if args.heads else all_types()
     out = Path(args.out)
     old = [json.loads(line) for line in out.read_text().splitlines() if line.strip()] if out.exists() else []
     wanted = set(specs)

@@ -3,6 +3,7 @@
     HF_SWEEP_TYPE=llama tfdoctor check bench/hf_tiny_configs.py:build --format json
     HF_SWEEP_TYPE=llama@bf16 ...        # the same model built with dtype=torch.bfloat16
     HF_SWEEP_TYPE=bert/mlm ...          # the masked-LM class where the type's main class is another one
+    HF_SWEEP_TYPE=bert/qa ...           # a task head: /seqcls, /tokcls, /qa (question answering), /mc (multiple choice)
 
 The type's default config is shrunk generically (hidden 64, 2 layers, 4 heads / 2 kv heads,
 intermediate 128, vocab <= 512 with the special token ids kept below it); OVERRIDES holds the few
@@ -213,21 +214,32 @@ def _set_path(d, path, value):
     d[last] = value
 
 
+# The task heads a type may have, by the suffix of its spec (TYPE/qa), and the auto mapping that lists them.
+TASK_HEADS = {"seqcls": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+         "tokcls": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+         "qa": "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",
+         "mc": "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES"}
+HEAD_LABELS = 3  # classes of the /seqcls and /tokcls heads
+
+
 def model_class(model_type, want=None):
-    """(class, which) for a model type: seq2seq before causal before masked unless `want` says."""
+    """(class, which) for a model type: seq2seq before causal before masked unless `want` says (a task
+    head of TASK_HEADS only when asked for)."""
     import transformers
     from transformers.models.auto import modeling_auto as ma
 
     maps = [("seq2seq", ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES),
             ("causal", ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
             ("mlm", ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES)]
+    if want in TASK_HEADS:
+        maps = [(want, getattr(ma, TASK_HEADS[want]))]
     for which, mapping in maps:
         if (want is None or want == which) and model_type in mapping:
             name = mapping[model_type]
             if isinstance(name, (list, tuple)):
                 name = name[0]
             return getattr(transformers, name), which
-    raise KeyError(f"{model_type}: no LM class")
+    raise KeyError(f"{model_type}: no {want or 'LM'} class")
 
 
 def tiny_config(model_type, which):
@@ -252,7 +264,20 @@ def tiny_config(model_type, which):
     d = _changes(orig, d)
     if which == "causal" and not orig.get("is_encoder_decoder") and "is_decoder" in orig:
         d["is_decoder"] = True  # BertLMHeadModel & co. are causal only with it, as their docs say
-    return config_class(**d)
+    if which in ("seqcls", "tokcls"):
+        d["num_labels"] = HEAD_LABELS
+    config = config_class(**d)
+    if which in TASK_HEADS:
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        if getattr(text, "pad_token_id", None) is None:
+            # a decoder's head pools the last real token by the pad id: users set it to EOS, as for GPT-2
+            # (the vocabulary's last id where the config names no EOS either)
+            eos = getattr(text, "eos_token_id", None)
+            eos = eos[0] if isinstance(eos, list) and eos else eos
+            config.pad_token_id = text.pad_token_id = eos if isinstance(eos, int) else text.vocab_size - 1
+        if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
+            config.decoder_start_token_id = config.pad_token_id  # T5's checkpoints start the decoder at pad
+    return config
 
 
 def build_model(spec):

@@ -23,6 +23,7 @@ DETERMINISM = ("eval-determinism",)  # tests/test_determinism.py's table
 DEPTH = ("depth-signal",)  # tests/test_depth.py's table
 BOUNDARIES = ("eos-trained", "packing-labels")  # tests/test_boundaries.py's loop runs on the tiny GPT-2
 CLASSIFIER = ("padding-mask", "padding-equivalence", "init-loss", "overfit-batch")  # tests/test_classifiers.py
+TAGGING = ("ignore-index", "token-weighting", "objective")  # tests/test_task_heads.py's token-classification loops
 MEMORY_TIGHT = {"train_batch": 8, "train_seq": 64, "budget": "1MiB"}  # tests/test_memory_traced.py
 MEMORY_ROOMY = {"train_batch": 2, "train_seq": 16, "budget": "80GB"}
 
@@ -116,8 +117,10 @@ PLANTED = {
                [(model("gpt_correct", ["memory"], options=MEMORY_ROOMY), "pass")]),
     "objective": ([(loop("identity_objective"), "fail"), (loop("hf_double_shift"), "fail")],
                   [(loop("correct"), "pass"), (loop("hf_labels"), "pass")]),
-    "ignore-index": ([(loop("no_ignore_index"), "fail"), (loop("hf_eos_as_pad_twice"), "fail")],
-                     [(loop("correct"), "pass"), (loop("hf_eos_as_pad"), "pass")]),
+    "ignore-index": ([(loop("no_ignore_index"), "fail"), (loop("hf_eos_as_pad_twice"), "fail"),
+                      (model("tagger_correct", TAGGING, train="tagging_pads_graded"), "fail")],
+                     [(loop("correct"), "pass"), (loop("hf_eos_as_pad"), "pass"),
+                      (model("tagger_correct", TAGGING, train="tagging"), "pass")]),
     "eos-trained": ([(model("hf_gpt2", BOUNDARIES, train="hf_eos_masked_as_pad", pad_id=1), "fail")],
                     [(model("hf_gpt2", BOUNDARIES, train="hf_eos_as_pad", pad_id=1), "pass"),
                      (model("hf_gpt2", BOUNDARIES, train="hf_labels", pad_id=0), "pass")]),

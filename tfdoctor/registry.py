@@ -20,10 +20,13 @@ if TYPE_CHECKING:
 KINDS = ("causal", "encoder", "seq2seq")
 # What the model predicts (tfdoctor/tasks.py infers it): logits over the vocabulary at every position
 # (next-token, masked or seq2seq LM: the kind says which), one score vector per row from a pooled state,
-# one per token over labels unrelated to the vocabulary, or real-valued outputs per row.
-TASKS = ("lm", "sequence-classification", "token-classification", "regression")
+# one per token over labels unrelated to the vocabulary, real-valued outputs per row, a span's start and
+# end scores at every position (extractive question answering), or one score per (question, choice)
+# sequence, compared across the choices (multiple choice).
+TASKS = ("lm", "sequence-classification", "token-classification", "regression", "question-answering",
+         "multiple-choice")
 # Tasks whose prediction is one vector per row: no per-position output to read a mask from.
-POOLED_TASKS = ("sequence-classification", "regression")
+POOLED_TASKS = ("sequence-classification", "regression", "multiple-choice")
 
 # One module per family. A new family adds its module here (and its ids to CATALOGUE).
 CHECK_MODULES = (
@@ -49,6 +52,7 @@ CHECK_MODULES = (
     "tfdoctor.checks.run_schedule",
     "tfdoctor.checks.run_mode",
     "tfdoctor.checks.pooled",  # how padding-mask and padding-equivalence judge a pooled classifier
+    "tfdoctor.checks.token_labels",  # how ignore-index judges a token classifier's labels
 )
 
 # The catalogue's order, which is the report's order: stated here, so that moving a check to another

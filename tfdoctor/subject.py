@@ -62,9 +62,12 @@ class Subject:
                 causal LMs need none: their use_cache / past_key_values path is used.
     task:       what the model predicts: "lm" (logits [B, T, V] over the vocabulary: next-token, masked
                 or seq2seq, as `kind` says), "sequence-classification" (class scores [B, C] from a
-                pooled state), "token-classification" ([B, T, C], labels unrelated to the vocabulary)
-                or "regression" ([B, K] real values per row). None: a Hugging Face head's class, else
-                the output's shape (tfdoctor/tasks.py). A declared task always wins.
+                pooled state), "token-classification" ([B, T, C], labels unrelated to the vocabulary),
+                "regression" ([B, K] real values per row), "question-answering" (a span's start and
+                end scores [B, T] each: start_logits / end_logits, or the pair) or "multiple-choice"
+                (ids [B, C, T] in, scores [B, C] out; tfdoctor feeds [B, 1, T], one choice per row,
+                and a given `forward` gets those ids too). None: a Hugging Face head's class, else
+                the output's structure and shape (tfdoctor/tasks.py). A declared task always wins.
     num_labels: C, the classes (or regression outputs) a classifier scores; filled in from the output
                 (V for a language model).
     states:     states(model, input_ids [B, T]) -> [B, T, H], a pooled classifier's per-position
@@ -212,12 +215,19 @@ def tokenizer_padding_side(tokenizer) -> Optional[str]:
 # Calling a model
 
 
-def extract_logits(output) -> Any:
-    """Logits from what a forward returned: a tensor, an object with .logits, a dict, or a tuple."""
+def extract_logits(output, length: Optional[int] = None) -> Any:
+    """Logits from what a forward returned: a tensor, an object with .logits, a dict, or a tuple; a
+    question-answering head's start and end scores (an object or dict with start_logits / end_logits, or
+    a pair of [B, `length`] tensors) stacked [B, T, 2] (tfdoctor/tasks.py)."""
     import torch
+
+    from tfdoctor.tasks import span_scores
 
     if isinstance(output, torch.Tensor):
         return output
+    spans = span_scores(output, length)
+    if spans is not None:
+        return spans
     logits = getattr(output, "logits", None)
     if isinstance(logits, torch.Tensor):
         return logits
@@ -227,7 +237,8 @@ def extract_logits(output) -> Any:
         return output[0]
     raise OutputShapeError(
         f"the model returned {type(output).__name__}, not logits",
-        "return a tensor [B, T, V], an object with .logits, or a tuple whose first item is the logits",
+        "return a tensor [B, T, V], an object with .logits, or a tuple whose first item is the logits (a "
+        "question-answering head: start_logits and end_logits, or the pair (start, end))",
     )
 
 
@@ -242,15 +253,33 @@ def call(subject: Subject, *ids):
 
 
 def _logits(subject: Subject, *ids):
-    model = subject.model
     # Probes slice their ids (ids[:, :-1]); a user's forward may call .view on them, which needs
     # contiguous memory, as the batches of a real data loader always are.
     ids = tuple(t.contiguous() if hasattr(t, "contiguous") else t for t in ids)
+    length = ids[-1].shape[-1] if ids and hasattr(ids[-1], "shape") else None
+    choices = subject.task == "multiple-choice"
+    if choices:  # each row one question with one choice: [B, 1, T] in, [B, 1] out (tfdoctor/tasks.py)
+        ids = tuple(t.unsqueeze(1) for t in ids)
+    logits = extract_logits(_output(subject, *ids), length)
+    if choices and logits.dim() == 1:  # a head that squeezed its one choice away
+        logits = logits.unsqueeze(-1)
+    return logits
+
+
+def _output(subject: Subject, *ids):
+    """What the model (or the Subject's forward) returns for `ids`, before the logits are read off it."""
     if subject.forward is not None:
-        return extract_logits(subject.forward(model, *ids))
-    if is_hugging_face(model):
-        return extract_logits(_call_hugging_face(subject, *ids))
-    return extract_logits(model(*ids))  # (input_ids) or (src_ids, tgt_ids)
+        return subject.forward(subject.model, *ids)
+    if is_hugging_face(subject.model):
+        return _call_hugging_face(subject, *ids)
+    return subject.model(*ids)  # (input_ids) or (src_ids, tgt_ids)
+
+
+def _returns_spans(subject: Subject, ids: tuple) -> bool:
+    """Whether the model answers `ids` with a span's start and end scores (tfdoctor/tasks.span_scores)."""
+    from tfdoctor.tasks import span_scores
+
+    return span_scores(_output(subject, *(t.contiguous() for t in ids)), ids[-1].shape[-1]) is not None
 
 
 def _call_hugging_face(subject: Subject, *ids):
@@ -258,6 +287,11 @@ def _call_hugging_face(subject: Subject, *ids):
     one attends to its pads by design). The decoder gets no padding mask: its start token may be
     the pad id (T5), and its own causal mask hides trailing pads."""
     model, pad = subject.model, subject.pad_id
+    if subject.kind == "seq2seq" and subject.task in ("sequence-classification", "regression"):
+        # BART's and T5's classifiers pool the decoder's state at each row's end-of-text, the decoder fed
+        # the source shifted right, as the library builds it: one id tensor, ending its rows with EOS
+        src = _ended_rows(subject, ids[0])
+        return model(input_ids=src, attention_mask=None if pad is None else (src != pad).long())
     if subject.kind == "seq2seq":
         src, tgt = ids
         mask = None if pad is None else (src != pad).long()
@@ -265,6 +299,24 @@ def _call_hugging_face(subject: Subject, *ids):
     (input_ids,) = ids
     mask = None if pad is None else (input_ids != pad).long()
     return model(input_ids=input_ids, attention_mask=mask)
+
+
+def _ended_rows(subject: Subject, ids):
+    """`ids` with each row's last real token (the last that is not pad_id) made the end-of-text id and
+    every other EOS in it swapped for the next id, as a tokenizer ends every text once; unchanged without
+    an eos id."""
+    import torch
+
+    eos = subject.eos_id
+    if eos is None:
+        return ids
+    other = (eos + 1) % subject.vocab_size
+    other = (other + 1) % subject.vocab_size if other == subject.pad_id else other
+    ids = ids.masked_fill(ids == eos, other)
+    real = ids != subject.pad_id if subject.pad_id is not None else torch.ones_like(ids, dtype=torch.bool)
+    positions = torch.arange(ids.shape[-1], device=ids.device).expand_as(ids)
+    last = torch.where(real, positions, -1).amax(-1, keepdim=True).clamp(min=0)
+    return ids.scatter(-1, last, eos)
 
 
 def random_tokens(subject: Subject, batch: int, length: int, generator=None):
@@ -284,13 +336,9 @@ def random_tokens(subject: Subject, batch: int, length: int, generator=None):
 # Filling in defaults and validating
 
 
-def resolve(subject: Subject) -> Subject:
-    """A copy of `subject` with every default filled in, after one small forward that proves the
-    model can be called and returns logits of the right shape. Raises SubjectError or UsageError.
-
-    What the user declares wins over what is detected: a kind given on the Subject (or by --kind,
-    which overrides the Subject before this runs) is never replaced by the model's announced kind.
-    """
+def _check_declared(subject: Subject) -> None:
+    """What the user declared on the Subject (or by flags) is of a kind tfdoctor knows: else UsageError
+    (SubjectError for a factory that returned no model)."""
     import torch.nn as nn
 
     if not isinstance(subject.model, nn.Module):
@@ -307,11 +355,22 @@ def resolve(subject: Subject) -> Subject:
     if subject.packing is not None and not (callable(subject.packing) or subject.packing == PACKING_POSITION_IDS):
         raise UsageError(f"unknown packing {subject.packing!r}",
                          f"give packing(model, input_ids, doc_ids, position_ids) -> logits, or {PACKING_POSITION_IDS!r}")
+
+
+def resolve(subject: Subject) -> Subject:
+    """A copy of `subject` with every default filled in, after one small forward that proves the
+    model can be called and returns logits of the right shape. Raises SubjectError or UsageError.
+
+    What the user declares wins over what is detected: a kind given on the Subject (or by --kind,
+    which overrides the Subject before this runs) is never replaced by the model's announced kind.
+    """
+    _check_declared(subject)
     kind = subject.kind
     if kind is None:
         # A Subject with its own forward decides how the model is called, so the model's class says
         # nothing about what that forward computes: it stays a causal LM unless it declares otherwise.
         kind = (inferred_kind(subject.model) if subject.forward is None else None) or "causal"
+    announced = subject.kind is not None or (subject.forward is None and inferred_kind(subject.model) is not None)
     task = subject.task
     if task is None and subject.forward is None and is_hugging_face(subject.model):
         from tfdoctor.tasks import named_task
@@ -357,15 +416,36 @@ def resolve(subject: Subject) -> Subject:
     resolved = dataclasses.replace(subject, vocab_size=vocab, seq_len=seq_len, batch_size=batch, kind=kind,
                                    pad_id=pad_id, padding_side=padding_side, eos_id=eos_id, task=task)
     if subject.batch_first is not None:
-        return _preflight(resolved)[0]
-    resolved = dataclasses.replace(resolved, batch_first=True)
-    try:
-        resolved, ids, logits = _preflight(resolved)
-    except SubjectError:
-        resolved, ids, logits = _at_decoded_length(resolved, subject.seq_len, max_positions)
-    if _behaves_sequence_first(resolved, ids, logits):
-        resolved = _preflight(dataclasses.replace(resolved, batch_first=False))[0]
+        resolved = _preflight(resolved)[0]
+    else:
+        resolved = dataclasses.replace(resolved, batch_first=True)
+        try:
+            resolved, ids, logits = _preflight(resolved)
+        except SubjectError:
+            resolved, ids, logits = _at_decoded_length(resolved, subject.seq_len, max_positions)
+        if _behaves_sequence_first(resolved, ids, logits):
+            resolved = _preflight(dataclasses.replace(resolved, batch_first=False))[0]
+    if not announced and resolved.task in ("token-classification", "question-answering") and _reads_later(resolved):
+        # A tagger or a span head is not asked to predict its next token: one that reads later tokens is
+        # a bidirectional encoder, as most are, not a causal LM leaking its future (the kind's default).
+        resolved = dataclasses.replace(resolved, kind="encoder")
     return resolved
+
+
+def _reads_later(subject: Subject) -> bool:
+    """Whether the first position's output moves when the last token of the row changes (one forward of
+    two rows in eval mode)."""
+    import torch
+
+    (ids,) = _twin_ids(subject)[:1]
+    ids = ids.clone()
+    ids[1, -1] = ids[0, -1] + 1 if ids[0, -1] + 1 < subject.vocab_size else 0
+    if subject.pad_id is not None and int(ids[1, -1]) == subject.pad_id:
+        ids[1, -1] = (subject.pad_id + 1) % subject.vocab_size
+    with torch.no_grad(), evaluation(subject.model):
+        out = call(subject, ids).float()
+    scale = max(float(out.abs().max()), 1e-30)
+    return float((out[1, 0] - out[0, 0]).abs().max()) > RELATIVE_TOLERANCE * scale
 
 
 def _at_decoded_length(resolved: Subject, given_seq_len: Optional[int], max_positions: Optional[int]) -> tuple:
@@ -422,15 +502,20 @@ def _preflight(subject: Subject) -> tuple:
             raise SubjectError(f"calling the model on ids [{B}, {T}] raised {type(exc).__name__}: {exc}",
                                "check --kind, --vocab and --seq-len, or give Subject(forward=...)") from exc
     shape, V = tuple(logits.shape), subject.vocab_size
-    task = subject.task or tasks.shaped_task(shape, B, T, V)
+    task = subject.task
+    if task is None and shape == (B, T, tasks.SPAN_ENDS) and subject.batch_first is not False:
+        with torch.no_grad(), evaluation(subject.model):  # two labels per token, or a span's two ends?
+            task = tasks.QA if _returns_spans(subject, ids) else None
+    task = task or tasks.shaped_task(shape, B, T, V)
     if task is None or not tasks.fits(task, shape, B, T, V):
         expected = (f"[B, T, V] = [{B}, {T}, {V}]" if task in (None, tasks.LM)
-                    else f"{tasks.SHAPES[task]} with B = {B}" + (f", T = {T}" if task == tasks.TOKEN else ""))
+                    else f"{tasks.SHAPES[task]} with B = {B}" + (f", T = {T}" if task in (tasks.TOKEN, tasks.QA) else ""))
         told = "" if subject.task is None else f" for --task {task}"
         raise OutputShapeError(
             f"output shape {expected} expected{told} but got {list(shape)}",
             "return logits over the vocabulary for every position, or pass the right --vocab; a classifier "
-            "takes --task sequence-classification / token-classification / regression",
+            "takes --task sequence-classification / token-classification / regression / question-answering / "
+            "multiple-choice",
         )
     subject = dataclasses.replace(subject, task=task, num_labels=tasks.outputs_of(task, shape, V))
     _refuse_unusable_logits(logits, subject)

@@ -149,9 +149,8 @@ def accumulation_scaling(subject, trace) -> Result:
 
 
 @check("token-weighting", title="Every trained token weighs the same within an optimizer step",
-       needs=("pad_id",), located=("loss", "backward"), tasks=("lm",),
-       skip_reasons=for_classifiers("the weights of its graded labels are not read from the scores over "
-                                    "the vocabulary this check follows"))
+       needs=("pad_id",), located=("loss", "backward"), tasks=("lm", "token-classification"),
+       skip_reasons=for_classifiers("one label per row: every row weighs the same whatever its padding"))
 def token_weighting(subject, trace) -> Result:
     """Catches gradient accumulation that averages each micro-batch over its own tokens and then
     divides by k: with padding, micro-batches hold different numbers of real tokens, so a token in a

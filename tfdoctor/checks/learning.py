@@ -76,7 +76,8 @@ LOOP_MATCH_SHARE = 0.5
 
 
 @check("init-loss", title="Initial loss sits at the random-chance baseline ln(V)",
-       inputs=("model", "initial_weights"), tasks=("lm", "sequence-classification", "token-classification"),
+       inputs=("model", "initial_weights"), tasks=("lm", "sequence-classification", "token-classification",
+                                                    "question-answering", "multiple-choice"),
        skip_reasons={"regression": "a regression head has no chance level: its initial error is the targets' "
                                    "spread, which only the data knows"})
 def init_loss(subject) -> Result:
@@ -85,7 +86,9 @@ def init_loss(subject) -> Result:
 
     Cross-entropy of the untrained model on random tokens, in eval mode, against ln(V), the loss of
     a uniform guess. Assumes the factory returns an untrained model. A classifier is judged the same
-    way against ln(C) for its C classes, on random labels.
+    way against ln(C) for its C classes, on random labels; a question-answering head against ln(T), a
+    uniform guess of a span's start (and end) over T positions; a multiple-choice head against ln(C) for a
+    question's C choices.
 
     Fix: initialise embeddings and heads small (`std=0.02`); shift targets by one.
     """
@@ -94,28 +97,31 @@ def init_loss(subject) -> Result:
     from tfdoctor.context import current
     from tfdoctor.probes.loss import lm_batch, lm_loss
     from tfdoctor.modes import evaluation
-    from tfdoctor.tasks import multi_label
+    from tfdoctor.tasks import CHOICES, QA, TOKEN, chance_classes, multi_label
 
     if multi_label(subject.model):
         return Result.skipped("a multi-label classifier (one sigmoid per label): its chance loss is not ln(C)")
     generator = torch.Generator().manual_seed(current().seed + 1)
     losses = []
+    # a multiple-choice head's batch is B questions of C choice rows, not B rows (one question of 4: the
+    # mean over 4 questions left ModernBERT's head a standard error of 0.7 nats, a close call at +1.4)
+    rows = subject.batch_size * (CHOICES if subject.task == "multiple-choice" else 1)
     with torch.no_grad(), evaluation(subject.model):
         for _ in range(INIT_LOSS_BATCHES):
-            batch = lm_batch(subject, subject.batch_size, subject.seq_len, generator)
+            batch = lm_batch(subject, rows, subject.seq_len, generator)
             losses.append(float(lm_loss(subject, batch)))
     loss = sum(losses) / len(losses)
-    classes = subject.num_labels or subject.vocab_size  # V for a language model, C for a classifier
+    classes = chance_classes(subject, subject.seq_len, rows)  # V, C classes, T positions, C choices
     baseline = math.log(classes)
     excess = loss - baseline
     details = {"loss": loss, "ln_vocab": baseline, "excess_nats": excess, "vocab_size": subject.vocab_size,
                "tokens": INIT_LOSS_BATCHES * subject.batch_size * subject.seq_len}
     symbol = "V"
     if (subject.task or "lm") != "lm":
-        symbol = "C"
+        symbol = "T" if subject.task == QA else "C"
+        per_batch = {TOKEN: subject.batch_size * subject.seq_len, "multiple-choice": rows // classes}
         details.update(ln_classes=baseline, classes=classes, task=subject.task,
-                       graded=INIT_LOSS_BATCHES * (subject.batch_size if subject.task != "token-classification"
-                                                   else subject.batch_size * subject.seq_len))
+                       graded=INIT_LOSS_BATCHES * per_batch.get(subject.task, subject.batch_size))
     summary = f"initial loss {loss:.3f} vs ln({symbol}) = {baseline:.3f} ({excess:+.3f} nats)"
     if not math.isfinite(loss):
         return Result.failed(f"initial loss is {loss}", "look for -inf masks on fully masked rows, or "
@@ -200,6 +206,7 @@ def _overfit_alone(subject, budget, kept: dict) -> Result:
     from tfdoctor.errors import first_line
     from tfdoctor.probes.memorise import memorise, plans, trainable_copy
     from tfdoctor.probes.process_state import BackwardRefused
+    from tfdoctor.tasks import chance_classes
 
     classifier = (subject.task or "lm") != "lm"
     if subject.vocab_size < OVERFIT_MIN_VOCAB and not classifier:  # a classifier's labels are dealt evenly
@@ -221,8 +228,10 @@ def _overfit_alone(subject, budget, kept: dict) -> Result:
         return Result.skipped(f"the model returns {unmatched}: it decodes a fixed number of outputs rather "
                               "than one per token, so memorising a batch would measure its latent bottleneck, "
                               "not its wiring", {"outputs_vs_inputs": unmatched})
-    # a classifier memorises its labels (ln(C) at chance; a regression head its values, MSE ~1 at chance)
-    chance = 1.0 if subject.task == "regression" else math.log(subject.num_labels or subject.vocab_size)
+    # a classifier memorises its labels (ln(C) at chance; a regression head its values, MSE ~1 at chance; a
+    # question-answering head its spans, ln(T); a multiple-choice head its answers, ln(C) for C choices)
+    rows, length = batch.inputs[-1].shape[:2]
+    chance = 1.0 if subject.task == "regression" else math.log(chance_classes(subject, length, rows))
     target = max(OVERFIT_TARGET_NATS, OVERFIT_TARGET_SHARE * chance)
     goal, floor, attempts, note = target, None, [], None
     for plan in plans(_first_recorded(current().options.get("recorded_optimizers"))):

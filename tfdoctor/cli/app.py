@@ -54,6 +54,8 @@ class Task(str, enum.Enum):  # registry.TASKS
     sequence_classification = "sequence-classification"
     token_classification = "token-classification"
     regression = "regression"
+    question_answering = "question-answering"
+    multiple_choice = "multiple-choice"
 
 
 def shown(text: str) -> str:

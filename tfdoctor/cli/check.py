@@ -28,7 +28,8 @@ def check(
                                                                 "config eos_token_id)"),
     kind: Optional[Kind] = typer.Option(None, "--kind", help="causal, encoder or seq2seq (default: what the model announces, else causal)"),
     task: Optional[Task] = typer.Option(None, "--task", help="what the model predicts: lm, sequence-classification, "
-                                                           "token-classification or regression (default: detected)"),
+                                                           "token-classification, regression, question-answering or "
+                                                           "multiple-choice (default: detected)"),
     only: Optional[str] = typer.Option(None, "--only", help="run only these check ids (comma-separated)"),
     skip: Optional[str] = typer.Option(None, "--skip", help="skip these check ids (comma-separated)"),
     fmt: Format = typer.Option(Format.rich, "--format", help="report format"),

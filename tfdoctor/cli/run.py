@@ -41,7 +41,8 @@ def run(
                                                                 "tokenizer, else config eos_token_id)"),
     kind: Optional[Kind] = typer.Option(None, "--kind", help="causal, encoder or seq2seq (default: detected)"),
     task: Optional[Task] = typer.Option(None, "--task", help="what the model predicts: lm, sequence-classification, "
-                                                           "token-classification or regression (default: detected)"),
+                                                           "token-classification, regression, question-answering or "
+                                                           "multiple-choice (default: detected)"),
     padding_side: Optional[PaddingSide] = typer.Option(None, "--padding-side", help="left or right (default: "
                                                                                    "discovered)"),
     packing: Optional[Packing] = typer.Option(None, "--packing", help="position_ids (default: discovered from "

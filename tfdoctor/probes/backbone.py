@@ -22,12 +22,33 @@ SEQ2SEQ_STATES = "a seq2seq classifier: its decoder's states are not read (the m
 
 
 def _hugging_face_states(pad_id: Optional[int]):
-    def states(model, input_ids):
+    def states(model, input_ids):  # a multiple-choice head's ids come as [B, 1, T] (subject.call): mask alike
         mask = None if pad_id is None else (input_ids != pad_id).long()
         output = model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
         return output.hidden_states[-1]  # (B, T, H)
 
     return states
+
+
+UNALIGNED_STATES = ("{name}'s last hidden state has {length} positions for {seq_len} input tokens (a backbone that "
+                    "pools its sequence or decodes latents): no state per input position to read a mask from")
+
+
+def _states_length(view: Subject):
+    """The number of positions of the view's states for one row of seq_len random ids (once per run)."""
+    import torch
+
+    from tfdoctor.context import memo
+    from tfdoctor.modes import evaluation
+    from tfdoctor.subject import call, random_tokens
+
+    def measure():
+        ids = random_tokens(view, 1, view.seq_len, torch.Generator().manual_seed(0))
+        with torch.no_grad(), evaluation(view.model):
+            states = call(view, ids)
+        return int(states.shape[1]) if states.dim() == 3 else None
+
+    return memo(("backbone-states-length", id(view.model)), measure)
 
 
 def backbone_view(subject: Subject) -> tuple[Optional[Subject], str]:
@@ -39,6 +60,10 @@ def backbone_view(subject: Subject) -> tuple[Optional[Subject], str]:
     if subject.states is not None:
         return dataclasses.replace(subject, forward=subject.states, batch_first=True), "Subject.states"
     if subject.forward is None and is_hugging_face(subject.model):
-        return (dataclasses.replace(subject, forward=_hugging_face_states(subject.pad_id)),
-                "the last hidden state (output_hidden_states=True)")
+        view = dataclasses.replace(subject, forward=_hugging_face_states(subject.pad_id))
+        length = _states_length(view)
+        if length != subject.seq_len:  # Funnel pools its sequence, Perceiver's latents are its own
+            return None, UNALIGNED_STATES.format(name=type(subject.model).__name__, length=length,
+                                                 seq_len=subject.seq_len)
+        return view, "the last hidden state (output_hidden_states=True)"
     return None, NO_STATES.format(name=type(subject.model).__name__, shape=SHAPES[subject.task])

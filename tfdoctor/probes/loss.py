@@ -28,7 +28,9 @@ def lm_batch(subject: Subject, batch: int, length: int, generator: torch.Generat
     labels drawn independently of the input (chance is ln(C))."""
     if (subject.task or "lm") != "lm":
         ids = random_tokens(subject, batch, length, generator)
-        return LMBatch((ids,), random_targets(subject, torch.ones_like(ids, dtype=torch.bool), generator))
+        targets = random_targets(subject, torch.ones_like(ids, dtype=torch.bool), generator)
+        # a seq2seq head (BART's, T5's) reads its decoder: given the source, as the library feeds it
+        return LMBatch((ids, ids) if subject.kind == "seq2seq" else (ids,), targets)
     ids = random_tokens(subject, batch, length + 1, generator)
     if subject.kind == "seq2seq":
         source = random_tokens(subject, batch, length, generator)
@@ -59,6 +61,13 @@ def random_targets(subject: Subject, graded: torch.Tensor, generator: torch.Gene
     if task == tasks.REGRESSION:
         values = torch.randn(B, subject.num_labels, generator=generator).to(device)
         return values.masked_fill(~graded.any(-1, keepdim=True).to(device), float("nan"))
+    if task == tasks.QA:
+        return _span_targets(graded, generator).to(device)
+    if task == tasks.CHOICE:  # one right choice per question of C consecutive rows
+        C = tasks.choices_in(task, B)
+        answers = (torch.arange(B // C) % C)[torch.randperm(B // C, generator=generator)].to(device)
+        asked = graded[: (B // C) * C].any(-1).reshape(-1, C).any(-1).to(device)
+        return answers.masked_fill(~asked, -100)
     count = B if task == tasks.SEQUENCE else B * T
     labels = (torch.arange(count) % subject.num_labels)[torch.randperm(count, generator=generator)].to(device)
     if task == tasks.SEQUENCE:
@@ -66,12 +75,33 @@ def random_targets(subject: Subject, graded: torch.Tensor, generator: torch.Gene
     return labels.reshape(B, T).masked_fill(~graded.to(device), -100)
 
 
+def _span_targets(graded: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """(B, 2): each row's answer span, its start and its end each drawn uniformly from the row's graded
+    positions (independently, as a uniform guess scores them); -100 for a row with none graded."""
+    B, T = graded.shape
+    draws = torch.rand(B, 2, T, generator=generator).masked_fill(~graded.cpu()[:, None, :], -1.0)
+    return draws.argmax(-1).masked_fill(~graded.cpu().any(-1, keepdim=True), -100)
+
+
 def task_loss(subject: Subject, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy over the last dimension ignoring -100 (language models and classifiers), or the
-    mean squared error over the rows whose targets are not NaN (a regression head)."""
-    if (subject.task or "lm") == "regression":
+    """Cross-entropy over the last dimension ignoring -100 (language models and classifiers), the mean
+    squared error over the rows whose targets are not NaN (a regression head), for a question-answering
+    head the mean of its start and end cross-entropies over the positions (as the library's heads take
+    it), and for a multiple-choice head cross-entropy over each question's C choices (rows in groups of C,
+    tfdoctor/tasks.py)."""
+    import tfdoctor.tasks as tasks
+
+    task = subject.task or tasks.LM
+    if task == tasks.REGRESSION:
         keep = ~torch.isnan(targets).any(-1)
         return F.mse_loss(logits.float()[keep], targets[keep])
+    if task == tasks.QA:  # logits (B, T, 2), targets (B, 2) positions
+        ends = [F.cross_entropy(logits[..., k].float(), targets[:, k], ignore_index=-100) for k in range(2)]
+        return (ends[0] + ends[1]) / 2
+    if task == tasks.CHOICE:  # logits (B, 1): one score per (question, choice) row
+        C = tasks.choices_in(task, logits.shape[0])
+        asked = logits.float()[: targets.shape[0] * C].reshape(-1, C)
+        return F.cross_entropy(asked, targets, ignore_index=-100)
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
 
 

@@ -58,8 +58,33 @@ def scores(subject: Subject, ids: torch.Tensor) -> torch.Tensor:
         return call(subject, ids).float()
 
 
-def tolerance(*outputs: torch.Tensor) -> float:
-    return EQUIVALENCE_TOLERANCE * max(max(finite_scale(o) for o in outputs), 1e-30)
+def tolerance(*outputs: torch.Tensor, terms: float = 0.0) -> float:
+    """Two score sets agree within this: EQUIVALENCE_TOLERANCE of their scale, or of `terms` (the size of
+    the terms a linear head sums into a score, head_terms) when larger."""
+    return EQUIVALENCE_TOLERANCE * max(max(finite_scale(o) for o in outputs), terms, 1e-30)
+
+
+def head_terms(subject: Subject, ids: torch.Tensor) -> float:
+    """The largest sum of |terms| a linear head adds into one class score, max over rows and classes of
+    |h| @ |W|^T, 0.0 when the scores do not come from an nn.Linear. Rounding in a dot product scales with
+    its terms, not with its result: a head initialised small (std 0.02) sums states of RMS ~1 into scores
+    of ~0.01, so float32 reordering noise of 1.6e-7..2.7e-7 in ConvBERT's scores was 1.8e-5 of their
+    scale but ~1e-6 of their terms."""
+    found: list[float] = []
+
+    def hook(module, args, output):
+        if isinstance(output, torch.Tensor) and output.dim() == 2 and output.shape[0] == ids.shape[0] and args:
+            h = args[0].detach().float()
+            found.append(float((h.abs() @ module.weight.detach().float().abs().T).max()))
+
+    handles = [m.register_forward_hook(hook) for m in subject.model.modules() if isinstance(m, torch.nn.Linear)]
+    try:
+        with torch.no_grad():
+            call(subject, ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found[-1] if found else 0.0
 
 
 def row_gaps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -132,7 +157,7 @@ def pooling_cause(subject: Subject, rows: PaddedRows, generator: torch.Generator
 
     evidence: dict = {}
     base = scores(subject, rows.ids)
-    tol = tolerance(base)
+    tol = tolerance(base, terms=head_terms(subject, rows.ids))
     everywhere = pad_content_change(subject, rows, rows.pads, generator)
     if everywhere is None or not bool((everywhere > tol).any()):
         if everywhere is not None:

@@ -32,7 +32,9 @@ def record_loop(subject: Subject, batches: list, advance: Callable[[int], None] 
         model, rebuilt = isolated_copy(subject.model)
     for p in model.parameters():
         p.grad = None
-    recorder = Recorder(model, subject.vocab_size)
+    # the scores the loss grades: over the vocabulary, or over a token classifier's C labels
+    scored = subject.num_labels if subject.task == "token-classification" else subject.vocab_size
+    recorder = Recorder(model, scored)
     recorder.advance = advance
     feed = Feed(batches, lambda index, handed: recorder.on_batch(index))
     with guarded(subject.model) as restored:

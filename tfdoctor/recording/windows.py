@@ -184,7 +184,7 @@ def _input_ids(forward: dict, shape: list[int], kind: str):
     return None
 
 
-def _grids(trace, subject) -> list[dict]:
+def scored_grids(trace, subject) -> list[dict]:
     """Each scored tensor that reached a backward, laid out on the [d0, d1] grid of the input ids it
     came from: targets, weights, hard (one graded token), ids, the offset correction, and the
     forward's other integer inputs by name (position ids, document ids)."""
@@ -213,7 +213,7 @@ def alignment(trace, subject) -> dict:
     matches = {(axis, k): 0 for axis in (1, 0) for k in OFFSETS}
     judged = dict.fromkeys(matches, 0)
     rows = 0
-    grids = _grids(trace, subject)
+    grids = scored_grids(trace, subject)
     for grid in grids:
         keep = grid["hard"] & (grid["targets"] >= 0)
         if subject.pad_id is not None:

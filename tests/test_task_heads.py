@@ -1,0 +1,196 @@
+"""The task heads issue 29 left refused (question answering, multiple choice), a token classifier's labels
+as users give them, a classifier's own loop under check --train, and a representative sweep of real
+Hugging Face task heads across model types (the whole sweep: bench/hf_sweep.py --heads)."""
+
+import math
+import sys
+
+import pytest
+import torch
+
+from catalogue import CLASSIFIER, TAGGING
+from helpers import ROOT, build_fixture, tfdoctor
+from tfdoctor import Subject, run_checks
+from tfdoctor.subject import resolve
+
+sys.path.insert(0, str(ROOT / "bench"))
+from hf_tiny_configs import build_model  # noqa: E402 - bench/ is not a package
+
+LOUD = ("fail", "warn", "error")
+# The suite's share of the sweep: the encoder and decoder families the brief names, each head they have,
+# one seq2seq of each head kind. Each takes 3-10 s here; the rest run in bench/hf_sweep.py --heads.
+REPRESENTATIVE = ["bert/qa", "bert/mc", "roberta/mc", "distilbert/qa", "deberta-v2/tokcls", "electra/mc",
+                  "albert/qa", "xlm-roberta/tokcls", "modernbert/qa", "gpt2/qa", "gpt2/tokcls", "llama/qa",
+                  "mistral/seqcls", "t5/qa", "bart/seqcls"]
+
+SEQ2SEQ = ("t5", "bart")
+
+
+class SpanHead(torch.nn.Module):
+    """A hand-written extractive QA head: token and position embeddings mixed by one encoder layer, then
+    start and end scores per position, returned as the pair users write (`return start, end`)."""
+
+    def __init__(self, vocab=64, d=32, max_len=64):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.pos = torch.nn.Embedding(max_len, d)
+        self.mix = torch.nn.TransformerEncoderLayer(d, 2, 64, dropout=0.0, batch_first=True)
+        self.qa = torch.nn.Linear(d, 2)
+
+    def forward(self, ids):
+        x = self.emb(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        start, end = self.qa(self.mix(x)).unbind(-1)
+        return start, end  # (B, T) each
+
+
+class ChoiceHead(torch.nn.Module):
+    """A hand-written multiple-choice head: ids [B, C, T] -> one score per choice [B, C]."""
+
+    def __init__(self, vocab=64, d=16):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.score = torch.nn.Linear(d, 1)
+
+    def forward(self, ids):
+        B, C, T = ids.shape
+        pooled = self.emb(ids.view(B * C, T)).mean(1)  # (B*C, d)
+        return self.score(pooled).view(B, C)
+
+
+@pytest.mark.parametrize("spec, kind, task", [
+    ("bert/qa", "encoder", "question-answering"), ("gpt2/qa", "causal", "question-answering"),
+    ("bert/mc", "encoder", "multiple-choice"), ("t5/qa", "seq2seq", "question-answering"),
+])
+def test_a_hugging_face_span_or_choice_head_says_its_task(spec, kind, task):
+    subject = resolve(Subject(build_model(spec)))
+    assert (subject.kind, subject.task) == (kind, task)
+
+
+def test_a_pair_of_start_and_end_scores_is_a_span_head_and_a_choice_head_is_declared():
+    span = resolve(Subject(SpanHead()))
+    assert span.task == "question-answering" and span.num_labels == 2
+    assert span.kind == "encoder"  # it reads later tokens, and nothing asks it to predict them
+    choice = resolve(Subject(ChoiceHead(), task="multiple-choice"))
+    assert choice.task == "multiple-choice"
+    from tfdoctor.errors import SubjectError
+
+    with pytest.raises(SubjectError):  # not declared: ids [B, T] are not [B, C, T]
+        resolve(Subject(ChoiceHead()))
+
+
+def test_hand_written_span_and_choice_heads_start_at_chance():
+    report = run_checks(Subject(SpanHead()), only=["init-loss", "overfit-batch"])
+    init = report["init-loss"]
+    assert init.status.value == "pass" and "ln(T)" in init.message
+    assert math.isclose(init.details["ln_classes"], math.log(32))
+    assert report["overfit-batch"].status.value == "pass"
+    report = run_checks(Subject(ChoiceHead(), task="multiple-choice"), only=["init-loss"])
+    assert report["init-loss"].status.value == "pass"
+    assert math.isclose(report["init-loss"].details["ln_classes"], math.log(4))
+
+
+def test_a_choice_head_whose_score_moves_with_its_pads_fails_padding_equivalence():
+    """ChoiceHead averages every position, pads included: each choice's score depends on its padding."""
+    report = run_checks(Subject(ChoiceHead(), task="multiple-choice", pad_id=0), only=["padding-equivalence"])
+    assert report["padding-equivalence"].status.value == "fail"
+    assert report["padding-equivalence"].details["cause"] == "reads-pads"  # no attention to tell pooling apart
+
+
+@pytest.fixture(scope="module")
+def heads():
+    reports = {}
+
+    def report(spec):
+        if spec not in reports:
+            torch.manual_seed(0)
+            reports[spec] = run_checks(build_model(spec), skip=["memory"])
+        return reports[spec]
+
+    return report
+
+
+@pytest.mark.parametrize("spec", REPRESENTATIVE)
+def test_real_task_heads_across_model_types_are_quiet(spec, heads):
+    report = heads(spec)
+    loud = [(r.id, r.status.value, r.message) for r in report.results if r.status.value in LOUD]
+    assert not loud
+    assert all(r.message for r in report.results if r.status.value == "skip")
+    ran = {r.id for r in report.results if r.status.value == "pass"}
+    assert {"finite-logits", "init-loss", "overfit-batch"} <= ran, ran
+    if spec.split("/")[0] not in SEQ2SEQ:  # a seq2seq source's padding is padding-mask's, where it can reach it
+        assert "padding-equivalence" in ran
+
+
+def test_a_span_head_is_judged_at_its_real_positions_against_ln_t(heads):
+    report = heads("bert/qa")
+    assert report["init-loss"].message.split(" vs ")[1].startswith("ln(T)")
+    assert "real position" in report["padding-mask"].message
+    assert "ln(C)" in heads("bert/mc")["init-loss"].message
+
+
+# --- a token classifier's labels, as the Hugging Face recipe aligns them ---------------------------------
+
+@pytest.mark.parametrize("loop, status", [("tagging", "pass"), ("tagging_pads_graded", "fail")])
+def test_token_labels_read_as_given(loop, status, report_of):
+    report = report_of("tagger_correct", TAGGING, train=loop)
+    result = report["ignore-index"]
+    assert result.status.value == status, result.message
+    details = result.details
+    assert details["labels"] == 5  # the tagger's labels, not the 96-token vocabulary
+    # the continuation pieces are ignored in both loops, and never taken for padding
+    assert 0 < details["graded_real_positions"] < details["real_positions"]
+    if status == "fail":
+        assert details["graded_pad_positions"] == details["pad_positions"] > 0
+        assert details["labels_on_graded_pads"] == {0: details["pad_positions"]}
+        assert "-100" in result.hint
+    else:
+        assert details["graded_pad_positions"] == 0
+    assert report["objective"].status.value == "skip"
+
+
+def test_a_tagger_is_measured_as_the_encoder_it_is():
+    assert resolve(build_fixture("tagger_correct")).kind == "encoder"
+
+
+# --- a sequence classifier's own loop under check --train ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def classifier_loops():
+    return {model: tfdoctor("check", f"fixtures/{model}.py:build", "--train", "fixtures/loops/classifying.py:train",
+                            "--format", "json")
+            for model in ("classifier_correct", "classifier_mean_over_pads")}
+
+
+@pytest.mark.e2e
+def test_a_classifier_loop_is_quiet_on_correct_code(classifier_loops):
+    done = classifier_loops["classifier_correct"]
+    assert done.returncode == 0, done.stderr
+    assert not [(c, s) for c, s in done.statuses.items() if s in LOUD]
+    for check_id in ("zero-grad", "clip-global-norm", "grad-health", "optimizer-coverage", *CLASSIFIER):
+        assert done.statuses[check_id] == "pass", done.checks[check_id]["message"]
+
+
+@pytest.mark.e2e
+def test_a_classifier_loop_on_a_pooling_bug_fails_naming_it(classifier_loops):
+    done = classifier_loops["classifier_mean_over_pads"]
+    assert done.returncode == 1
+    assert {c for c, s in done.statuses.items() if s in LOUD} == {"padding-mask", "padding-equivalence"}
+    assert done.checks["padding-equivalence"]["details"]["cause"] == "pools-pads"
+
+
+@pytest.mark.parametrize("side, status, cause", [(None, "warn", "edge-position"), ("right", "fail", "edge-position"),
+                                                 ("left", "fail", "pad-count")])
+def test_a_last_position_pooler_is_failed_only_on_a_side_it_is_wrong_for(side, status, cause):
+    """x[:, -1] pools a pad of a right-padded row and the last real token of a left-padded one (XLNet's
+    summary does the same, and its tokenizer pads left): with no side declared it warns, naming the flag.
+    Declared left, this model still fails, for another cause: its learned positions count from the row's
+    start, so left pads shift every token's position (XLNet's relative positions do not: it passes)."""
+    from classifiers import PAD_ID, TextClassifier
+
+    torch.manual_seed(0)
+    subject = Subject(TextClassifier(pooling="last-position"), pad_id=PAD_ID, padding_side=side)
+    result = run_checks(subject, only=["padding-equivalence"])["padding-equivalence"]
+    assert result.status.value == status, result.message
+    assert result.details["cause"] == cause
+    if status == "warn":
+        assert "--padding-side left" in result.message and result.details["cause"] == "edge-position"
