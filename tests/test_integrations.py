@@ -558,7 +558,7 @@ trainer = t.hf_trainer(tempfile.mkdtemp(), callback, max_steps=200, lr=100.0)
 trainer.train()
 rows = len(callback.report.series["steps"]["loss"]) if callback.report is not None else None
 print("RANK", os.environ["RANK"], trainer.args.world_size, trainer.state.global_step, rows,
-      hasattr(torch.Tensor.backward, "__wrapped__"))
+      hasattr(torch.Tensor.backward, "__wrapped__"), flush=True)  # now: torchrun may end a rank's teardown
 """
 
 
