@@ -7,6 +7,7 @@ lacks). The logs are read by tfdoctor/logs/, as `tfdoctor judge` reads them."""
 
 import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 
@@ -149,7 +150,23 @@ def test_nan_logged_as_nan_is_named_at_its_first_point(logs, name):
     assert result.status.value == "fail" and result.details["step"] == first_nan
 
 
-@pytest.mark.parametrize("name", ["trainer_plateau", "loop_plateau:jsonl", "loop_plateau:tensorboard"])
+def test_plateau_at_ln_v_fails_where_the_trainer_saved_its_config(logs):
+    """The Trainer's output folder holds the model's config.json (save_model): its vocabulary makes the
+    stuck level ln V, a uniform guess, which fails (31/32 of ln V here: see below)."""
+    series = logs["trainer_plateau"]
+    assert series.facts["vocab"] == make.VOCAB
+    result = judged(series)["loss-plateau"]
+    assert result.status.value == "fail", result.message
+    assert result.details["level"] == "ln V" and "uniform guess over the vocabulary" in result.message
+
+
+def test_a_trainer_log_without_its_config_has_no_vocabulary(logs, tmp_path):
+    state = tmp_path / "trainer_state.json"  # the state file alone, copied out of its output folder
+    state.write_text((Path(logs["trainer_plateau"].facts["logged"]["path"])).read_text())
+    assert "vocab" not in read(state).facts
+
+
+@pytest.mark.parametrize("name", ["loop_plateau:jsonl", "loop_plateau:tensorboard"])
 def test_plateau_at_the_start_is_named(logs, name):
     result = judged(logs[name])["loss-plateau"]
     assert result.status.value in ("warn", "fail"), result.message

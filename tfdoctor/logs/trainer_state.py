@@ -77,7 +77,26 @@ def read(files: list[Path], name: str) -> Columns:
     columns.notes += [f"could not read {what} now: skipped" for what in failed]
     _history(state["log_history"], columns)
     _settings(state, columns)
+    _vocabulary(path, columns)
     return columns
+
+
+def _vocabulary(state_file: Path, columns: Columns) -> None:
+    """The model's vocabulary from the config.json the Trainer saves beside its state (save_model, and
+    every checkpoint): with it, loss-plateau tells a loss stuck at ln V (a uniform guess) from one stuck
+    at its start. Nothing when the folder holds no readable config."""
+    for folder in dict.fromkeys((state_file.parent, output_folder(state_file))):
+        try:
+            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        vocab = config.get("vocab_size") if isinstance(config, dict) else None
+        if vocab is None and isinstance(config, dict) and isinstance(config.get("text_config"), dict):
+            vocab = config["text_config"].get("vocab_size")  # a multimodal model's language half
+        if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab > 1:
+            columns.facts["vocab"] = vocab
+            columns.notes.append(f"vocabulary {vocab} from {folder / 'config.json'}")
+            return
 
 
 def _history(history: list, columns: Columns) -> None:
