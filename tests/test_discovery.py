@@ -7,8 +7,8 @@ an error is located: the user's loop line under `check --train`, tfdoctor's own 
 import pytest
 import torch
 
-from tfdoctor.recording.trace import Event, Trace
 from tfdoctor.recording.discovery import discover_packing, discover_padding, tokenizer_padding
+from tfdoctor.recording.trace import Event, Trace
 
 PAD = 0
 
@@ -150,8 +150,8 @@ def test_check_train_findings_carry_the_loop_line_too():
 
 def test_an_exception_raised_in_tfdoctors_own_code_is_located_there():
     from tfdoctor.errors import OutputShapeError
-    from tfdoctor.usercode.call_sites import raised_in_tfdoctor
     from tfdoctor.subject import extract_logits
+    from tfdoctor.usercode.call_sites import raised_in_tfdoctor
 
     with pytest.raises(OutputShapeError) as ours:
         extract_logits(object())

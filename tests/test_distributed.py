@@ -13,7 +13,7 @@ import tempfile
 
 import pytest
 
-from helpers import BAR_LINE, E2E, SCRIPTS, final_screen, run_in_terminal, fresh_tfdoctor as tfdoctor
+from helpers import BAR_LINE, E2E, SCRIPTS, final_screen, fresh_tfdoctor as tfdoctor, run_in_terminal
 
 pytestmark = E2E
 # The model checks are `check`'s own, tested there: here the run's plumbing and the loop and rank

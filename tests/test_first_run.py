@@ -53,8 +53,8 @@ def test_a_blocked_triu_mask_given_to_sdpa_gets_the_sdpa_fix():
 def test_a_training_length_beyond_what_the_model_takes_is_a_usage_error():
     from helpers import build_fixture
     from tfdoctor.errors import UsageError
-    from tfdoctor.runner import as_subject
     from tfdoctor.memory.seq_limit import refuse_unfit_seq
+    from tfdoctor.runner import as_subject
 
     undeclared = as_subject(build_fixture("gpt_undeclared_context"))
     with pytest.raises(UsageError) as raised:  # found by the forward that raises (no config says 64)

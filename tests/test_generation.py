@@ -137,9 +137,8 @@ def test_own_generate_is_called_the_way_its_signature_asks(style, how, returned)
     """Each convention decodes the greedy path tfdoctor's loop decodes, whatever the seed."""
     import torch
 
-    from tfdoctor.probes.own_decoder import decode_with_own_generate
-
     import decoders
+    from tfdoctor.probes.own_decoder import decode_with_own_generate
 
     model = decoders.build(style).eval()
     first = torch.randint(0, 96, (3, 1), generator=torch.Generator().manual_seed(1))

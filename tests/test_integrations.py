@@ -500,8 +500,8 @@ def test_lightning_callback_stands_aside_under_a_tfdoctor_command():
     pytest.importorskip("lightning")
     import lightning.pytorch as L
 
-    from tfdoctor.usercode.auditing import audited_by
     from tfdoctor.integrations.lightning import TfdoctorCallback
+    from tfdoctor.usercode.auditing import audited_by
 
     class HooksSeen(L.Callback):
         def __init__(self):

@@ -105,7 +105,6 @@ def test_left_padding_is_probed_as_the_librarys_own_generate_calls_the_model(rep
     the decoder counts a left-padded prompt from the row's start. The probe must call it the same
     way (handing it position ids from the mask hid the defect: 'largest difference 0')."""
     from hf_whisper_causal import PAD_ID, model
-
     from tfdoctor.probes.invariance import generate_arguments
     from tfdoctor.subject import resolve
 
@@ -193,9 +192,8 @@ def test_documents_numbered_as_the_model_numbers_them_alone_pass():
 
 def test_positions_not_restarting_are_named():
     """The fixed model, but the loop forgets to pass the collator's position ids."""
-    from packedgpt import PackedGPT
-
     from gpt_packed import DocumentAttention
+    from packedgpt import PackedGPT
 
     subject = Subject(PackedGPT(DocumentAttention), packing=lambda m, ids, doc, pos: m(ids, doc_ids=doc))
     result = one(subject, "packing-isolation")

@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from helpers import build_fixture, tfdoctor
-from real_models import (ALL_MODELS, CAUSAL_MODELS, MORE_MODELS, hf_bart, hf_bert, hf_gpt2, hf_t5,
-                         x_transformers_encoder)
+from real_models import ALL_MODELS, CAUSAL_MODELS, MORE_MODELS, hf_bart, hf_bert, hf_gpt2, hf_t5, x_transformers_encoder
 from tfdoctor import Subject, run_checks
 from tfdoctor.subject import resolve
 
@@ -237,14 +236,13 @@ def test_xlnet_attention_type_decides_its_kind():
 def test_an_unregistered_lmhead_class_is_told_by_what_it_reads():
     """A user's own PreTrainedModel named *LMHeadModel with nothing else to go on is measured."""
     from hf_custom_lmhead import build_causal, build_encoder
-
     from tfdoctor.subject import inferred_kind
 
     assert (inferred_kind(build_encoder()), inferred_kind(build_causal())) == ("encoder", "causal")
 
 
 def test_registered_task_and_config_switches_decide_before_names():
-    from transformers import BertConfig, BertLMHeadModel, BertForMaskedLM, GPTNeoXConfig, GPTNeoXForCausalLM
+    from transformers import BertConfig, BertForMaskedLM, BertLMHeadModel, GPTNeoXConfig, GPTNeoXForCausalLM
 
     from tfdoctor.subject import inferred_kind
 

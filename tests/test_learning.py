@@ -172,8 +172,7 @@ import numpy  # noqa: E402
 import torch  # noqa: E402
 
 from helpers import FIXTURES, ROOT  # noqa: E402
-from tfdoctor.checks.learning import (LOOP_BATCHES, LOOP_FAIL_SHARE, LOOP_PASS_SHARE,  # noqa: E402
-                                      REFERENCE_PASS_DROP)
+from tfdoctor.checks.learning import LOOP_BATCHES, LOOP_FAIL_SHARE, LOOP_PASS_SHARE, REFERENCE_PASS_DROP  # noqa: E402
 from tfdoctor.loader import load_function  # noqa: E402
 
 PAD_ID = 0  # the pad id every loop fixture was written for

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 import torch
 
 from tfdoctor.memory.analytic import Config, estimate

@@ -4,8 +4,8 @@ import torch
 from helpers import build_fixture
 from tfdoctor import Subject, run_checks
 from tfdoctor.errors import UsageError
-from tfdoctor.recording.batches import train_batches
 from tfdoctor.probes.padding import pad_counts
+from tfdoctor.recording.batches import train_batches
 from tfdoctor.subject import resolve
 
 PAD_CHECKS = ["padding-mask", "masked-row-nan"]

@@ -12,11 +12,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from helpers import RANK_STEPS as STEPS
-from helpers import ROOT, WORLD, judge_ranks, rank_checks, rank_subject, trace_of
+from helpers import RANK_STEPS as STEPS, ROOT, WORLD, judge_ranks, rank_checks, rank_subject, trace_of
 from tfdoctor.checks.ranks import rank_data, rank_sync
-from tfdoctor.recording.trace import Event
 from tfdoctor.recording.ranks import RankRecorder
+from tfdoctor.recording.trace import Event
 from tfdoctor.result import Result
 
 SCRIPTS = "fixtures/scripts"

@@ -264,7 +264,6 @@ def rendered_of(report: Report, fmt: str) -> str:
 def test_token_weighting_finding_points_at_the_users_loss_line():
     """The one loop finding that had no location (it landed on line 1 of the model's file)."""
     from per_micro_batch_mean import train
-
     from tfdoctor import run_checks
 
     report = run_checks(build_fixture("gpt_pad_masked"), only="token-weighting", train=train)

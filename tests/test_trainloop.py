@@ -17,7 +17,6 @@ from tfdoctor import run_checks
 from tfdoctor.checks.schedule import LR_FAIL_LOW
 from tfdoctor.result import Status
 
-
 # The status of every train check on every loop fixture, with pad_id=0. "skip" marks what a loop
 # does not do (no GradScaler, no accumulation, no autocast).
 P, F, W, S = "pass", "fail", "warn", "skip"

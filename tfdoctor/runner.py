@@ -9,7 +9,7 @@ import time
 import traceback
 from typing import Callable
 
-from tfdoctor.context import RunContext, current, memo, progress as progress_task, running, _no_progress
+from tfdoctor.context import RunContext, _no_progress, current, memo, progress as progress_task, running
 from tfdoctor.registry import CheckSpec, select
 from tfdoctor.result import Report, Result, Status
 from tfdoctor.subject import Subject, resolve

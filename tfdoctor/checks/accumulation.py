@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import math
 
+from tfdoctor.recording.windows import (
+    backward_window,
+    micro_batch_weights,
+    micro_batches,
+    no_scores,
+    optimizer_families,
+    step_norms,
+    stepped,
+    window_weights,
+)
 from tfdoctor.recording.wiped import wiped_steps
-from tfdoctor.recording.windows import (backward_window, micro_batch_weights, micro_batches, no_scores,
-                                        optimizer_families, step_norms, stepped, window_weights)
 from tfdoctor.registry import check
-from tfdoctor.tasks import for_classifiers
 from tfdoctor.result import Result, counted
+from tfdoctor.tasks import for_classifiers
 
 # accumulation-scaling: the step's summed token weight must be 1 (the mean) within float rounding;
 # the bug it catches is off by the accumulation factor k >= 2. A factor past sqrt(k) (or below

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from tfdoctor.recording.windows import ALIGN_MIN_SHARE, no_scores
 from tfdoctor.registry import check
-from tfdoctor.tasks import for_classifiers
 from tfdoctor.result import Result
+from tfdoctor.tasks import for_classifiers
 
 # packing-labels: the share of document boundaries that may be graded. A target left out of the loss
 # (-100, ignore_index, a zero weight) sends its position exactly no gradient, so any graded boundary

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from tfdoctor.checks.verdicts import judged_per_implementation
 from tfdoctor.registry import check
-from tfdoctor.tasks import for_classifiers
 from tfdoctor.result import Result
+from tfdoctor.tasks import for_classifiers
 
 CAUSAL_ONLY = "written for causal LMs"
 
@@ -61,9 +61,9 @@ def _cache_arms(subject, hugging_face: bool) -> list:
 
     from tfdoctor.context import current
     from tfdoctor.errors import first_line
+    from tfdoctor.modes import evaluation
     from tfdoctor.probes.decoding import MODEL_ERRORS, compare_cache, crash_reason, library_crash, raised_by_model
     from tfdoctor.probes.generation import accepts
-    from tfdoctor.modes import evaluation
 
     sides = [False, True] if hugging_face and accepts(subject.model, "attention_mask") else [False]
     arms, raised = [], []
@@ -127,8 +127,8 @@ def _judged_arms(subject, hugging_face: bool, arms: list) -> Result:
 def _arms_verdict(subject, hugging_face: bool, arms: list, precision: dict) -> Result:
     import torch
 
-    from tfdoctor.probes.invariance import eval_noise
     from tfdoctor.modes import evaluation
+    from tfdoctor.probes.invariance import eval_noise
 
     details = {"prefill": arms[0].prefill, "positions": int(arms[0].diff.numel()),
                "path": "generate" if hugging_face else "incremental", "arms": {}, **precision}

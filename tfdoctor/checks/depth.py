@@ -107,14 +107,13 @@ def depth_signal(subject) -> Result:
     import dataclasses
 
     import torch
+    import torch.nn.functional as F
 
     from tfdoctor.context import current
     from tfdoctor.probes.depth import ModelRaised, find_stack, measure_depth
-    import torch.nn.functional as F
-
     from tfdoctor.probes.loss import lm_batch, task_loss
-    from tfdoctor.subject import call
     from tfdoctor.probes.process_state import BackwardRefused
+    from tfdoctor.subject import call
 
     stack = find_stack(subject.model)
     if stack is None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from tfdoctor.checks.verdicts import judged_per_implementation
 from tfdoctor.registry import check
-from tfdoctor.tasks import for_classifiers
 from tfdoctor.result import Result
+from tfdoctor.tasks import for_classifiers
 
 MAX_LISTED = 6
 SEQ2SEQ_SKIP = "written for decoder-only and encoder models (a seq2seq source's padding is padding-mask's)"
@@ -199,8 +199,8 @@ def padding_equivalence(subject) -> Result:
     import torch
 
     from tfdoctor.context import current
-    from tfdoctor.probes.invariance import alone, compare_padded, generate_arguments, hf_causal
     from tfdoctor.modes import evaluation
+    from tfdoctor.probes.invariance import alone, compare_padded, generate_arguments, hf_causal
     from tfdoctor.probes.padding import fixed_output_length, left_padding_evidenced, probed_sides
 
     declared = subject.padding_side
@@ -349,8 +349,8 @@ def _measured_packing(subject):
 
 def _judge_packing(subject) -> Result:
     from tfdoctor.errors import first_line
-    from tfdoctor.probes.decoding import MODEL_ERRORS, raised_by_model
     from tfdoctor.modes import evaluation
+    from tfdoctor.probes.decoding import MODEL_ERRORS, raised_by_model
     from tfdoctor.probes.precision import close_call, in_float32
     from tfdoctor.tolerances import EQUIVALENCE_TOLERANCE
 

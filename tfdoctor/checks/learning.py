@@ -7,8 +7,8 @@ import statistics
 
 from tfdoctor.checks.verdicts.generation import generation_verdict
 from tfdoctor.registry import check
-from tfdoctor.tasks import for_classifiers
 from tfdoctor.result import Result
+from tfdoctor.tasks import for_classifiers
 
 # init-loss thresholds, in nats above or below ln(V). Logits with standard deviation s cost about
 # s^2 / 2 nats over ln(V); correct models measured here start +0.0 to +0.75 above (tiny T5 +0.75,
@@ -95,8 +95,8 @@ def init_loss(subject) -> Result:
     import torch
 
     from tfdoctor.context import current
-    from tfdoctor.probes.loss import lm_batch, lm_loss
     from tfdoctor.modes import evaluation
+    from tfdoctor.probes.loss import lm_batch, lm_loss
     from tfdoctor.tasks import CHOICES, QA, TOKEN, chance_classes, multi_label
 
     if multi_label(subject.model):
@@ -274,8 +274,8 @@ def _aligned_batch(subject, generator):
     best loss, 1.18 (0.33) against a target of 0.28, measures 16 latents, not the wiring."""
     import torch
 
-    from tfdoctor.probes.loss import lm_batch
     from tfdoctor.modes import evaluation
+    from tfdoctor.probes.loss import lm_batch
     from tfdoctor.subject import call
 
     batch = lm_batch(subject, min(OVERFIT_ROWS, subject.batch_size), min(OVERFIT_MAX_LEN, subject.seq_len),

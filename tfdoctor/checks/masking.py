@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tfdoctor.checks.verdicts import judged_per_implementation
 from tfdoctor.registry import check
-from tfdoctor.tasks import for_classifiers
 from tfdoctor.result import Result
+from tfdoctor.tasks import for_classifiers
 
 ENCODER_SKIP = "encoder models attend both ways by design (see bidirectional-encoder)"
 
@@ -343,8 +343,8 @@ def cross_attention_mask(subject) -> Result:
     import torch
 
     from tfdoctor.context import current
-    from tfdoctor.probes.cross import cross_map
     from tfdoctor.modes import evaluation
+    from tfdoctor.probes.cross import cross_map
 
     def judge(implementation) -> Result:
         with evaluation(subject.model):

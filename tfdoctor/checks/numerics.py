@@ -160,8 +160,8 @@ def softmax_mask_order(subject) -> Result:
 def _softmax_mask_order(subject) -> Result:
     import torch
 
-    from tfdoctor.probes.attention import capture_attention
     from tfdoctor.modes import evaluation
+    from tfdoctor.probes.attention import capture_attention
     from tfdoctor.subject import call
 
     ids = _probe_ids(subject, seed_offset=11)
@@ -246,8 +246,8 @@ def half_precision_mask(subject) -> Result:
 def _half_precision_mask(subject) -> Result:
     import torch
 
-    from tfdoctor.probes.autocast import autocast_run
     from tfdoctor.modes import evaluation
+    from tfdoctor.probes.autocast import autocast_run
     from tfdoctor.subject import call, device_of
 
     device = device_of(subject.model).type
@@ -334,8 +334,8 @@ def _padded_runs(subject, device: str, names: list[str]):
     import torch
 
     from tfdoctor.context import current
-    from tfdoctor.probes.autocast import autocast_run
     from tfdoctor.modes import evaluation
+    from tfdoctor.probes.autocast import autocast_run
     from tfdoctor.probes.padding import padded_batch
     from tfdoctor.subject import call
 

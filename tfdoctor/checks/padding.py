@@ -125,8 +125,8 @@ def _answers_change_left_padded(subject, details: dict) -> bool:
     import torch
 
     from tfdoctor.context import current
-    from tfdoctor.probes.invariance import alone, compare_padded
     from tfdoctor.modes import evaluation
+    from tfdoctor.probes.invariance import alone, compare_padded
 
     with evaluation(subject.model):  # as padding-equivalence compares them: dropout off
         probe = alone(subject, torch.Generator().manual_seed(current().seed + 11))
@@ -219,12 +219,12 @@ def masked_row_nan(subject) -> Result:
     import torch
 
     from tfdoctor.context import current
-    from tfdoctor.probes.process_state import BackwardRefused, DropoutOff
-    from tfdoctor.probes.nonfinite import explained, first_nonfinite
     from tfdoctor.probes.loss import random_targets, task_loss
-    from tfdoctor.tasks import pooled
+    from tfdoctor.probes.nonfinite import explained, first_nonfinite
     from tfdoctor.probes.padding import padded_batch
+    from tfdoctor.probes.process_state import BackwardRefused, DropoutOff
     from tfdoctor.subject import call
+    from tfdoctor.tasks import pooled
 
     params = [(name, p) for name, p in subject.model.named_parameters() if p.requires_grad]
     if not params:

@@ -75,8 +75,8 @@ def _side_note(subject, cause: str) -> str:
 def _judged(subject, judge) -> Result:
     """judge(implementation) in eval mode, under each attention implementation (as padding-equivalence)."""
     from tfdoctor.checks.verdicts import judged_per_implementation
-    from tfdoctor.probes.configured_impl import judged_as_run
     from tfdoctor.modes import evaluation
+    from tfdoctor.probes.configured_impl import judged_as_run
 
     def in_eval(implementation) -> Result:
         with evaluation(subject.model):
@@ -157,8 +157,7 @@ def pooled_padding_equivalence(subject) -> Result:
     import torch
 
     from tfdoctor.context import current
-    from tfdoctor.probes.pooled import (alone_scores, head_terms, padded_rows, pooling_cause, row_gaps, scores,
-                                        tolerance)
+    from tfdoctor.probes.pooled import alone_scores, head_terms, padded_rows, pooling_cause, row_gaps, scores, tolerance
 
     side, why_side = _side(subject)
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 
-from tfdoctor.sparkline import sparkline
 from tfdoctor.recording.windows import GroupSchedule, group_schedules, step_norms, stepped, window_losses
 from tfdoctor.registry import check
 from tfdoctor.result import Result
+from tfdoctor.sparkline import sparkline
 
 # lr-schedule: the peak learning rates Transformers train at with Adam-family optimizers run from
 # about 1e-5 (fine-tuning large models) to about 3e-3 (small models pre-training). Only what cannot

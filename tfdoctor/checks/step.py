@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tfdoctor.sparkline import sparkline
 from tfdoctor.recording.windows import order, scaled_clips, step_norms, stepped
 from tfdoctor.registry import check
 from tfdoctor.result import Result
+from tfdoctor.sparkline import sparkline
 
 # grad-health: a pre-clip norm that rose at every step over at least this many steps, to at least
 # twice its start, is noted as growing steadily (the sign of a learning rate set too high).

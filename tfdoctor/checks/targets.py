@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from tfdoctor.recording.windows import ALIGN_MIN_SHARE, OFFSETS, alignment, no_scores
 from tfdoctor.registry import check
-from tfdoctor.tasks import for_classifiers
 from tfdoctor.result import Result
+from tfdoctor.tasks import for_classifiers
 
 # ignore-index: pad targets must get no weight at all; anything above rounding is padding graded.
 PAD_WEIGHT_TOLERANCE = 1e-6

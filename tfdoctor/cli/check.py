@@ -7,10 +7,10 @@ from typing import Optional
 
 import typer
 
-from tfdoctor.cli.app import DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK, Format, Kind, Task, Packing, PaddingSide, app
+from tfdoctor.cli.app import DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK, Format, Kind, Packing, PaddingSide, Task, app
+from tfdoctor.cli.flags import check_battery_flags, format_ready, model_fields, positive, writable
 from tfdoctor.cli.outcome import fail_usage, finish, report_of, supervised
 from tfdoctor.errors import TfdoctorError
-from tfdoctor.cli.flags import check_battery_flags, format_ready, model_fields, positive, writable
 
 
 @app.command()

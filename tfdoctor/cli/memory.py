@@ -10,9 +10,9 @@ from typing import Optional
 import typer
 
 from tfdoctor.cli.app import DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK, app
+from tfdoctor.cli.flags import format_ready, positive
 from tfdoctor.cli.outcome import fail_usage, supervised
 from tfdoctor.errors import TfdoctorError, UsageError
-from tfdoctor.cli.flags import format_ready, positive
 from tfdoctor.process.protocol import Ended
 from tfdoctor.result import ExitCode
 
@@ -94,7 +94,7 @@ def memory(
 
         budget_bytes, source = resolve_budget(budget, device)
         if target is None:
-            from tfdoctor.memory.analytic import Config, DEFAULT_D_MODEL, DEFAULT_LAYERS, DEFAULT_VOCAB, judge
+            from tfdoctor.memory.analytic import DEFAULT_D_MODEL, DEFAULT_LAYERS, DEFAULT_VOCAB, Config, judge
 
             config = Config(batch=batch, seq=seq, d_model=d_model or DEFAULT_D_MODEL, heads=heads,
                             layers=layers or DEFAULT_LAYERS, vocab=vocab or DEFAULT_VOCAB, d_ff=d_ff,

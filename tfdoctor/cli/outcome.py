@@ -15,6 +15,7 @@ from tfdoctor.process.protocol import Ended
 from tfdoctor.result import ExitCode
 from tfdoctor.usercode.environment import DEBUG
 
+
 def fail_usage(error: TfdoctorError) -> None:
     typer.echo(f"tfdoctor: error: {whose()}{shown(error.one_line())}", err=True)
     raise typer.Exit(ExitCode.USAGE_ERROR)

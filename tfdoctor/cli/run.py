@@ -7,11 +7,18 @@ from typing import Optional
 
 import typer
 
-from tfdoctor.cli.app import DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK, Format, Kind, Task, Packing, PaddingSide, app
+from tfdoctor.cli.app import DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK, Format, Kind, Packing, PaddingSide, Task, app
+from tfdoctor.cli.flags import (
+    check_battery_flags,
+    format_ready,
+    model_fields,
+    nproc_in_range,
+    positive,
+    script_argument,
+    writable,
+)
 from tfdoctor.cli.outcome import fail_usage, finish, launched, report_of, supervised
 from tfdoctor.errors import TfdoctorError
-from tfdoctor.cli.flags import (check_battery_flags, format_ready, model_fields, nproc_in_range, positive,
-                            script_argument, writable)
 from tfdoctor.process.protocol import Ended
 
 # `tfdoctor run`: optimizer steps recorded before the script is stopped. Two steps are two

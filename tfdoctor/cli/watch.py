@@ -9,10 +9,19 @@ from typing import Optional
 import typer
 
 from tfdoctor.cli.app import Format, app
+from tfdoctor.cli.flags import (
+    budget_in_range,
+    format_ready,
+    keeping_folder,
+    nproc_in_range,
+    positive,
+    script_argument,
+    seed_in_range,
+    selection_nonempty,
+    writable,
+)
 from tfdoctor.cli.outcome import emit, fail_usage, finish, handled, launched, report_of, shown
 from tfdoctor.errors import TfdoctorError
-from tfdoctor.cli.flags import (budget_in_range, format_ready, keeping_folder, nproc_in_range, positive, script_argument,
-                            seed_in_range, selection_nonempty, writable)
 from tfdoctor.process.protocol import Ended
 from tfdoctor.result import ExitCode
 from tfdoctor.watching.protection import after_line, before_line, cut_short_by

@@ -27,13 +27,13 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from tfdoctor.usercode.auditing import auditor
 from tfdoctor.errors import UsageError
-from tfdoctor.registry import select
-from tfdoctor.result import Report, Result, Status
-from tfdoctor.report.verdict import verdict_line
-from tfdoctor.watching.judging import judge_run, watched_report
 from tfdoctor.process.live import JUDGE_WAIT_FACTOR
+from tfdoctor.registry import select
+from tfdoctor.report.verdict import verdict_line
+from tfdoctor.result import Report, Result, Status
+from tfdoctor.usercode.auditing import auditor
+from tfdoctor.watching.judging import judge_run, watched_report
 
 logger = logging.getLogger("tfdoctor")
 

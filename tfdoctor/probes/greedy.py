@@ -22,11 +22,11 @@ from typing import Optional
 
 import torch
 
+from tfdoctor.modes import evaluation
 from tfdoctor.probes.decoding import MODEL_ERRORS, crash_reason, raised_by_model
 from tfdoctor.probes.generation import decode_as_generate, why_not_generate, without_stop_tokens
 from tfdoctor.probes.invariance import hf_causal
 from tfdoctor.probes.loss import LMBatch
-from tfdoctor.modes import evaluation
 from tfdoctor.probes.own_decoder import OwnDecode
 from tfdoctor.subject import Subject, call, extract_logits
 

@@ -254,8 +254,8 @@ def key_mask_given(subject: Subject) -> str | None:
 def _mask_is_read(subject: Subject) -> bool:
     """Whether a Hugging Face model's last output moves when attention_mask hides the first half of
     its row (one forward of two rows, the ids the same): a mask that is taken but never read is none."""
-    from tfdoctor.probes.dependency import finite_scale
     from tfdoctor.modes import evaluation
+    from tfdoctor.probes.dependency import finite_scale
     from tfdoctor.tolerances import RELATIVE_TOLERANCE
 
     T = subject.seq_len

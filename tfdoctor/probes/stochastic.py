@@ -17,12 +17,10 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
+from tfdoctor.modes import evaluation, training
 from tfdoctor.probes.isolation import same_values
-from tfdoctor.modes import training
-from tfdoctor.modes import evaluation
 from tfdoctor.probes.process_state import _DROP_WORDS, DROPOUT_MODULES, preserved_process_state
 from tfdoctor.tolerances import RELATIVE_TOLERANCE
-
 
 # Words that name a dropout rate held as a float attribute: probes/process_state.py's list and GPT-2's
 # `resid_pdrop` / `attn_pdrop` spelling, which nanoGPT-style models copy.

@@ -29,9 +29,9 @@ import uuid
 from typing import Iterator
 
 from tfdoctor.process.reaper import Descendants
-from tfdoctor.recording.distributed import RankError
 from tfdoctor.process.signals import Stopped, is_stop_code, signals_stop
 from tfdoctor.process.tempdirs import private_folder, temp_environment
+from tfdoctor.recording.distributed import RankError
 from tfdoctor.usercode.environment import LAUNCHED
 from tfdoctor.usercode.patches import Patches
 

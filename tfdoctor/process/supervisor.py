@@ -24,14 +24,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from tfdoctor.process.protocol import (
+    CHANNEL_LOST_EXIT,
+    Ended,
+    Event,
+    Phase,
+    decode_result,
+    decode_verdict,
+    phase_name,
+    read_event,
+    send_request,
+)
 from tfdoctor.process.reaper import Descendants
-from tfdoctor.process.protocol import (CHANNEL_LOST_EXIT, Ended, Event, Phase, decode_result, decode_verdict,
-                                       phase_name, read_event, send_request)
-from tfdoctor.usercode.call_sites import display_path, is_library
-from tfdoctor.result import ExitCode, Result
 from tfdoctor.process.sandbox import Host
 from tfdoctor.process.signals import signals_stop, stopped_by
 from tfdoctor.process.tempdirs import private_folder, temp_environment
+from tfdoctor.result import ExitCode, Result
+from tfdoctor.usercode.call_sites import display_path, is_library
 from tfdoctor.usercode.environment import LAUNCHED
 
 FIRST_FAILURE = "tfdoctor-first-failure"

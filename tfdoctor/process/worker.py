@@ -29,10 +29,10 @@ from typing import Any, Callable
 from tfdoctor.errors import InternalError, OutputShapeError, TfdoctorError, UsageError, folded
 from tfdoctor.process.fds import keep_open
 from tfdoctor.process.protocol import Channel, Event, Phase, encode_result, encode_verdict, receive_request
-from tfdoctor.usercode.world import world
-from tfdoctor.usercode.call_sites import raised_at
 from tfdoctor.process.sandbox import enter as enter_sandbox
+from tfdoctor.usercode.call_sites import raised_at
 from tfdoctor.usercode.environment import DEBUG
+from tfdoctor.usercode.world import world
 
 
 class _LineEnds:
@@ -81,8 +81,8 @@ def run_check_request(request: dict, listener=None, progress=None):
     import torch
 
     from tfdoctor.loader import load_function, load_subject
-    from tfdoctor.runner import as_subject, run_checks
     from tfdoctor.memory.seq_limit import refuse_unfit_seq
+    from tfdoctor.runner import as_subject, run_checks
 
     # Seeded before the factory builds the model: the same command gives the same initial weights,
     # the same evidence and the same verdict in every process.
@@ -168,9 +168,9 @@ def run_watch_request(request: dict, listener=None, send=None):
     """`tfdoctor watch`: run the script watched to its end (or --max-steps / --max-time), then judge the
     whole run. With `send(event, **data)` (a terminal shows the live view) the finalised steps go out
     a few times a second, with the findings of the run so far."""
-    from tfdoctor.watching.judging import judge_run, watched_report
     from tfdoctor.process.live import LiveFeed
     from tfdoctor.watching.driver import watch_script
+    from tfdoctor.watching.judging import judge_run, watched_report
 
     if request.get("seed") is not None:
         import torch
@@ -217,9 +217,9 @@ def run_memory_request(request: dict, progress=None):
     import torch
 
     from tfdoctor.loader import load_subject
+    from tfdoctor.memory.seq_limit import refuse_unfit_seq
     from tfdoctor.memory.traced_verdict import judge_traced
     from tfdoctor.runner import as_subject
-    from tfdoctor.memory.seq_limit import refuse_unfit_seq
 
     torch.manual_seed(0)  # as `check` does: the factory's weights are the same in every run
     subject = as_subject(load_subject(request["target"]), vocab_size=request.get("vocab"))

@@ -16,8 +16,8 @@ holds, and whether a checkpoint was loaded first; discovery.py turns that into f
 from __future__ import annotations
 
 import functools
-from collections import Counter
 import weakref
+from collections import Counter
 from typing import Any, Callable, Optional
 
 import torch
@@ -30,9 +30,9 @@ from tfdoctor.recording.pretrained import pretrained_loads
 from tfdoctor.recording.recorder import Recorder, compiling
 from tfdoctor.recording.snapshot import snapshot_model, why_uncopied
 from tfdoctor.recording.stopping import Stopper
+from tfdoctor.subject import extract_logits, vocab_size_of
 from tfdoctor.usercode.call_sites import call_site
 from tfdoctor.usercode.patches import Patches
-from tfdoctor.subject import extract_logits, vocab_size_of
 
 
 class _Unbound(torch.nn.Module):

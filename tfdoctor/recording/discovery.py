@@ -20,8 +20,8 @@ from tfdoctor.recording.models import unwrap, users_class
 from tfdoctor.recording.recovered import capturing, flattened, unflattening
 from tfdoctor.recording.script import ScriptRun
 from tfdoctor.recording.trace import Trace
-from tfdoctor.usercode.call_sites import display_path
 from tfdoctor.subject import PACKING_POSITION_IDS as PACKING_BY_POSITION_IDS
+from tfdoctor.usercode.call_sites import display_path
 
 # Probe length for the model checks when the script's batches are longer: the dependency map and
 # the padding probes cost one perturbed row per position, and every masking bug they catch shows at

@@ -14,13 +14,13 @@ from typing import Callable
 
 import torch
 
-from tfdoctor.usercode.auditing import audited_by
 from tfdoctor.probes.isolation import guarded, isolated_copy, same_values
 from tfdoctor.probes.memorise import detached_attributes
 from tfdoctor.recording.feed import Feed
 from tfdoctor.recording.recorder import Recorder, finish
 from tfdoctor.recording.trace import Trace
 from tfdoctor.subject import Subject
+from tfdoctor.usercode.auditing import audited_by
 
 
 def record_loop(subject: Subject, batches: list, advance: Callable[[int], None] = lambda n=1: None) -> Trace:

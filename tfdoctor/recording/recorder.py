@@ -41,9 +41,9 @@ from tfdoctor.recording.schedule import schedule_record
 from tfdoctor.recording.scores import READ_CHUNK_ELEMENTS, SCORE_FUNCTIONS, class_dim, read_scores
 from tfdoctor.recording.stale import UpdateWatch
 from tfdoctor.recording.trace import LOCATED_EVENTS, Event, OptimizerRecord, Trace
+from tfdoctor.subject import extract_logits
 from tfdoctor.usercode.call_sites import call_site
 from tfdoctor.usercode.torch_compat import is_compiling_function, outside_function_mode
-from tfdoctor.subject import extract_logits
 
 # Loss functions whose calls are recorded. The nn losses (CrossEntropyLoss, NLLLoss) call these.
 LOSS_FUNCTIONS = {F.cross_entropy: "cross_entropy", F.nll_loss: "nll_loss"}

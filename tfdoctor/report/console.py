@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-
 from typing import TextIO
 
 from rich.console import Console, Group
@@ -11,11 +10,11 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from tfdoctor.sparkline import sparkline
 from tfdoctor.report.run_summary import CURVES_HEALTHY, beyond_curves, curves_healthy
-from tfdoctor.report.watched import watched_lines
 from tfdoctor.report.theme import THEME
+from tfdoctor.report.watched import watched_lines
 from tfdoctor.result import Report, Result, Status
+from tfdoctor.sparkline import sparkline
 from tfdoctor.versions import describe
 
 LABELS = {Status.PASS: "PASS", Status.WARN: "WARN", Status.FAIL: "FAIL", Status.SKIP: "SKIP", Status.ERROR: "ERROR"}

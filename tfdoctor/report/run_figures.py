@@ -12,10 +12,29 @@ import math
 import statistics
 from typing import Optional
 
-from tfdoctor.report.figures import (COLOURS, WIDE, Drawn, finite, integer_steps, legend_above, log_scale_helps,
-                                     new_figure, plain_rates, safely, status_colour, to_svg)
-from tfdoctor.report.run_summary import (data_wait_measured, data_wait_share, group_label, loss_ends,
-                                         median_step_rate, run_wall_clock_rate, step_rates)
+from tfdoctor.report.figures import (
+    COLOURS,
+    WIDE,
+    Drawn,
+    finite,
+    integer_steps,
+    legend_above,
+    log_scale_helps,
+    new_figure,
+    plain_rates,
+    safely,
+    status_colour,
+    to_svg,
+)
+from tfdoctor.report.run_summary import (
+    data_wait_measured,
+    data_wait_share,
+    group_label,
+    loss_ends,
+    median_step_rate,
+    run_wall_clock_rate,
+    step_rates,
+)
 from tfdoctor.result import Report, Status
 from tfdoctor.watching.series import RunSeries
 

@@ -10,8 +10,14 @@ import statistics
 
 from rich.text import Text
 
-from tfdoctor.report.run_summary import (finite, loss_ends, median_step_rate, rates_said, run_data_wait,
-                                         run_wall_clock_rate)
+from tfdoctor.report.run_summary import (
+    finite,
+    loss_ends,
+    median_step_rate,
+    rates_said,
+    run_data_wait,
+    run_wall_clock_rate,
+)
 
 
 def watched_lines(report) -> list[Text]:

@@ -30,15 +30,25 @@ from typing import Any, Callable, Optional
 import torch
 
 from tfdoctor.usercode.torch_compat import chained_schedulers, scaler_enabled
-from tfdoctor.watching.resident import close_reader, heap_reader, rss_reader
 from tfdoctor.watching.fingerprints import TrainedRows, fingerprints
 from tfdoctor.watching.promise import Promise
-from tfdoctor.watching.readings import (count_params, cuda_memory, deep_size, device_of, driven, eval_call_site,
-                                        has_dropout, loader_facts, norm_of, number, scale_of, token_ids)
+from tfdoctor.watching.readings import (
+    count_params,
+    cuda_memory,
+    deep_size,
+    device_of,
+    driven,
+    eval_call_site,
+    has_dropout,
+    loader_facts,
+    norm_of,
+    number,
+    scale_of,
+    token_ids,
+)
+from tfdoctor.watching.resident import close_reader, heap_reader, rss_reader
 from tfdoctor.watching.series import RunSeries, StepRow
 from tfdoctor.watching.sources import WEIGHTINGS, EvalCall, eval_points
-
-
 
 # Trained ids held before they are fingerprinted together: one hash per this many forwards, not one
 # each (three tensor ops a forward cost a tiny model's step about 1%).
