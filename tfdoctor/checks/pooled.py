@@ -58,18 +58,22 @@ def _cause_text(cause: str, evidence: dict, side: str) -> str:
     return CAUSES[cause].format(edge=edge, side=side, token=token, share=share)
 
 
-def _verdict(subject, cause: str):
-    """Result.failed, or Result.warned for a pooled edge position on a side nobody declared: a head that
-    pools the last position (XLNet's summary, a hand-written x[:, -1]) is right on left-padded rows, and
-    XLNet's own tokenizer pads on the left."""
-    return Result.warned if cause == "edge-position" and not subject.padding_side else Result.failed
+def _blamed(subject, rows, generator, side: str, details: dict, seen: str) -> Result:
+    """The finding once rows moved: `seen`, then the pooling's cause as measured, located where it is.
+    A failure, or a warning for a pooled edge position on a side nobody declared: a head that pools the
+    last position (XLNet's summary, a hand-written x[:, -1]) is right on left-padded rows, and XLNet's
+    own tokenizer pads on the left."""
+    from tfdoctor.probes.pooled import pooling_cause
 
-
-def _side_note(subject, cause: str) -> str:
-    if cause != "edge-position" or subject.padding_side:
-        return ""
-    return (" (no padding side declared, so right, the common default, was judged: pooling that position is "
-            "correct on left-padded rows; pass --padding-side left if you pad on the left)")
+    cause, evidence = pooling_cause(subject, rows, generator)
+    details.update(evidence, cause=cause)
+    _located(subject, rows, cause, details)
+    message = f"{seen}: {_cause_text(cause, evidence, side)}"
+    if cause == "edge-position" and not subject.padding_side:
+        return Result.warned(message + " (no padding side declared, so right, the common default, was judged: "
+                             "pooling that position is correct on left-padded rows; pass --padding-side left if "
+                             "you pad on the left)", HINTS[cause], details)
+    return Result.failed(message, HINTS[cause], details)
 
 
 def _judged(subject, judge) -> Result:
@@ -113,7 +117,7 @@ def pooled_padding_mask(subject) -> Result:
     import torch
 
     from tfdoctor.context import current
-    from tfdoctor.probes.pooled import head_terms, pad_content_change, padded_rows, pooling_cause, scores, tolerance
+    from tfdoctor.probes.pooled import head_terms, pad_content_change, padded_rows, scores, tolerance
 
     side, why_side = _side(subject)
 
@@ -139,13 +143,9 @@ def pooled_padding_mask(subject) -> Result:
         if not moved:
             return Result.passed(f"the class scores of {len(rows.lengths)} {side}-padded rows do not move with "
                                  f"their pads' content (largest change {float(change.max()):.2g}){why_side}", details)
-        cause, evidence = pooling_cause(subject, rows, generator)
-        details.update(evidence, cause=cause)
-        _located(subject, rows, cause, details)
-        return _verdict(subject, cause)(
-            f"the class scores of {len(moved)} of {len(rows.lengths)} {side}-padded rows move with their pads' "
-            f"content (largest change {float(change.max()):.3g}): {_cause_text(cause, evidence, side)}"
-            f"{_side_note(subject, cause)}", HINTS[cause], details)
+        return _blamed(subject, rows, generator, side, details,
+                       f"the class scores of {len(moved)} of {len(rows.lengths)} {side}-padded rows move with "
+                       f"their pads' content (largest change {float(change.max()):.3g})")
 
     return _judged(subject, judge)
 
@@ -157,7 +157,7 @@ def pooled_padding_equivalence(subject) -> Result:
     import torch
 
     from tfdoctor.context import current
-    from tfdoctor.probes.pooled import alone_scores, head_terms, padded_rows, pooling_cause, row_gaps, scores, tolerance
+    from tfdoctor.probes.pooled import alone_scores, head_terms, padded_rows, row_gaps, scores, tolerance
 
     side, why_side = _side(subject)
 
@@ -190,12 +190,8 @@ def pooled_padding_equivalence(subject) -> Result:
                                  "NaN/Inf, which they are not alone", HINTS["attends-pads"].replace(
                                      "torch.finfo(scores.dtype).min", "torch.finfo(scores.dtype).min (not -inf)"),
                                  details)
-        cause, evidence = pooling_cause(subject, rows, generator)
-        details.update(evidence, cause=cause)
-        _located(subject, rows, cause, details)
-        return _verdict(subject, cause)(
-            f"with {side} padding, {len(differs)} of {len(pads)} rows get other class scores than the same sequence "
-            f"alone ({per_row}; largest in the row with {pads[worst]} pads): {_cause_text(cause, evidence, side)}"
-            f"{_side_note(subject, cause)}", HINTS[cause], details)
+        return _blamed(subject, rows, generator, side, details,
+                       f"with {side} padding, {len(differs)} of {len(pads)} rows get other class scores than the "
+                       f"same sequence alone ({per_row}; largest in the row with {pads[worst]} pads)")
 
     return _judged(subject, judge)
