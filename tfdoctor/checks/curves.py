@@ -20,7 +20,7 @@ from statistics import median
 from tfdoctor.checks.verdicts import logged
 from tfdoctor.registry import check
 from tfdoctor.result import Result
-from tfdoctor.watching.series import RunSeries, trailing
+from tfdoctor.watching.series import RunSeries, is_finite, trailing
 
 # loss-spike: the band is the median of the previous SPIKE_WINDOW finite losses and its spread the MAD
 # (x 1.4826, a normal's sigma). A step fires when its loss is above the median by SPIKE_Z spreads AND
@@ -102,10 +102,6 @@ LOG_PLATEAU_POINTS = 3
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def _finite(value) -> bool:
-    return value is not None and math.isfinite(value)
-
-
 def _spread(values: list[float], centre: float) -> float:
     """The median absolute deviation scaled to a normal's sigma (1.4826)."""
     return 1.4826 * median(abs(v - centre) for v in values)
@@ -134,7 +130,7 @@ def _rate(row) -> float | None:
 
 
 def _ratio(value, reference) -> float | None:
-    if not (_finite(value) and _finite(reference)) or reference <= 0:
+    if not (is_finite(value) and is_finite(reference)) or reference <= 0:
         return None
     return value / reference
 
@@ -211,8 +207,8 @@ def _spike_evidence(series: RunSeries, event: dict, rule: dict) -> dict:
     row = by_step[event["step"]]
     at = series.steps.index(row)
     earlier = series.steps[max(0, at - rule["window"]):at]
-    norms = [r.grad_norm for r in earlier if _finite(r.grad_norm)]
-    rates = [_rate(r) for r in earlier[:-1] if _finite(_rate(r))]  # the band's rates, the jump's excluded
+    norms = [r.grad_norm for r in earlier if is_finite(r.grad_norm)]
+    rates = [_rate(r) for r in earlier[:-1] if is_finite(_rate(r))]  # the band's rates, the jump's excluded
     before = (series.steps[at - 1] if at else None) if logged.log_of(series) else by_step.get(event["step"] - 1)
     evidence = {"batch": row.batches or None, "grad_norm": row.grad_norm,
                 "grad_norm_median": median(norms) if norms else None, "grad_norm_ratio": None,
@@ -235,9 +231,9 @@ def _spike_story(evidence: dict) -> tuple[str, str]:
     if lr_ratio is not None and lr_ratio >= MOVED_RATIO:
         moved.append(f"the rate of the update just before was {lr_ratio:.0f}x the highest of the band's steps")
     scale, scale_before = evidence["scale"], evidence["scale_before"]
-    if _finite(scale) and _finite(scale_before) and scale != scale_before:
+    if is_finite(scale) and is_finite(scale_before) and scale != scale_before:
         moved.append(f"the GradScaler's scale went {scale_before:g} -> {scale:g}")
-    elif _finite(scale):
+    elif is_finite(scale):
         moved.append("the GradScaler's scale did not move")
     batch = f"batch {evidence['batch']}" if evidence["batch"] else "that step's batch"
     if lr_ratio is not None and lr_ratio >= MOVED_RATIO:
@@ -261,7 +257,7 @@ def _spike_cause(evidence: dict) -> str:
         return f"the rate jumped {lr_ratio:.0f}x"
     if norm_ratio is not None and norm_ratio >= MOVED_RATIO:
         return f"the gradient norm rose {norm_ratio:.1f}x"
-    if _finite(scale) and _finite(scale_before) and scale != scale_before:
+    if is_finite(scale) and is_finite(scale_before) and scale != scale_before:
         return f"the GradScaler's scale went {scale_before:g} -> {scale:g}"
     return "the loss jumped alone"
 
@@ -368,10 +364,10 @@ def _blowup_signs(series: RunSeries) -> list[dict]:
     signs = []
     norms = [(row.step, row.grad_norm) for row in series.steps if row.grad_norm is not None]
     if norms:
-        nonfinite = trailing([not _finite(n) for _, n in norms])
-        before = [n for _, n in norms[:len(norms) - nonfinite] if _finite(n)]
+        nonfinite = trailing([not is_finite(n) for _, n in norms])
+        before = [n for _, n in norms[:len(norms) - nonfinite] if is_finite(n)]
         typical = median(before[:max(1, len(before) // 2)]) if before else None
-        huge = trailing([not _finite(n) or (typical is not None and typical > 0 and n >= BLOWUP_NORM_RATIO * typical)
+        huge = trailing([not is_finite(n) or (typical is not None and typical > 0 and n >= BLOWUP_NORM_RATIO * typical)
                          for _, n in norms])
         name = logged.named(series, "grad_norm")
         if huge >= BLOWUP_POINTS and huge > nonfinite:
@@ -411,7 +407,7 @@ def _log_blowup(series: RunSeries) -> Result | None:
     if not signs:
         return None
     first = signs[0]
-    before = [row for row in series.steps if row.step < first["step"] and _finite(row.loss) and row.loss > 0]
+    before = [row for row in series.steps if row.step < first["step"] and is_finite(row.loss) and row.loss > 0]
     last = before[-1] if before else None
     details = {"step": first["step"], "series": [sign["series"] for sign in signs],
                "signs": {sign["series"]: sign["step"] for sign in signs},
@@ -447,7 +443,7 @@ def loss_divergence(series: RunSeries) -> Result:
         return Result.skipped(reason)
     bad = _first_nonfinite(series)
     if bad is not None:
-        before = [row for row in series.steps if row.step < bad.step and _finite(row.loss)]
+        before = [row for row in series.steps if row.step < bad.step and is_finite(row.loss)]
         last = before[-1] if before else None
         nonfinite = sum(1 for row in series.steps if row.loss is not None and not math.isfinite(row.loss))
         details = {"step": bad.step, "loss": bad.loss, "batch": bad.batches or None,
@@ -455,7 +451,7 @@ def loss_divergence(series: RunSeries) -> Result:
                    "grad_norm_before": last.grad_norm if last else None, "nonfinite_steps": nonfinite,
                    "lr": _rate(bad)}
         was = (f"; the last finite loss was {last.loss:.4g} at step {last.step}"
-               + (f" (gradient norm {last.grad_norm:.3g})" if _finite(last.grad_norm) else "")) if last else ""
+               + (f" (gradient norm {last.grad_norm:.3g})" if is_finite(last.grad_norm) else "")) if last else ""
         named = f" ({logged.named(series, 'loss')})" if logged.log_of(series) else ""
         unit = "logged point(s)" if logged.log_of(series) else "step(s)"
         return Result.failed(f"the loss{named} became {bad.loss} at step {bad.step}{was}; {nonfinite} {unit} had a "
@@ -500,7 +496,7 @@ def loss_divergence(series: RunSeries) -> Result:
 def _warmup_end(series: RunSeries) -> int | None:
     """The first step at which the rate reached 90% of its peak, the peak taken over medians of 5 steps
     (a rate that jumped for a step or two is no warm-up's end). None when no rate was recorded."""
-    rates = [(row.step, _rate(row)) for row in series.steps if _finite(_rate(row))]
+    rates = [(row.step, _rate(row)) for row in series.steps if is_finite(_rate(row))]
     if not rates:
         return None
     values = [r for _, r in rates]

@@ -6,18 +6,12 @@ collapses. A pure function of a RunSeries (tfdoctor/watching/series.py), watched
 
 from __future__ import annotations
 
-import math
 from statistics import median
 
 from tfdoctor.checks.verdicts import logged
 from tfdoctor.registry import check
 from tfdoctor.result import Result
-from tfdoctor.watching.series import RunSeries
-
-
-def _finite(value) -> bool:
-    return value is not None and math.isfinite(value)
-
+from tfdoctor.watching.series import RunSeries, is_finite
 
 # grad-norm-trend: medians of the finite pre-clip norms over consecutive windows of NORM_WINDOW steps.
 # Growth: the last window at least NORM_GROWTH times the lowest window before it, and of the pairs of
@@ -44,7 +38,7 @@ def _norm_windows(series: RunSeries) -> tuple[list[tuple[int, float]], int]:
     """(last step, median norm) of consecutive windows of finite pre-clip norms, and the windows' width
     (NORM_WINDOW norms, wider beyond NORM_MAX_WINDOWS windows); steps the GradScaler skipped are left out
     (their norm is an overflow, scaler-overflow's business)."""
-    norms = [(row.step, row.grad_norm) for row in series.steps if _finite(row.grad_norm) and not row.skipped]
+    norms = [(row.step, row.grad_norm) for row in series.steps if is_finite(row.grad_norm) and not row.skipped]
     least = logged.points_for(series, NORM_WINDOW, LOG_NORM_POINTS) if logged.log_of(series) else NORM_WINDOW
     width = max(least, -(-len(norms) // NORM_MAX_WINDOWS))
     return [(norms[i + width - 1][0], median(n for _, n in norms[i:i + width]))
@@ -99,7 +93,7 @@ def grad_norm_trend(series: RunSeries) -> Result:
     that number ramps up), lower the peak rate, check that the rate decays as planned; collapse: find
     where the gradient stops (a .detach() or a saturated activation), or undo the scaling of the loss.
     """
-    if not any(_finite(row.grad_norm) for row in series.steps):
+    if not any(is_finite(row.grad_norm) for row in series.steps):
         if logged.log_of(series) and series.steps:
             return Result.skipped(logged.missing("gradient norm", logged.named(series, "grad_norm")))
         return Result.skipped("the run recorded no gradient norm" if series.steps

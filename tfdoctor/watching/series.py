@@ -165,6 +165,11 @@ def _number(value):
     return value
 
 
+def is_finite(value) -> bool:
+    """A recorded number that is there and finite (a row's loss, norm or scale may be None, NaN or inf)."""
+    return value is not None and math.isfinite(value)
+
+
 def trailing(flags: list) -> int:
     """How many of the last `flags` in a row are true (a run that ends on skipped steps, on a rate at 0)."""
     count = 0
