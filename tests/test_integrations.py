@@ -559,6 +559,9 @@ trainer.train()
 rows = len(callback.report.series["steps"]["loss"]) if callback.report is not None else None
 print("RANK", os.environ["RANK"], trainer.args.world_size, trainer.state.global_step, rows,
       hasattr(torch.Tensor.backward, "__wrapped__"), flush=True)  # now: torchrun may end a rank's teardown
+# The Trainer leaves the process group up; without this, gloo's worker threads may abort the rank at
+# interpreter exit ("terminate called without an active exception", pytorch/pytorch#190489).
+torch.distributed.destroy_process_group()
 """
 
 
