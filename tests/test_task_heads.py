@@ -148,6 +148,31 @@ def test_token_labels_read_as_given(loop, status, report_of):
     assert report["objective"].status.value == "skip"
 
 
+@pytest.mark.e2e
+@pytest.mark.parametrize("script, status, labels", [
+    ("tagger", "pass", 5), ("tagger_pads_graded", "fail", 5),  # a loss over the model's output, outside it
+    ("hf_tagger", "pass", 7), ("hf_tagger_pads_graded", "fail", 7),  # the model's own loss from labels=
+])
+def test_a_tagger_script_has_its_labels_read_under_run(script, status, labels):
+    """Under run nothing declares the labels: the scores over C classes, one row per input position,
+    are recorded as the loss grades them (the vocabulary is 120 / 200), and the whole report is quiet
+    on the correct twins."""
+    if script.startswith("hf_"):
+        pytest.importorskip("transformers")
+    done = tfdoctor("run", f"fixtures/scripts/{script}.py", "--format", "json")
+    assert done.returncode == (1 if status == "fail" else 0), done.stderr
+    assert done.json["discovered"]["task"] == "token-classification"
+    result = done.checks["ignore-index"]
+    assert result["status"] == status, result["message"]
+    assert result["details"]["labels"] == labels
+    assert result["details"]["pad_positions"] > 0
+    if status == "fail":
+        assert result["details"]["labels_on_graded_pads"] == {"0": result["details"]["pad_positions"]}
+        assert [p[0] for p in done.problems] == ["ignore-index"]
+    else:
+        assert not done.problems
+
+
 def test_a_tagger_is_measured_as_the_encoder_it_is():
     assert resolve(build_fixture("tagger_correct")).kind == "encoder"
 

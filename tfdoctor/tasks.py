@@ -38,6 +38,15 @@ SHAPES = {LM: "[B, T, V]", SEQUENCE: "[B, C]", TOKEN: "[B, T, C]", REGRESSION: "
 NAMES = {LM: "a language model", SEQUENCE: "a sequence classifier", TOKEN: "a token classifier",
          REGRESSION: "a regression head", QA: "a question-answering head", CHOICE: "a multiple-choice head"}
 
+# What a pooled head's one prediction per row is called in a message.
+POOLED_SCORES = {SEQUENCE: "class scores", REGRESSION: "predicted values", CHOICE: "choice scores"}
+
+
+def pooled_scores(task: Optional[str]) -> str:
+    """"class scores", or what the pooled head of `task` returns in their place."""
+    return POOLED_SCORES.get(task, "class scores")
+
+
 # How tfdoctor holds what these two heads return, so that every probe reads one tensor:
 # - a question-answering head's start and end scores, stacked as [B, T, 2] (one pair per position: its
 #   per-position checks read them as a token classifier's; its loss is over the positions, ln(T) at chance);

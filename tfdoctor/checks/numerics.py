@@ -6,6 +6,7 @@ from __future__ import annotations
 from tfdoctor.checks.verdicts import judged_per_implementation
 from tfdoctor.registry import check
 from tfdoctor.result import Result
+from tfdoctor.tasks import pooled_scores
 
 # Probe batch for both checks: one forward pass each (per dtype), so small.
 PROBE_ROWS = 2
@@ -88,7 +89,7 @@ def finite_logits(subject) -> Result:
     details = {"probe_shape": [B, T], "nonfinite_positions": int(bad.sum()), "positions": B * T}
     if not bool(bad.any()):
         if T == 1 and logits.dim() == 2:  # a pooled classifier: one prediction per row, no positions
-            return Result.passed(f"all {B} random rows give finite class scores", details)
+            return Result.passed(f"all {B} random rows give finite {pooled_scores(subject.task)}", details)
         return Result.passed(f"all {B * T} positions of {B} random rows give finite logits", details)
     rows = {r: [int(t) for t in bad[r].nonzero().flatten().tolist()] for r in range(B) if bool(bad[r].any())}
     everywhere = [int(t) for t in bad.all(0).nonzero().flatten().tolist()]

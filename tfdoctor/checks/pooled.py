@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from tfdoctor.registry import POOLED_TASKS, judges
 from tfdoctor.result import Result
+from tfdoctor.tasks import pooled_scores
 
 MAX_LISTED = 6
 
@@ -120,6 +121,7 @@ def pooled_padding_mask(subject) -> Result:
     from tfdoctor.probes.pooled import head_terms, pad_content_change, padded_rows, scores, tolerance
 
     side, why_side = _side(subject)
+    named = pooled_scores(subject.task)
 
     def judge(implementation) -> Result:
         generator = torch.Generator().manual_seed(current().seed + 3)
@@ -128,7 +130,7 @@ def pooled_padding_mask(subject) -> Result:
         tol = tolerance(base, terms=head_terms(subject, rows.ids))
         noise = _noise(subject, rows)
         if noise > tol:
-            return Result.warned(f"two identical eval forwards gave class scores {noise:.3g} apart: the model is "
+            return Result.warned(f"two identical eval forwards gave {named} {noise:.3g} apart: the model is "
                                  "random at inference, so the pads' effect cannot be measured",
                                  "look for dropout that ignores eval mode (F.dropout(x, p) without training=)",
                                  {"noise": noise})
@@ -141,10 +143,10 @@ def pooled_padding_mask(subject) -> Result:
                    "largest_change": float(change.max()), "tolerance": tol,
                    "rows_moved": moved[:MAX_LISTED]}
         if not moved:
-            return Result.passed(f"the class scores of {len(rows.lengths)} {side}-padded rows do not move with "
+            return Result.passed(f"the {named} of {len(rows.lengths)} {side}-padded rows do not move with "
                                  f"their pads' content (largest change {float(change.max()):.2g}){why_side}", details)
         return _blamed(subject, rows, generator, side, details,
-                       f"the class scores of {len(moved)} of {len(rows.lengths)} {side}-padded rows move with "
+                       f"the {named} of {len(moved)} of {len(rows.lengths)} {side}-padded rows move with "
                        f"their pads' content (largest change {float(change.max()):.3g})")
 
     return _judged(subject, judge)
@@ -160,6 +162,7 @@ def pooled_padding_equivalence(subject) -> Result:
     from tfdoctor.probes.pooled import alone_scores, head_terms, padded_rows, row_gaps, scores, tolerance
 
     side, why_side = _side(subject)
+    named = pooled_scores(subject.task)
 
     def judge(implementation) -> Result:
         generator = torch.Generator().manual_seed(current().seed + 7)
@@ -169,7 +172,7 @@ def pooled_padding_equivalence(subject) -> Result:
         tol = tolerance(alone, padded, terms=head_terms(subject, rows.ids))
         noise = _noise(subject, rows)
         if noise > tol:
-            return Result.warned(f"two identical eval forwards gave class scores {noise:.3g} apart: the model is "
+            return Result.warned(f"two identical eval forwards gave {named} {noise:.3g} apart: the model is "
                                  "random at inference, so arrangements cannot be compared",
                                  "look for dropout that ignores eval mode (F.dropout(x, p) without training=)",
                                  {"noise": noise})
@@ -180,18 +183,18 @@ def pooled_padding_equivalence(subject) -> Result:
                    "row_differences": [float(g) for g in gaps], "tolerance": tol,
                    "differing_rows": differs[:MAX_LISTED]}
         if not differs:
-            return Result.passed(f"{len(pads)} rows get the same class scores alone as {side}-padded in a batch "
+            return Result.passed(f"{len(pads)} rows get the same {named} alone as {side}-padded in a batch "
                                  f"({min(pads)} to {max(pads)} pads; largest difference {float(gaps.max()):.2g})"
                                  f"{why_side}", details)
         worst = max(differs, key=lambda r: float(gaps[r]))
         per_row = ", ".join(f"{pads[r]} pads: {float(gaps[r]):.3g}" for r in differs[:MAX_LISTED])
         if not bool(torch.isfinite(padded).all()):
-            return Result.failed(f"with {side} padding the class scores of {len(differs)} of {len(pads)} rows are "
+            return Result.failed(f"with {side} padding the {named} of {len(differs)} of {len(pads)} rows are "
                                  "NaN/Inf, which they are not alone", HINTS["attends-pads"].replace(
                                      "torch.finfo(scores.dtype).min", "torch.finfo(scores.dtype).min (not -inf)"),
                                  details)
         return _blamed(subject, rows, generator, side, details,
-                       f"with {side} padding, {len(differs)} of {len(pads)} rows get other class scores than the "
+                       f"with {side} padding, {len(differs)} of {len(pads)} rows get other {named} than the "
                        f"same sequence alone ({per_row}; largest in the row with {pads[worst]} pads)")
 
     return _judged(subject, judge)

@@ -234,6 +234,30 @@ class ScriptRecorder(Recorder):
                 and logits.dim() >= 2 and logits.shape[-1] == self.vocab:
             self.pending.append((logits, logits.dim() - 1, f"{type(module).__name__} output"))
 
+    def graded_classes(self, tensor: torch.Tensor, dim: int, output=None) -> bool:
+        """The vocabulary, or a token classifier's labels: scores over C classes (not the vocabulary)
+        with one row per position of the bound model's last training input ids ([B, T, C], [B * T, C]
+        or [B, C, T]), graded by a loss outside the model or returned beside the loss the model
+        computed from them (`labels=`): what discovery.discover_task calls token classification.
+        Under `run` the labels are not known before the scores show them, as under check --train."""
+        if super().graded_classes(tensor, dim):
+            return True
+        classes = tensor.shape[dim]
+        # Inside a forward only the vocabulary (a softmax there over [B, T, T] is attention), and a bare
+        # [B, T, d] the model returns is as likely a hidden state its loop feeds a head as labels' scores.
+        if self.in_forward or self.bound is None or classes < 2 or classes == self.vocab:
+            return False
+        if output is not None and _carried_loss(output) is None:
+            return False
+        forward = next((e.data for e in reversed(self.events) if e.kind == "forward"
+                        and e.data.get("module") == id(self.bound) and e.data.get("grad")), None)
+        if forward is None:
+            return False
+        rows = tensor.numel() // classes
+        per_position = tuple(tensor.shape[:dim] + tensor.shape[dim + 1:])
+        return any(ids.numel() == rows and (tensor.dim() == 2 or per_position == tuple(ids.shape))
+                   for _, ids in forward["inputs"])
+
     @property
     def scoring(self) -> set:
         """ids of the modules inside the audited model whose outputs are its logits."""
@@ -560,3 +584,9 @@ def _names_of(module: torch.nn.Module, objects) -> list[str]:
 def _listed(model: dict) -> str:
     names = f" ({', '.join(model['names'])})" if model["names"] else ""
     return f"{model['model']}{names}, {model['trained_parameters']:,} trained parameters"
+
+
+def _carried_loss(output) -> Optional[torch.Tensor]:
+    """The loss a model returned beside its scores (a Hugging Face output's `.loss`, a dict's "loss"), or None."""
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) else None

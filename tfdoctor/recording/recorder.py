@@ -253,13 +253,19 @@ class Recorder(PatchedCalls, TorchFunctionMode):
         if self.vocab is None or not tensor.is_floating_point() or not tensor.requires_grad:
             return
         dim = class_dim(func, tensor, args, kwargs)
-        if dim is None or tensor.shape[dim] != self.vocab:
+        if dim is None or not self.graded_classes(tensor, dim):
             return
         name = getattr(func, "__name__", str(func))
         if self.in_forward:
             self.pending.append((tensor, dim, name))
         else:
             self._watch(tensor, dim, self.forwards - 1, name)
+
+    def graded_classes(self, tensor: torch.Tensor, dim: int, output=None) -> bool:
+        """Whether the class dimension of a softmax-family call's input, or of the model's `output`'s
+        logits, is the one the loss grades: the vocabulary, or the labels the driver passed in its
+        place (a token classifier's C under check --train)."""
+        return tensor.shape[dim] == self.vocab
 
     def _watch(self, tensor: torch.Tensor, dim: int, forward: int, source: str) -> None:
         if tensor.grad_fn is None or reaches(tensor.grad_fn, self.watched):
@@ -353,7 +359,7 @@ class Recorder(PatchedCalls, TorchFunctionMode):
             watch_log_probs(self, output, forward.data["index"])  # their gradient still weighs each token
         output_node = None
         if (isinstance(logits, torch.Tensor) and logits.dim() >= 2 and logits.is_floating_point()
-                and logits.shape[-1] == self.vocab):
+                and self.graded_classes(logits, logits.dim() - 1, output)):
             self._watch(logits, logits.dim() - 1, forward.data["index"], "output")
             output_node = logits.grad_fn
             if type(output_node).__name__ == "_DDPSinkBackward":  # DDP(find_unused_parameters=True): every
