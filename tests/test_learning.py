@@ -5,7 +5,7 @@ import pytest
 from helpers import build_fixture
 from real_models import CAUSAL_MODELS
 from tfdoctor import run_checks
-from tfdoctor.checks.learning import HIGH_FAIL_NATS
+from tfdoctor.checks.init_loss import HIGH_FAIL_NATS
 from tfdoctor.sparkline import sparkline
 
 CORRECT = ["gpt_correct", "gpt_blocked_triu", "gpt_sdpa"]

@@ -413,6 +413,7 @@ def test_the_sandbox_patches_what_the_table_says(tmp_path):
 def test_the_probes_patch_what_the_table_says():
     from tfdoctor.probes.own_decoder import _argmax_draws
     from tfdoctor.probes.process_state import training_without_dropout
+    from tfdoctor.probes.ties import ties_broken_by_position
 
     watched = Watched({"probes/own_decoder.py"})
     with _argmax_draws(True):
@@ -420,6 +421,12 @@ def test_the_probes_patch_what_the_table_says():
         assert torch.multinomial(torch.tensor([[0.1, 0.9]]), 1).item() == 1
     watched.all_back()
     assert "multinomial" not in vars(torch.Tensor)  # inherited from TensorBase: deleted again, not copied down
+    watched = Watched({"probes/ties.py"})
+    with ties_broken_by_position():
+        watched.patched()
+        assert torch.zeros(40).topk(3).indices.tolist() == [0, 1, 2]  # ties: the lowest positions first
+    watched.all_back()
+    assert "topk" not in vars(torch.Tensor)
     model = _Tiny()
     with training_without_dropout(model):
         assert model.dropout.p == 0.0

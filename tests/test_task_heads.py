@@ -43,6 +43,19 @@ class SpanHead(torch.nn.Module):
         return start, end  # (B, T) each
 
 
+class QuestionMaskedSpanHead(SpanHead):
+    """A span head that takes its question's positions (up to the first SEP) out of the competition, as
+    BigBird's question-answering head does: their scores lowered by 1e6, so no answer is ever put there."""
+
+    SEP = 7
+
+    def forward(self, ids):
+        start, end = super().forward(ids)
+        question = torch.cumsum((ids == self.SEP).long(), 1) == 0  # before the first SEP
+        question[:, 0] = False  # the first position (CLS) answers "no answer"
+        return start - 1e6 * question, end - 1e6 * question
+
+
 class ChoiceHead(torch.nn.Module):
     """A hand-written multiple-choice head: ids [B, C, T] -> one score per choice [B, C]."""
 
@@ -87,6 +100,37 @@ def test_hand_written_span_and_choice_heads_start_at_chance():
     report = run_checks(Subject(ChoiceHead(), task="multiple-choice"), only=["init-loss"])
     assert report["init-loss"].status.value == "pass"
     assert math.isclose(report["init-loss"].details["ln_classes"], math.log(4))
+
+
+def test_a_span_head_that_masks_its_question_is_judged_over_the_positions_it_keeps():
+    """Random ids put the SEP at varying places, so the head takes a varying number of positions out; an
+    answer drawn there would cost 1e6 nats and fail a correct head as "confidently wrong"."""
+    report = run_checks(Subject(QuestionMaskedSpanHead()), only=["init-loss"])
+    init = report["init-loss"]
+    assert init.status.value == "pass", init.message
+    assert init.details["positions_removed"] > 1 and init.details["ln_classes"] < math.log(32)
+    assert "out of the competition" in init.message
+
+
+def test_a_top_k_selection_whose_tie_order_moves_with_the_length_is_not_taken_for_padding():
+    """transformers' AXK2 (DeepSeek sparse attention: top-k keys over ReLU'd index scores, many tied at 0):
+    a padded row may select other tied keys than the row alone. With ties broken by position the rows
+    match, so padding-equivalence passes and says what moved them (probes/ties.py)."""
+    result = run_checks(Subject(build_model("axk2/seqcls")), only=["padding-equivalence"])["padding-equivalence"]
+    assert result.status.value == "pass", result.message
+    assert "ties by position" in result.message
+    assert result.details["largest_difference_with_ties_by_position"] <= result.details["tolerance"]
+    assert max(result.details["row_differences"]) > result.details["tolerance"]  # they did differ, through ties
+
+
+def test_a_top_k_tie_order_is_not_taken_for_padding_in_a_language_model_either():
+    """The AXK2 causal LM, left-padded: one row differs by 0.03 of a 0.65 logit scale, through tied
+    index scores only."""
+    result = run_checks(Subject(build_model("axk2"), pad_id=5), only=["padding-equivalence"])["padding-equivalence"]
+    assert result.status.value == "pass", result.message
+    left = result.details["sides"]["left"]
+    assert left["largest_difference"] > left["tolerance"] >= left["largest_difference_with_ties_by_position"]
+    assert "tied scores" in result.message
 
 
 def test_a_choice_head_whose_score_moves_with_its_pads_fails_padding_equivalence():

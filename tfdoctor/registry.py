@@ -35,6 +35,7 @@ CHECK_MODULES = (
     "tfdoctor.checks.padding",
     "tfdoctor.checks.invariance",
     "tfdoctor.checks.decoding",
+    "tfdoctor.checks.init_loss",
     "tfdoctor.checks.learning",
     "tfdoctor.checks.memory",
     "tfdoctor.checks.targets",

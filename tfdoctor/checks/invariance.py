@@ -233,6 +233,10 @@ def padding_equivalence(subject) -> Result:
                     noise = eval_noise(arrangement.logits, _again(subject, arrangement), arrangement.tolerance)
                     if noise is not None:
                         return _random_result(noise, f"{arrangement.side}-padded batch")
+                    tied = _tie_order_only(subject, arrangement.side, current().seed + 11)
+                    if tied is not None:  # a top-k selection's tie order, not the pads (probes/ties.py)
+                        side_details["largest_difference_with_ties_by_position"] = tied
+                        continue
                     cause, evidence = _padding_cause(subject, arrangement)
                     positions = arrangement.differs.nonzero().tolist()
                     side_details.update(cause=cause, differing_count=len(positions),
@@ -242,8 +246,11 @@ def padding_equivalence(subject) -> Result:
         if not failing:
             summary = " and ".join(f"{a.side} padding (largest difference {details['sides'][a.side]['largest_difference']:.2g}"
                                    f", tolerance {a.tolerance:.2g})" for a in arrangements)
+            tied = [a.side for a in arrangements if "largest_difference_with_ties_by_position" in details["sides"][a.side]]
+            ties = (f"; with {' and '.join(tied)} padding only through the order of tied scores in the model's top-k "
+                    "selection, which moves with a row's length: with ties broken by position they match" if tied else "")
             return Result.passed(f"every sequence ({', '.join(map(str, probe.lengths))} real tokens) gets the same "
-                                 f"logits alone as in a batch: {summary}", details)
+                                 f"logits alone as in a batch: {summary}{ties}", details)
         arrangement, cause = failing[0]
         details.update(pad_side=arrangement.side, **details["sides"][arrangement.side])
         message, hint = _padding_message(subject, arrangement, cause)
@@ -264,6 +271,19 @@ def padding_equivalence(subject) -> Result:
         return Result.failed(message, hint, details)
 
     return _judged(subject, judge)
+
+
+def _tie_order_only(subject, side: str, seed: int):
+    """The largest difference left on `side` once torch.topk breaks ties by position, when every
+    position then agrees (the difference came from a selection's tie order); None when it still differs."""
+    import torch
+
+    from tfdoctor.probes.invariance import alone, compare_padded
+    from tfdoctor.probes.ties import ties_broken_by_position
+
+    with ties_broken_by_position():
+        again = compare_padded(subject, alone(subject, torch.Generator().manual_seed(seed)), side)
+    return None if bool(again.differs.any()) else float(again.diff[again.real].max())
 
 
 def _again(subject, arrangement):

@@ -83,6 +83,25 @@ def _span_targets(graded: torch.Tensor, generator: torch.Generator) -> torch.Ten
     return draws.argmax(-1).masked_fill(~graded.cpu().any(-1, keepdim=True), -100)
 
 
+# A span head may take positions out of the competition by design: BigBird's question-answering head
+# subtracts 1e6 from the question's positions, where an answer never lies. A score this far below its
+# row's best is such a removal (its softmax weight is 0 in float32), never an initialisation's scale.
+REMOVED_POSITION_GAP = 1e4
+
+
+def span_chance_loss(subject: Subject, batch: LMBatch, generator: torch.Generator) -> tuple[float, float, float]:
+    """A span head on `batch`'s ids: (its loss on answers drawn uniformly among the positions it keeps in
+    the competition, the mean over rows and ends of ln(those positions), the loss of a uniform guess, and
+    the mean number of positions it takes out)."""
+    logits = call(subject, *batch.inputs).float()  # (B, T, 2): start and end scores
+    kept = logits > logits.amax(1, keepdim=True) - REMOVED_POSITION_GAP
+    draws = torch.rand(logits.shape, generator=generator).masked_fill(~kept.cpu(), -1.0)
+    targets = draws.argmax(1).to(logits.device)  # (B, 2): a start and an end per row
+    chance = float(torch.log(kept.sum(1).clamp(min=1).double()).mean())
+    removed = float((~kept).sum(1).float().mean())
+    return float(task_loss(subject, logits, targets)), chance, removed
+
+
 def task_loss(subject: Subject, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Cross-entropy over the last dimension ignoring -100 (language models and classifiers), the mean
     squared error over the rows whose targets are not NaN (a regression head), for a question-answering

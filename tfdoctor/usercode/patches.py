@@ -201,6 +201,8 @@ PATCHED_TARGETS: tuple[Target, ...] = (
     Target("<os.environ>", ("TFDOCTOR_SANDBOX_VIEW", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE"), _SANDBOX, "sandbox"),
     Target("sys:meta_path", ("<an AfterImport finder, first>",), _SANDBOX, "sandbox"),
     # Probes (check, run's model checks), for one measurement
+    Target("torch:", ("topk",), "probes/ties.py", "a padding probe telling pads from top-k ties"),
+    Target("torch:Tensor", ("topk",), "probes/ties.py", "a padding probe telling pads from top-k ties"),
     Target("torch:", ("multinomial",), "probes/own_decoder.py", "a greedy decode"),
     Target("torch:Tensor", ("multinomial",), "probes/own_decoder.py", "a greedy decode"),
     Target("<the model's modules and their configs>", ("p", "<dropout rates>"), "probes/process_state.py",
