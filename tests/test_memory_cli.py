@@ -36,6 +36,14 @@ def test_rich_output_names_the_symptom():
     assert "OUT OF MEMORY" in done.stdout and "137" in done.stdout
 
 
+def test_output_writes_the_report_to_the_file_as_every_command_does(tmp_path):
+    path = tmp_path / "memory.json"
+    done = tfdoctor("memory", *SEED, "--budget", "24GiB", "--format", "json", "--output", str(path))
+    assert done.returncode == 1, done.stderr  # the exit code is still the verdict's
+    assert done.stdout == "" and f"report written to {path}" in done.stderr
+    assert json.loads(path.read_text(encoding="utf-8"))["fits"] is False
+
+
 def test_default_budget_is_this_machine():
     done = tfdoctor("memory", "--batch", "1", "--seq", "64", "--d-model", "128", "--format", "json")
     assert done.returncode == 0, done.stderr

@@ -99,6 +99,7 @@ def test_huge_numbers_name_their_flag(args, expected):
     ["--budget", "0GB"],
     ["--gpus", "0"],
     ["--dtype", "fp8"],
+    ["--output", "/no/such/folder/memory.json"],
 ])
 def test_usage_errors_exit_2_with_one_line(args):
     done = refused("memory", *SEED, *args)

@@ -1,9 +1,10 @@
 """The `tfdoctor` command: parse, call, render, exit. The only package that prints or exits.
 
-app.py holds the Typer app, the flags' shared choices and the entry point (`main`); outcome.py runs a
-request in the supervised worker and ends every command the same way; one module per command registers
-it on the app (check, run, watch, judge, memory, catalogue). Torch is imported only by the commands that need
-it, so `--help`, `checks` and the analytic `memory` stay fast.
+app.py holds the Typer app and the entry point (`main`); options.py declares once the options several
+commands take; outcome.py runs a request in the supervised worker and ends every command the same way
+(end_command); one module per command registers it on the app (check, run, watch, judge, memory,
+catalogue). Torch is imported only by the commands that need it, so `--help`, `checks` and the analytic
+`memory` stay fast.
 """
 
 from tfdoctor.cli.app import app, main

@@ -1,9 +1,8 @@
-"""The `tfdoctor` Typer app, the choices its flags share, and the entry point that turns every usage
-problem, the parser's included, into one line on stderr and exit 2."""
+"""The `tfdoctor` Typer app and the entry point that turns every usage problem, the parser's included,
+into one line on stderr and exit 2 (the options the commands share are in options.py)."""
 
 from __future__ import annotations
 
-import enum
 import sys
 
 import typer
@@ -20,42 +19,6 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
     rich_markup_mode=None,
 )
-
-
-class Format(str, enum.Enum):
-    rich = "rich"
-    json = "json"
-    junit = "junit"
-    sarif = "sarif"  # SARIF 2.1.0: each finding at the user's file:line, for code-scanning UIs
-    html = "html"  # one self-contained page with the figures (needs the html extra: matplotlib)
-
-
-DEFAULT_TIMEOUT = 600.0  # seconds for the whole run: generous, but a CI job never waits forever
-DEFAULT_TIMEOUT_PER_CHECK = 300.0
-
-
-class PaddingSide(str, enum.Enum):
-    left = "left"
-    right = "right"
-
-
-class Packing(str, enum.Enum):
-    position_ids = "position_ids"
-
-
-class Kind(str, enum.Enum):
-    causal = "causal"
-    encoder = "encoder"
-    seq2seq = "seq2seq"
-
-
-class Task(str, enum.Enum):  # registry.TASKS
-    lm = "lm"
-    sequence_classification = "sequence-classification"
-    token_classification = "token-classification"
-    regression = "regression"
-    question_answering = "question-answering"
-    multiple_choice = "multiple-choice"
 
 
 def shown(text: str) -> str:

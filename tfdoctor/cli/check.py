@@ -2,14 +2,36 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
 
-from tfdoctor.cli.app import DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK, Format, Kind, Packing, PaddingSide, Task, app
+from tfdoctor.cli.app import app
 from tfdoctor.cli.flags import check_battery_flags, format_ready, model_fields, positive, writable
-from tfdoctor.cli.outcome import fail_usage, finish, report_of, supervised
+from tfdoctor.cli.options import (
+    DEFAULT_SEED,
+    DEFAULT_TIMEOUT,
+    DEFAULT_TIMEOUT_PER_CHECK,
+    EosId,
+    Fmt,
+    Format,
+    ModelKind,
+    ModelTask,
+    Only,
+    Output,
+    PackedAs,
+    Padding,
+    PadId,
+    ProbeBatch,
+    ProbeSeed,
+    SeqLen,
+    Skip,
+    Strict,
+    Timeout,
+    TimeoutPerCheck,
+    Vocab,
+)
+from tfdoctor.cli.outcome import end_command, fail_usage, report_of, stopped, supervised
 from tfdoctor.errors import TfdoctorError
 
 
@@ -20,33 +42,28 @@ def check(
     train: Optional[str] = typer.Option(None, "--train", help="MODULE:FN of your training loop train(model, batches)"),
     train_batches: Optional[int] = typer.Option(None, "--train-batches", help="--train: batches fed to your loop "
                                                                            "(default 16)"),
-    vocab: Optional[int] = typer.Option(None, "--vocab", help="vocabulary size (default: config or first nn.Embedding)"),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="probe sequence length (default 32, capped by the model)"),
-    batch: Optional[int] = typer.Option(None, "--batch", help="probe batch size (default 4)"),
-    pad_id: Optional[int] = typer.Option(None, "--pad-id", help="padding token id"),
-    eos_id: Optional[int] = typer.Option(None, "--eos-id", help="end-of-sequence token id (default: tokenizer or "
-                                                                "config eos_token_id)"),
-    kind: Optional[Kind] = typer.Option(None, "--kind", help="causal, encoder or seq2seq (default: what the model announces, else causal)"),
-    task: Optional[Task] = typer.Option(None, "--task", help="what the model predicts: lm, sequence-classification, "
-                                                           "token-classification, regression, question-answering or "
-                                                           "multiple-choice (default: detected)"),
-    only: Optional[str] = typer.Option(None, "--only", help="run only these check ids (comma-separated)"),
-    skip: Optional[str] = typer.Option(None, "--skip", help="skip these check ids (comma-separated)"),
-    fmt: Format = typer.Option(Format.rich, "--format", help="report format"),
-    output: Optional[Path] = typer.Option(None, "--output", help="write the report to this file instead of stdout"),
-    strict: bool = typer.Option(False, "--strict", help="treat warnings as failures"),
-    seed: int = typer.Option(0, "--seed", help="seed for the random probe tokens"),
+    vocab: Vocab = None,
+    seq_len: SeqLen = None,
+    batch: ProbeBatch = None,
+    pad_id: PadId = None,
+    eos_id: EosId = None,
+    kind: ModelKind = None,
+    task: ModelTask = None,
+    only: Only = None,
+    skip: Skip = None,
+    fmt: Fmt = Format.rich,
+    output: Output = None,
+    strict: Strict = False,
+    seed: ProbeSeed = DEFAULT_SEED,
     device: Optional[str] = typer.Option(None, "--device", help="move the model to this device (e.g. cpu, cuda)"),
     train_batch: Optional[int] = typer.Option(None, "--train-batch", help="memory check: training batch size"),
     train_seq: Optional[int] = typer.Option(None, "--train-seq", help="memory check: training sequence length"),
-    budget: Optional[str] = typer.Option(None, "--budget", help="memory check: budget, e.g. 24GiB (default: available memory)"),
-    padding_side: Optional[PaddingSide] = typer.Option(None, "--padding-side", help="where your batches' pads sit: "
-                                                                                   "left or right (default: unknown)"),
-    packing: Optional[Packing] = typer.Option(None, "--packing", help="how your model is fed packed documents: "
-                                                                      "position_ids (the Hugging Face convention)"),
-    timeout: float = typer.Option(DEFAULT_TIMEOUT, "--timeout", help="seconds the whole run may take"),
-    timeout_per_check: float = typer.Option(DEFAULT_TIMEOUT_PER_CHECK, "--timeout-per-check",
-                                            help="seconds each check (and loading the target) may take"),
+    budget: Optional[str] = typer.Option(None, "--budget", help="memory check: budget, e.g. 24GiB (default: "
+                                                                "available memory)"),
+    padding_side: Padding = None,
+    packing: PackedAs = None,
+    timeout: Timeout = DEFAULT_TIMEOUT,
+    timeout_per_check: TimeoutPerCheck = DEFAULT_TIMEOUT_PER_CHECK,
 ) -> None:
     """Run the battery of checks on a model factory and report what is wrong."""
     try:
@@ -70,4 +87,4 @@ def check(
     request = dict(command="check", target=target, train=train, fields=fields, only=only, skip=skip, seed=seed,
                    device=device, options=options)
     outcome = supervised(request, fmt is Format.rich, timeout, timeout_per_check)
-    finish(outcome, report_of(outcome, target, strict), fmt, output)
+    end_command(report_of(outcome, target, strict), fmt, output, error=stopped(outcome))

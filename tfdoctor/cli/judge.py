@@ -10,9 +10,10 @@ from typing import Optional
 
 import typer
 
-from tfdoctor.cli.app import Format, app, shown
+from tfdoctor.cli.app import app, shown
 from tfdoctor.cli.flags import budget_in_range, format_ready, selection_nonempty, writable
-from tfdoctor.cli.outcome import emit, fail_usage
+from tfdoctor.cli.options import Format, OnlyJudges, Output, SeriesFmt, SkipJudges, Strict
+from tfdoctor.cli.outcome import end_command, fail_usage
 from tfdoctor.errors import TfdoctorError, UsageError
 
 DEFAULT_EVERY = 2.0  # seconds between reads of a followed log
@@ -26,11 +27,11 @@ def judge(
                                             help="read SERIES from the column/tag NAME (repeatable): loss, eval, "
                                                  "lr, lr:1, grad_norm, scale, step, wall, wall_ms, tokens, rss, "
                                                  "cuda_allocated"),
-    only: Optional[str] = typer.Option(None, "--only", help="run only these judges (comma-separated ids)"),
-    skip: Optional[str] = typer.Option(None, "--skip", help="skip these judges (comma-separated ids)"),
-    fmt: Format = typer.Option(Format.rich, "--format", help="report format (json carries every series read)"),
-    output: Optional[Path] = typer.Option(None, "--output", help="write the report to this file instead of stdout"),
-    strict: bool = typer.Option(False, "--strict", help="treat warnings as failures"),
+    only: OnlyJudges = None,
+    skip: SkipJudges = None,
+    fmt: SeriesFmt = Format.rich,
+    output: Output = None,
+    strict: Strict = False,
     follow: bool = typer.Option(False, "--follow", help="keep reading a log that is still being written; report "
                                                         "each finding as it appears"),
     every: float = typer.Option(DEFAULT_EVERY, "--every", metavar="SECONDS", help="with --follow: seconds "
@@ -76,23 +77,14 @@ def judge(
 
 
 def _judged(runs, target: str, only, skip, strict: bool, fmt: Format, output: Optional[Path], said: str) -> None:
-    """The report (each run's own, one after another, for people; one object for machines), the verdict
-    line on stderr, the exit code."""
+    """The report (each run's own, one after another, for people; one object for machines), how following
+    ended, the verdict line on stderr, the exit code."""
     from tfdoctor.logs.judged import combined, judged_reports
-    from tfdoctor.report.verdict import verdict_line
 
     reports = judged_reports(runs, target, only, skip, strict)
     report = combined(runs, reports, target, strict)
-    if fmt is Format.rich and output is None and len(reports) > 1:
-        for each in reports:
-            emit(each, fmt, None, said=False)
-    else:
-        emit(report, fmt, output, said=False)
-    if said:
-        typer.echo(said, err=True)
-    where = "judged above" if fmt is Format.rich else f"the {fmt.value} report is on stdout"
-    typer.echo(verdict_line(report, output, where), err=True)
-    raise typer.Exit(report.exit_code())
+    pages = reports if fmt is Format.rich and output is None and len(reports) > 1 else None
+    end_command(report, fmt, output, notes=[said] if said else [], verdict=True, pages=pages)
 
 
 def _followed(path: Path, tags, only, skip, every: float, idle: float):

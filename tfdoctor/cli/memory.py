@@ -4,14 +4,14 @@ from a TARGET."""
 from __future__ import annotations
 
 import enum
-import sys
 from typing import Optional
 
 import typer
 
-from tfdoctor.cli.app import DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK, app
-from tfdoctor.cli.flags import format_ready, positive
-from tfdoctor.cli.outcome import fail_usage, supervised
+from tfdoctor.cli.app import app
+from tfdoctor.cli.flags import format_ready, positive, writable
+from tfdoctor.cli.options import DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK, Output
+from tfdoctor.cli.outcome import end_command, fail_usage, supervised
 from tfdoctor.errors import TfdoctorError, UsageError
 from tfdoctor.process.protocol import Ended
 from tfdoctor.result import ExitCode
@@ -78,8 +78,8 @@ def memory(
                                                                 "or the GPU's free memory with --device cuda)"),
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda[:N]: whose memory is the default budget "
                                                                 "and whose attention kernels a TARGET runs"),
-    fmt: MemoryFormat = typer.Option(MemoryFormat.rich, "--format", help="report format (html: redirect stdout "
-                                                                          "to a file)"),
+    fmt: MemoryFormat = typer.Option(MemoryFormat.rich, "--format", help="report format (html: give --output FILE)"),
+    output: Output = None,
 ) -> None:
     """Predict the peak memory of one training step, what makes it, and which remedy brings it under budget.
 
@@ -89,6 +89,7 @@ def memory(
         positive("--batch", batch)
         positive("--seq", seq)
         positive("--gpus", gpus)
+        writable(output)
         format_ready(fmt)
         from tfdoctor.memory.budget import resolve_budget
 
@@ -123,10 +124,6 @@ def memory(
                        shard=shard.value, device=device)
         outcome = supervised(request, fmt is MemoryFormat.rich, DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK)
         if outcome.ended != Ended.DONE or outcome.verdict is None:
-            typer.echo(f"tfdoctor: error: {outcome.message or 'the trace delivered no verdict'}", err=True)
-            raise typer.Exit(ExitCode.USAGE_ERROR)
+            end_command(None, fmt, output, error=outcome.message or "the trace delivered no verdict")
         verdict = outcome.verdict
-    from tfdoctor.report import render
-
-    render(verdict, fmt.value, sys.stdout)
-    raise typer.Exit(ExitCode.OK if verdict.fits else ExitCode.CHECKS_FAILED)
+    end_command(verdict, fmt, output, code=ExitCode.OK if verdict.fits else ExitCode.CHECKS_FAILED)

@@ -1,15 +1,16 @@
 """From a request to a printed report and an exit code: the supervised worker, the outcomes every
-command ends the same way (one line on stderr), the progress bar, and where the report goes."""
+command ends the same way (one line on stderr), the progress bar, where the report goes, and the one
+ending every command's report goes through (end_command)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 
-from tfdoctor.cli.app import Format, shown
+from tfdoctor.cli.app import shown
 from tfdoctor.errors import TfdoctorError, UsageError
 from tfdoctor.process.protocol import Ended
 from tfdoctor.result import ExitCode
@@ -21,20 +22,47 @@ def fail_usage(error: TfdoctorError) -> None:
     raise typer.Exit(ExitCode.USAGE_ERROR)
 
 
-def finish(outcome, report, fmt: Format, output: Optional[Path]) -> None:
-    """Write what the worker delivered, then exit: 2 with its one line when it stopped early."""
-    if report is not None:
-        emit(report, fmt, output)
-    if outcome.ended != Ended.DONE:
-        typer.echo(f"tfdoctor: error: {whose()}{shown(outcome.message)}", err=True)
-        raise typer.Exit(ExitCode.USAGE_ERROR)
-    raise typer.Exit(report.exit_code())
+def end_command(report, fmt, output: Optional[Path], *, notes=(), error: str = "", code: Optional[int] = None,
+                verdict: bool = False, pages=None) -> NoReturn:
+    """Every command ends here: the report on stdout or in `output`, its lines on stderr, the exit code.
+
+    `report`: a Report, or memory's verdict; None when the worker delivered none. `pages`: what is printed
+    instead, one after another (judge: each run's own report). `notes`: lines said after the report;
+    `error`: why the command stopped early (exit 2); `code`: an exit code the report does not decide
+    (Ctrl-C's 130, memory's fits). `verdict`: end with the one verdict line (watch, judge: a run of days
+    never ends in silence), which names the file the report went to, instead of a line of its own."""
+    for page in pages or ([report] if report is not None else []):
+        emit(page, fmt, output, said=not verdict)
+    for note in notes:
+        typer.echo(note, err=True)
+    if error:
+        typer.echo(f"tfdoctor: error: {whose()}{shown(error)}", err=True)
+    if verdict and report is not None:
+        from tfdoctor.report.verdict import verdict_line
+
+        where = "judged above" if fmt.value == "rich" else f"the {fmt.value} report is on stdout"
+        typer.echo(verdict_line(report, output, where), err=True)
+    if code is None:
+        code = ExitCode.USAGE_ERROR if error or report is None else report.exit_code()
+    raise typer.Exit(code)
+
+
+def stopped(outcome) -> str:
+    """Why the worker stopped before it was done ("" when it was done): the line the command ends with."""
+    return "" if outcome.ended == Ended.DONE else outcome.message
 
 
 def report_of(outcome, target: str, strict: bool):
+    """The Report the worker delivered (None: it finished no check), with what `run` discovered and the
+    series `watch` recorded."""
     from tfdoctor.process.supervisor import report_of as made  # here, not at start-up: --help stays fast
 
-    return made(outcome, target, strict)
+    report = made(outcome, target, strict)
+    if report is not None:
+        facts = dict(outcome.discovered)
+        report.series = facts.pop("series", {})
+        report.discovered = facts
+    return report
 
 
 def supervised(request: dict, show_progress: bool, timeout: float, timeout_per_check: float, then=None):
@@ -64,8 +92,8 @@ def handled(outcome):
     if outcome.ended == Ended.INTERNAL_ERROR:
         if DEBUG.on():
             typer.echo(outcome.debug, err=True)
-        typer.echo(f"tfdoctor: internal error: {whose()}{outcome.message} (rerun with TFDOCTOR_DEBUG=1 for the traceback)",
-                   err=True)
+        typer.echo(f"tfdoctor: internal error: {whose()}{outcome.message} "
+                   "(rerun with TFDOCTOR_DEBUG=1 for the traceback)", err=True)
         raise typer.Exit(ExitCode.USAGE_ERROR)
     if outcome.ended == Ended.INTERRUPTED:
         typer.echo(f"tfdoctor: {whose()}{outcome.message}", err=True)
@@ -106,7 +134,7 @@ def progress_bar(wanted: bool):
     return terminal_progress() if wanted else contextlib.nullcontext(None)
 
 
-def emit(report, fmt: Format, output: Optional[Path], said: bool = True) -> None:
+def emit(report, fmt, output: Optional[Path], said: bool = True) -> None:
     """The report on stdout or in `output` (`said`: say where it went; watch's verdict line says it)."""
     from tfdoctor.report import render
 

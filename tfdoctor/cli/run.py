@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 import typer
 
-from tfdoctor.cli.app import DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK, Format, Kind, Packing, PaddingSide, Task, app
+from tfdoctor.cli.app import app
 from tfdoctor.cli.flags import (
     check_battery_flags,
     format_ready,
@@ -17,7 +16,33 @@ from tfdoctor.cli.flags import (
     script_argument,
     writable,
 )
-from tfdoctor.cli.outcome import fail_usage, finish, launched, report_of, supervised
+from tfdoctor.cli.options import (
+    DEFAULT_SEED,
+    DEFAULT_TIMEOUT,
+    DEFAULT_TIMEOUT_PER_CHECK,
+    Fmt,
+    Format,
+    ModelTask,
+    Module,
+    Nproc,
+    Only,
+    Output,
+    ProbeBatch,
+    Script,
+    ScriptEosId,
+    ScriptKind,
+    ScriptPackedAs,
+    ScriptPadding,
+    ScriptPadId,
+    ScriptSeed,
+    ScriptSeqLen,
+    ScriptTimeoutPerCheck,
+    ScriptVocab,
+    Skip,
+    Strict,
+    Timeout,
+)
+from tfdoctor.cli.outcome import end_command, fail_usage, launched, report_of, stopped, supervised
 from tfdoctor.errors import TfdoctorError
 from tfdoctor.process.protocol import Ended
 
@@ -30,41 +55,31 @@ MIN_RUN_STEPS = 2
 
 @app.command(context_settings={"allow_interspersed_args": True})
 def run(
-    argv: Optional[list[str]] = typer.Argument(None, metavar="[SCRIPT] [-- ARGS...]",
-                                               help="the training script and, after --, its own arguments"),
-    module: Optional[str] = typer.Option(None, "-m", "--module", help="run this module as `python -m` does "
-                                                                      "(then every argument is the script's)"),
+    argv: Script = None,
+    module: Module = None,
     steps: int = typer.Option(DEFAULT_RUN_STEPS, "--steps", help="optimizer steps to record before the script is "
                                                                  "stopped (default 2, at least 2)"),
     model: Optional[str] = typer.Option(None, "--model", help="a script that trains several models: audit this "
                                                               "one, by class name or the script's variable name "
                                                               "(default: the most trained parameters)"),
-    vocab: Optional[int] = typer.Option(None, "--vocab", help="vocabulary size (default: discovered)"),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="probe sequence length (default: the batches', "
-                                                                  "at most 64)"),
-    batch: Optional[int] = typer.Option(None, "--batch", help="probe batch size (default 4)"),
-    pad_id: Optional[int] = typer.Option(None, "--pad-id", help="padding token id (default: discovered)"),
-    eos_id: Optional[int] = typer.Option(None, "--eos-id", help="end-of-sequence token id (default: the script's "
-                                                                "tokenizer, else config eos_token_id)"),
-    kind: Optional[Kind] = typer.Option(None, "--kind", help="causal, encoder or seq2seq (default: detected)"),
-    task: Optional[Task] = typer.Option(None, "--task", help="what the model predicts: lm, sequence-classification, "
-                                                           "token-classification, regression, question-answering or "
-                                                           "multiple-choice (default: detected)"),
-    padding_side: Optional[PaddingSide] = typer.Option(None, "--padding-side", help="left or right (default: "
-                                                                                   "discovered)"),
-    packing: Optional[Packing] = typer.Option(None, "--packing", help="position_ids (default: discovered from "
-                                                                      "position ids that restart inside a row)"),
-    only: Optional[str] = typer.Option(None, "--only", help="run only these check ids (comma-separated)"),
-    skip: Optional[str] = typer.Option(None, "--skip", help="skip these check ids (comma-separated)"),
-    fmt: Format = typer.Option(Format.rich, "--format", help="report format"),
-    output: Optional[Path] = typer.Option(None, "--output", help="write the report to this file instead of stdout"),
-    strict: bool = typer.Option(False, "--strict", help="treat warnings as failures"),
-    seed: int = typer.Option(0, "--seed", help="torch seed set before the script starts, and of the probes"),
-    timeout: float = typer.Option(DEFAULT_TIMEOUT, "--timeout", help="seconds the whole run may take"),
-    timeout_per_check: float = typer.Option(DEFAULT_TIMEOUT_PER_CHECK, "--timeout-per-check",
-                                            help="seconds the script (up to its stop) and each check may take"),
-    nproc: Optional[int] = typer.Option(None, "--nproc", help="start the script as this many ranks with torchrun "
-                                                              "(gloo on a CPU) and audit the distributed run"),
+    vocab: ScriptVocab = None,
+    seq_len: ScriptSeqLen = None,
+    batch: ProbeBatch = None,
+    pad_id: ScriptPadId = None,
+    eos_id: ScriptEosId = None,
+    kind: ScriptKind = None,
+    task: ModelTask = None,
+    padding_side: ScriptPadding = None,
+    packing: ScriptPackedAs = None,
+    only: Only = None,
+    skip: Skip = None,
+    fmt: Fmt = Format.rich,
+    output: Output = None,
+    strict: Strict = False,
+    seed: ScriptSeed = DEFAULT_SEED,
+    timeout: Timeout = DEFAULT_TIMEOUT,
+    timeout_per_check: ScriptTimeoutPerCheck = DEFAULT_TIMEOUT_PER_CHECK,
+    nproc: Nproc = None,
 ) -> None:
     """Run an unmodified training script, record its first optimizer steps and audit them.
 
@@ -101,12 +116,9 @@ def run(
                    options={"timeout_per_check": timeout_per_check}, release=me.distributed and me.rank == 0)
 
     def conclude(outcome) -> None:
-        if outcome.ended == Ended.RANK_EXIT:
+        if outcome.ended == Ended.RANK_EXIT:  # another rank: rank 0 prints the report, this one only exits
             raise typer.Exit(outcome.code)
-        report = report_of(outcome, f"run {target}", strict)
-        if report is not None:
-            report.discovered = dict(outcome.discovered)
-        finish(outcome, report, fmt, output)
+        end_command(report_of(outcome, f"run {target}", strict), fmt, output, error=stopped(outcome))
 
     # Under torchrun rank 0 speaks for the job: the other ranks draw no bar and print no report.
     supervised(request, fmt is Format.rich and me.rank == 0, timeout, timeout_per_check, then=conclude)

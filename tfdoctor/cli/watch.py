@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from tfdoctor.cli.app import Format, app
+from tfdoctor.cli.app import app
 from tfdoctor.cli.flags import (
     budget_in_range,
     format_ready,
@@ -20,7 +20,20 @@ from tfdoctor.cli.flags import (
     selection_nonempty,
     writable,
 )
-from tfdoctor.cli.outcome import emit, fail_usage, finish, handled, launched, report_of, shown
+from tfdoctor.cli.options import (
+    Format,
+    Module,
+    OnlyJudges,
+    Output,
+    Script,
+    SeriesFmt,
+    SkipJudges,
+    Strict,
+    WatchNproc,
+    WatchSeed,
+    WatchTimeout,
+)
+from tfdoctor.cli.outcome import end_command, fail_usage, handled, launched, report_of, stopped
 from tfdoctor.errors import TfdoctorError
 from tfdoctor.process.protocol import Ended
 from tfdoctor.result import ExitCode
@@ -29,23 +42,19 @@ from tfdoctor.watching.protection import after_line, before_line, cut_short_by
 
 @app.command(context_settings={"allow_interspersed_args": True})
 def watch(
-    argv: Optional[list[str]] = typer.Argument(None, metavar="[SCRIPT] [-- ARGS...]",
-                                               help="the training script and, after --, its own arguments"),
-    module: Optional[str] = typer.Option(None, "-m", "--module", help="run this module as `python -m` does"),
+    argv: Script = None,
+    module: Module = None,
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="stop the run after this many optimizer "
                                                                       "steps (default: run to its end)"),
     max_time: Optional[float] = typer.Option(None, "--max-time", help="stop the run after this many seconds"),
-    only: Optional[str] = typer.Option(None, "--only", help="run only these judges (comma-separated ids)"),
-    skip: Optional[str] = typer.Option(None, "--skip", help="skip these judges (comma-separated ids)"),
-    fmt: Format = typer.Option(Format.rich, "--format", help="report format (json carries every series)"),
-    output: Optional[Path] = typer.Option(None, "--output", help="write the report to this file instead of stdout"),
-    strict: bool = typer.Option(False, "--strict", help="treat warnings as failures"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="torch seed set before the script starts (default: "
-                                                            "none, the script's own randomness)"),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds after which the run is stopped as "
-                                                                    "hung (default: none)"),
-    nproc: Optional[int] = typer.Option(None, "--nproc", help="start the script as this many ranks with torchrun; "
-                                                              "rank 0's run is judged"),
+    only: OnlyJudges = None,
+    skip: SkipJudges = None,
+    fmt: SeriesFmt = Format.rich,
+    output: Output = None,
+    strict: Strict = False,
+    seed: WatchSeed = None,
+    timeout: WatchTimeout = None,
+    nproc: WatchNproc = None,
     keep_writes: Optional[Path] = typer.Option(None, "--keep-writes", metavar="DIR",
                                                help="with --max-steps/--max-time: keep a copy of what the run "
                                                     "wrote in DIR (your own files stay as they were)"),
@@ -98,40 +107,23 @@ def watch(
         outcome = handled(supervise(request, timeout=budget, timeout_per_check=budget, progress=view))
     if me.rank != 0:  # rank 0 speaks for the job
         raise typer.Exit(ExitCode.OK if outcome.ended == Ended.DONE else ExitCode.USAGE_ERROR)
-    report = report_of(outcome, f"watch {target}", strict)
-    if report is not None:
-        report.series = outcome.discovered.pop("series", {})
-        report.discovered = dict(outcome.discovered)
-    watch_ended(outcome, report, fmt, output, protected_by)
+    watch_ended(outcome, report_of(outcome, f"watch {target}", strict), fmt, output, protected_by)
 
 
 def watch_ended(outcome, report, fmt: Format, output: Optional[Path], protected_by: list[str]) -> None:
-    """The report, then what protected the user's files, then the one verdict line every watched run
-    ends with on stderr (watching/protection.py, report/verdict.py), and the exit code."""
-    from tfdoctor.report.verdict import verdict_line
-
-    if report is None:
-        finish(outcome, report, fmt, output)
-    emit(report, fmt, output, said=False)
+    """After the report: what protected the user's files (watching/protection.py), how the run ended when
+    it did not end well, and the one verdict line every watched run ends with (report/verdict.py)."""
+    if report is None:  # cut short before any judge ran: its one line, no verdict
+        end_command(None, fmt, output, error=stopped(outcome))
     protected = after_line(report.sandbox, protected_by) if protected_by else None
-    if protected:
-        typer.echo(protected, err=True)
-    where = "judged above" if fmt is Format.rich else f"the {fmt.value} report is on stdout"
-    ended = report.discovered.get("ended")
-    if ended == "interrupted":  # Ctrl-C: the steps it took are judged
-        typer.echo(f"tfdoctor: interrupted (Ctrl-C) after {report.discovered.get('steps')} optimizer step(s)",
-                   err=True)
-    elif report.discovered.get("error"):  # judged on the steps it took, but the run itself failed
-        how = "raised" if ended == "raised" else "exited with"
-        typer.echo(f"tfdoctor: error: the watched script {how} {shown(report.discovered['error'])}", err=True)
-    elif outcome.ended != Ended.DONE:
-        typer.echo(f"tfdoctor: error: {shown(outcome.message)}", err=True)
-    typer.echo(verdict_line(report, output, where), err=True)
-    if ended == "interrupted":
-        raise typer.Exit(130)
-    if report.discovered.get("error") or outcome.ended != Ended.DONE:
-        raise typer.Exit(ExitCode.USAGE_ERROR)
-    raise typer.Exit(report.exit_code())
+    notes = [protected] if protected else []
+    ended, failed = report.discovered.get("ended"), report.discovered.get("error")
+    if ended == "interrupted":  # Ctrl-C: the steps it took are judged, and the exit code is Ctrl-C's
+        notes.append(f"tfdoctor: interrupted (Ctrl-C) after {report.discovered.get('steps')} optimizer step(s)")
+        end_command(report, fmt, output, notes=notes, code=130, verdict=True)
+    # judged on the steps it took, but the run itself failed
+    error = f"the watched script {'raised' if ended == 'raised' else 'exited with'} {failed}" if failed else ""
+    end_command(report, fmt, output, notes=notes, error=error or stopped(outcome), verdict=True)
 
 
 def watch_view(live: bool, target: str):
