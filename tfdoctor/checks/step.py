@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from tfdoctor.recording.events import holds_only_frozen
 from tfdoctor.recording.windows import order, scaled_clips, step_norms, stepped
 from tfdoctor.registry import check
 from tfdoctor.result import Result
@@ -281,7 +282,7 @@ def optimizer_coverage(subject, trace) -> Result:
     details = {"parameters_with_grad": coverage.get("with_grad"), "trainable": coverage.get("trainable"),
                "not_optimized": missing[:20], "never_reached": coverage.get("never_reached", [])[:20],
                "optimizers": coverage.get("optimizers"), "rebound": rebound, "restored": restored[:20]}
-    frozen_steps = [e for e in trace.of("opt_step") if e.data.get("params") and e.data.get("frozen") == e.data["params"]]
+    frozen_steps = [e for e in trace.of("opt_step") if holds_only_frozen(e.data)]
     if frozen_steps and len(frozen_steps) * 2 >= len(trace.of("opt_step")):
         # every parameter the stepped optimizer holds has requires_grad=False: each step changes nothing
         details.update(optimizer_steps_on_frozen_parameters=len(frozen_steps),

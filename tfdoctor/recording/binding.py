@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from tfdoctor.recording.collectives import watching_collectives
+from tfdoctor.recording.events import EventKind
 from tfdoctor.recording.grads import params_of
 from tfdoctor.recording.models import lightning_module_on_stack, redirected, unwrap
 from tfdoctor.recording.objects import find_eos_ids, find_tokenizers, script_objects
@@ -365,7 +366,7 @@ class ScriptRecorder(Recorder):
 
     # ------------------------------------------------------------------ other models' calls pass unrecorded
 
-    def event(self, kind: str, **data) -> dict:
+    def event(self, kind: EventKind, **data: Any) -> dict[str, Any]:
         if kind == "backward" and self.reaching is not None:
             data["reaches"] = self.reaching
         return super().event(kind, **data)

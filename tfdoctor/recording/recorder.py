@@ -35,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 
 from tfdoctor.probes.fused_head import watch_log_probs
 from tfdoctor.probes.process_state import BATCH_NORM_MODULES, DROPOUT_MODULES
+from tfdoctor.recording.events import EventKind
 from tfdoctor.recording.grads import grad_norm, int_tensors, nodes_near, reaches, sample
 from tfdoctor.recording.patched import PatchedCalls
 from tfdoctor.recording.schedule import schedule_record
@@ -107,7 +108,7 @@ class Recorder(PatchedCalls, TorchFunctionMode):
 
     # ------------------------------------------------------------------ events
 
-    def event(self, kind: str, **data) -> dict:
+    def event(self, kind: EventKind, **data: Any) -> dict[str, Any]:
         if kind in LOCATED_EVENTS:
             data["where"] = call_site()
         self.events.append(Event(kind, self.window, data))

@@ -10,20 +10,24 @@ The recorder (recording/recorder.py) fills it, whichever driver runs the loop (r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Generic, Literal, Optional, TypeVar, overload
 
-# Events that carry the user's file:line of the call (see tfdoctor/usercode/call_sites.py), which the
-# loop checks name in their findings. Forwards and batches are many and judged by content only.
-LOCATED_EVENTS = frozenset({"loss", "backward", "scale", "unscale", "scaler_step", "clip", "opt_step",
-                            "zero_grad", "sched_step", "autocast", "mode"})
+from tfdoctor.recording import events as payloads
+
+# Events that carry the user's file:line of the call (`where`), which the loop checks name in their findings.
+LOCATED_EVENTS = payloads.LOCATED_EVENTS
+
+# The payload an Event carries: the TypedDict of its kind (recording/events.py, PAYLOADS).
+P = TypeVar("P")
 
 
 @dataclass
-class Event:
+class Event(Generic[P]):
     kind: str  # batch forward loss backward scale unscale scaler_step scaler_update clip opt_step zero_grad
     #            sched_step autocast mode (Module.train / eval)
     window: int  # optimizer steps taken before this event
-    data: dict = field(default_factory=dict)
+    # What the call carried: a plain dict holding the keys its kind's TypedDict declares (events.py).
+    data: P = field(default_factory=dict)  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,7 @@ class ScheduleRecord:
 
 @dataclass
 class Trace:
-    events: list[Event]
+    events: list[Event[Any]]  # in the order they happened; Event.kind says which payload each carries
     batches_fed: int
     optimizers: list[OptimizerRecord]  # per optimizer stepped, in the order of their first step
     schedules: list[ScheduleRecord]  # per scheduler stepped by the loop
@@ -84,7 +88,40 @@ class Trace:
     # UpdateWatch): per step, per tensor with a gradient, its elements graded and left unchanged.
     updates: list = field(default_factory=list)
 
-    def of(self, *kinds: str) -> list[Event]:
+    # One kind's events come back typed with that kind's payload: `trace.of("opt_step")[0].data["lr"]`
+    # is a type error (OptStepData has "lrs"), not a KeyError at run time.
+    @overload
+    def of(self, kind: Literal["batch"], /) -> list[Event[payloads.BatchData]]: ...
+    @overload
+    def of(self, kind: Literal["forward"], /) -> list[Event[payloads.ForwardData]]: ...
+    @overload
+    def of(self, kind: Literal["loss"], /) -> list[Event[payloads.LossData]]: ...
+    @overload
+    def of(self, kind: Literal["backward"], /) -> list[Event[payloads.BackwardData]]: ...
+    @overload
+    def of(self, kind: Literal["scale"], /) -> list[Event[payloads.ScaleData]]: ...
+    @overload
+    def of(self, kind: Literal["unscale"], /) -> list[Event[payloads.UnscaleData]]: ...
+    @overload
+    def of(self, kind: Literal["scaler_step"], /) -> list[Event[payloads.ScalerStepData]]: ...
+    @overload
+    def of(self, kind: Literal["scaler_update"], /) -> list[Event[payloads.ScalerUpdateData]]: ...
+    @overload
+    def of(self, kind: Literal["clip"], /) -> list[Event[payloads.ClipData]]: ...
+    @overload
+    def of(self, kind: Literal["opt_step"], /) -> list[Event[payloads.OptStepData]]: ...
+    @overload
+    def of(self, kind: Literal["zero_grad"], /) -> list[Event[payloads.ZeroGradData]]: ...
+    @overload
+    def of(self, kind: Literal["sched_step"], /) -> list[Event[payloads.SchedStepData]]: ...
+    @overload
+    def of(self, kind: Literal["autocast"], /) -> list[Event[payloads.AutocastData]]: ...
+    @overload
+    def of(self, kind: Literal["mode"], /) -> list[Event[payloads.ModeData]]: ...
+    @overload
+    def of(self, *kinds: str) -> list[Event[Any]]: ...
+
+    def of(self, *kinds: str) -> list[Event[Any]]:
         return [e for e in self.events if e.kind in kinds]
 
     @property
@@ -92,7 +129,7 @@ class Trace:
         """Optimizer steps of the loop (several optimizers stepped together count once)."""
         return len({e.window for e in self.of("opt_step")})
 
-    def training_losses(self) -> list[Event]:
+    def training_losses(self) -> list[Event[payloads.LossData]]:
         """Loss calls whose value reached a backward (their gradient hook fired)."""
         return [e for e in self.of("loss") if e.data.get("grad") is not None]
 

@@ -10,6 +10,8 @@ of the gradients the optimizers were handed at that step is 0.
 
 from __future__ import annotations
 
+from tfdoctor.recording.events import holds_only_frozen
+
 
 def wiped_steps(trace) -> list[dict]:
     """One entry per optimizer step (window) whose optimizers all got zero or missing gradients while
@@ -32,7 +34,7 @@ def wiped_steps(trace) -> list[dict]:
         # an optimizer that holds only frozen parameters gets no gradient whatever the loop clears:
         # optimizer-coverage's finding, not a zero_grad() misplaced
         if after.get(window) and all(e.data["grad_norm"] == 0.0 for e in events) \
-                and not all(e.data.get("params") and e.data.get("frozen") == e.data["params"] for e in events):
+                and not all(holds_only_frozen(e.data) for e in events):
             wiped.append({"step": window + 1, "where": cleared.get(window) or events[-1].data.get("where"),
                           "call": "zero_grad()" if window in cleared else "optimizer.step()"})
     return wiped
