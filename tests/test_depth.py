@@ -163,7 +163,12 @@ def test_blocks_that_do_not_run_once_each_are_skipped():
     assert judge_depth(signal).status.value == "pass"
     signal.update(output_rms=[1.0, 2.0, 5.0, 20.0], grad_norms=[1.0] * 4, calls=[1] * 4)  # 20x over 4: 10 x sqrt(4)
     assert judge_depth(signal).status.value == "warn"
-    signal.update(output_rms=[1.0, 1.0], grad_norms=[1e-4, 1.0], calls=[1, 1])
+    # from the embeddings: GLM-4's tiny config, 2 blocks, 103x (the first block's jump to its own scale)
+    signal.update(input_rms=0.0203, output_rms=[1.46, 2.09], grad_norms=[1.0] * 2, calls=[1] * 2)
+    assert judge_depth(signal).status.value == "pass"
+    signal.update(output_rms=[1.46, 1.8, 2.09, 2.4], grad_norms=[1.0] * 4, calls=[1] * 4)  # 118x over 4 blocks
+    assert judge_depth(signal).status.value == "warn" and "from the embeddings" in judge_depth(signal).message
+    signal.update(input_rms=1.0, output_rms=[1.0, 1.0], grad_norms=[1e-4, 1.0], calls=[1, 1])
     assert judge_depth(signal).status.value == "warn"
     assert math.isclose(judge_depth(signal).details["grad_ratio_first_to_last"], 1e-4)
 

@@ -37,9 +37,12 @@ GROWTH_WARN = 3.0
 # scales the branches: Llama 4 x 2048 88x, GPT-NeoX 4 x 2048 117x, OLMo-2 4 x 2048 139x (its branch
 # outputs are normalised, each adds RMS ~1 over embeddings at 0.02): the same growth as the planted stack.
 INPUT_GROWTH_WARN = 100.0
-# ...judged from this many blocks on: over two or three, the first block's output is mostly the
-# embedding it was handed (std 0.02 in most models) and the next block's add dominates it (HF OLMo-2 at
-# 2 blocks: 4.9, AXK1: 32.9, both correct), which says nothing about growth with depth.
+# Both growths are judged from this many blocks on: over two or three, the first block's output is mostly
+# the embedding it was handed (std 0.02 in most models) and the next block's add dominates it (HF OLMo-2 at
+# 2 blocks: 4.9, AXK1: 32.9, both correct), which says nothing about growth with depth. From the
+# embeddings, two or three blocks measure the first block's jump to its own scale, not growth with depth:
+# GLM-4's sandwich norm normalises each branch's output (RMS ~1 over embeddings at 0.02), 103x at 2 blocks
+# of its tiny config, 1.43x (~sqrt 2) of it from block 1 on; the planted stack is 67x at 4 blocks.
 GROWTH_MIN_BLOCKS = 4
 # Vanishing gradients: the median gradient norm of the first eighth of the blocks (at least one) over
 # that of the last eighth: the two ends of the stack, a few blocks each so that one block's draw does
@@ -181,7 +184,7 @@ def judge_depth(signal: dict) -> Result:
                         f"{outputs[0]:.3g}) to the last's ({outputs[-1]:.3g}), {growth / math.sqrt(L):.1f}x the "
                         f"sqrt({L}) = {math.sqrt(L):.2f} of a stack whose blocks each add a like amount")
         hints.append(GROWTH_HINT)
-    elif from_input is not None and from_input > INPUT_GROWTH_WARN:
+    elif from_input is not None and L >= GROWTH_MIN_BLOCKS and from_input > INPUT_GROWTH_WARN:
         findings.append(f"the residual stream grows {from_input:.3g}x from the embeddings' output (RMS "
                         f"{signal['input_rms']:.3g}, entering the first block) to the last block's output "
                         f"({outputs[-1]:.3g}; {growth:.3g}x from the first block's output): what the blocks add "
