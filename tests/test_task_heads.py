@@ -133,6 +133,14 @@ def test_a_top_k_tie_order_is_not_taken_for_padding_in_a_language_model_either()
     assert "tied scores" in result.message
 
 
+def test_a_model_that_mixes_positions_without_attention_is_not_said_to_attend():
+    """FNet mixes every position with a Fourier transform that takes no mask: its pads do reach the real
+    positions (a true finding), but through no attention, and its fix is a fixed padded length."""
+    result = run_checks(Subject(build_model("fnet/seqcls"), pad_id=3), only=["padding-mask"])["padding-mask"]
+    assert result.status.value == "fail" and result.details["cause"] == "mixes-pads"
+    assert "computes no attention" in result.message and "padding='max_length'" in result.hint
+
+
 def test_a_choice_head_whose_score_moves_with_its_pads_fails_padding_equivalence():
     """ChoiceHead averages every position, pads included: each choice's score depends on its padding."""
     report = run_checks(Subject(ChoiceHead(), task="multiple-choice", pad_id=0), only=["padding-equivalence"])

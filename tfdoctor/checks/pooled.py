@@ -23,6 +23,10 @@ HINTS = {
     "attends-pads": ("mask the pad keys in every attention layer: src_key_padding_mask=(ids == pad_id) for "
                      "nn.TransformerEncoder, or scores.masked_fill((ids == pad_id)[:, None, None, :], "
                      "torch.finfo(scores.dtype).min); Hugging Face models take attention_mask=(ids != pad_id)"),
+    "mixes-pads": ("mask the pads in every layer that mixes positions: Hugging Face models take attention_mask="
+                   "(ids != pad_id), nn.TransformerEncoder src_key_padding_mask=(ids == pad_id); a model whose "
+                   "mixing takes no mask (FNet) must get every batch padded to one fixed length, as it was "
+                   "pretrained (tokenizer(..., padding='max_length'))"),
     "pools-pads": ("average over the real tokens only: keep = (ids != pad_id).unsqueeze(-1); pooled = "
                    "(states * keep).sum(1) / keep.sum(1).clamp(min=1)"),
     "reads-pads": ("mask the pads out of the attention (attention_mask / src_key_padding_mask) and out of the "
@@ -35,6 +39,9 @@ CAUSES = {
                      "which is a pad in a {side}-padded row, not the row's {token} token",
     "attends-pads": "the pads' content moves them and reaches the encoder's states at real positions{share}: "
                     "the encoder attends to its pads",
+    "mixes-pads": "the pads' content moves them and reaches the encoder's states at real positions, and the model "
+                  "computes no attention: a layer that mixes positions without a mask (FNet's Fourier transform, a "
+                  "convolution or MLP over positions) mixes the pads in",
     "pools-pads": "the pads' content moves them, although the encoder's states at real positions ignore it: "
                   "the pooling (a mean or max over every position) takes the pads in",
     "reads-pads": "the pads' content moves them: the pads reach the pooled state (attention to the pads, or a "
@@ -67,6 +74,8 @@ def _blamed(subject, rows, generator, side: str, details: dict, seen: str) -> Re
     from tfdoctor.probes.pooled import pooling_cause
 
     cause, evidence = pooling_cause(subject, rows, generator)
+    if cause == "attends-pads" and evidence.get("largest_attention_on_pads") is None and not _attends(subject):
+        cause = "mixes-pads"  # the real positions' states moved, and the model computes no attention at all
     details.update(evidence, cause=cause)
     _located(subject, rows, cause, details)
     message = f"{seen}: {_cause_text(cause, evidence, side)}"
@@ -75,6 +84,14 @@ def _blamed(subject, rows, generator, side: str, details: dict, seen: str) -> Re
                              "pooling that position is correct on left-padded rows; pass --padding-side left if "
                              "you pad on the left)", HINTS[cause], details)
     return Result.failed(message, HINTS[cause], details)
+
+
+def _attends(subject) -> bool:
+    """Whether a forward computes attention (softmax weights meeting values, or a fused kernel)."""
+    from tfdoctor.probes.attention import attention_calls
+
+    capture = attention_calls(subject)
+    return bool(capture.uses or capture.fused_calls)
 
 
 def _judged(subject, judge) -> Result:
