@@ -112,9 +112,9 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
 
     from tfdoctor.recording.collectives import communicating_reason
     from tfdoctor.recording.discovery import discover, subject_of
-    from tfdoctor.recording.models import unwrap
     from tfdoctor.recording.script import record_script
     from tfdoctor.recording.snapshot import TraceOnly
+    from tfdoctor.recording.wrappers import unwrap
     from tfdoctor.runner import run_checks
 
     torch.manual_seed(request.get("seed", 0))  # a script that seeds nothing still gives one report

@@ -15,7 +15,7 @@ How each thing is seen, hooks first and patches only where PyTorch offers no hoo
   changing the parameters between two backward calls (a manual update);
 - the model's forward: module pre/post hooks on the (copied) model;
 - GradScaler, clip_grad_*, zero_grad, LR scheduler steps and autocast regions: patched on their
-  classes or modules (no hooks exist; recording/patched.py) and restored in `finally`, also when
+  classes or modules (no hooks exist; recording/patched_calls.py) and restored in `finally`, also when
   the loop raises.
 
 Autocast and GradScaler record what the loop *requested* (device, dtype, enabled), so a loop written
@@ -36,11 +36,11 @@ from torch.overrides import TorchFunctionMode
 from tfdoctor.probes.fused_head import watch_log_probs
 from tfdoctor.probes.process_state import BATCH_NORM_MODULES, DROPOUT_MODULES
 from tfdoctor.recording.grads import grad_norm, int_tensors, nodes_near, reaches, sample
-from tfdoctor.recording.patched import PatchedCalls
+from tfdoctor.recording.patched_calls import PatchedCalls
 from tfdoctor.recording.schedule import schedule_record
 from tfdoctor.recording.scores import READ_CHUNK_ELEMENTS, SCORE_FUNCTIONS, class_dim, read_scores
-from tfdoctor.recording.stale import UpdateWatch
 from tfdoctor.recording.trace import LOCATED_EVENTS, Event, OptimizerRecord, Trace
+from tfdoctor.recording.updates import UpdateProbe
 from tfdoctor.subject import extract_logits
 from tfdoctor.usercode.call_sites import call_site
 from tfdoctor.usercode.torch_compat import is_compiling_function, outside_function_mode
@@ -103,7 +103,7 @@ class Recorder(PatchedCalls, TorchFunctionMode):
         self.after_backward: Optional[torch.Tensor] = None  # gradient sample after the latest backward
         self.grad_rescale: dict[int, float] = {}
         self.closure_step_pending = False  # inside `optimizer.step(closure)`, before the closure returned
-        self.updates = UpdateWatch()  # what the first steps did to low-precision weights (stale-update)
+        self.updates = UpdateProbe()  # what the first steps did to low-precision weights (stale-update)
 
     # ------------------------------------------------------------------ events
 
@@ -146,7 +146,7 @@ class Recorder(PatchedCalls, TorchFunctionMode):
     def owns(self, params) -> bool:
         """Whether calls on these parameters (a clip, zero_grad, the scaler's unscale_ / step, a
         scheduler's step) are the recorded loop's: every one is here; a driver that watches several
-        models lets another model's calls pass unrecorded (see binding.py)."""
+        models lets another model's calls pass unrecorded (see script_recorder.py)."""
         return True
 
     def unrecorded(self, func, args, kwargs):

@@ -6,7 +6,7 @@ trains, since which one is not known in advance:
   real init; a model sharded with FSDP2 is gathered whole first);
 - at the first optimizer step the model is settled: the outermost module called whose parameters
   the stepped optimizer holds (a different module than the one bound is rebound, with a warning);
-  DDP, torch.compile and similar wrappers are unwrapped for the checks (models.py);
+  DDP, torch.compile and similar wrappers are unwrapped for the checks (wrappers.py);
 - after K optimizer steps (all optimizers of the step stepped) it stops the script (recording/stopping.py).
 
 It also sees how the script calls its model (the recorded forward), which LM a wrapper module
@@ -24,12 +24,12 @@ import torch
 
 from tfdoctor.recording.collectives import watching_collectives
 from tfdoctor.recording.grads import params_of
-from tfdoctor.recording.models import lightning_module_on_stack, redirected, unwrap
-from tfdoctor.recording.objects import find_eos_ids, find_tokenizers, script_objects
 from tfdoctor.recording.pretrained import pretrained_loads
 from tfdoctor.recording.recorder import Recorder, compiling
+from tfdoctor.recording.script_objects import find_eos_ids, find_tokenizers, script_objects
 from tfdoctor.recording.snapshot import snapshot_model, why_uncopied
 from tfdoctor.recording.stopping import Stopper
+from tfdoctor.recording.wrappers import lightning_module_on_stack, redirected, unwrap
 from tfdoctor.subject import extract_logits, vocab_size_of
 from tfdoctor.usercode.call_sites import call_site
 from tfdoctor.usercode.patches import Patches
@@ -207,7 +207,7 @@ class ScriptRecorder(Recorder):
 
     def deep_call(self, module: torch.nn.Module, output) -> None:
         """A module called further down a candidate's first forward: the outermost one returning logits
-        [B, T, V] is kept (see recovered.py), in case neither the candidate nor a module it calls does."""
+        [B, T, V] is kept (see logits.py), in case neither the candidate nor a module it calls does."""
         held = self.deep_lm.get(id(self.opening))
         logits = self._logits(output, self.opening)
         if logits is None or logits.dim() != 3:
