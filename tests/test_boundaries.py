@@ -14,7 +14,7 @@ from helpers import SCRIPTS, build_fixture, tfdoctor, train_fn
 from real_models import hf_llama, hf_t5
 from tfdoctor import Subject, run_checks
 from tfdoctor.errors import UsageError
-from tfdoctor.recording.batches import train_batches
+from tfdoctor.recording.loop import train_batches
 from tfdoctor.subject import resolve
 
 pytest.importorskip("transformers")

@@ -394,7 +394,7 @@ def test_token_weighting_skips_without_accumulation_or_pad_id():
 
 
 def test_fed_batches_alternate_long_and_short():
-    from tfdoctor.recording.batches import train_batches
+    from tfdoctor.recording.loop import train_batches
     from tfdoctor.subject import resolve
 
     subject = resolve(build_fixture("gpt_pad_masked"))

@@ -5,7 +5,7 @@ from helpers import build_fixture
 from tfdoctor import Subject, run_checks
 from tfdoctor.errors import UsageError
 from tfdoctor.probes.padding import pad_counts
-from tfdoctor.recording.batches import train_batches
+from tfdoctor.recording.loop import train_batches
 from tfdoctor.subject import resolve
 
 PAD_CHECKS = ["padding-mask", "masked-row-nan"]

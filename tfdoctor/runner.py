@@ -229,8 +229,7 @@ def _record_loop(subject: Subject):
     """Run `subject.train` once on random batches, recording what it calls (check --train)."""
     import torch
 
-    from tfdoctor.recording.batches import train_batches
-    from tfdoctor.recording.loop import record_loop
+    from tfdoctor.recording.loop import record_loop, train_batches
 
     count = int(current().options.get("train_batches") or DEFAULT_TRAIN_BATCHES)
     batches = train_batches(subject, count, torch.Generator().manual_seed(current().seed + 5))
