@@ -127,7 +127,7 @@ class ScriptRecorder(Recorder):
         inner = unwrap(module)
         self.vocab = vocab_size_of(inner)
         self.busy = True  # the copy's tensor calls are not the script's
-        self.unhook(module)  # the copy must not carry (nor deep-copy) the recorder's own hooks
+        self.unhook_candidate(module)  # the copy must not carry (nor deep-copy) the recorder's own hooks
         self.uncopied = None
         try:
             self.snapshot = snapshot_model(inner)
@@ -135,7 +135,7 @@ class ScriptRecorder(Recorder):
             self.snapshot, self.uncopied = None, why_uncopied(inner, error)
         finally:
             self.busy = False
-            self.watch(module)
+            self.hook_candidate(module)
         self.snapshot_loaded = next((where for m in inner.modules() for where in [self.loaded.get(id(m))]
                                      if where), None)
         # `model.forward(x)` called directly skips module hooks: as record_loop does, the class's
@@ -147,7 +147,7 @@ class ScriptRecorder(Recorder):
         self.other_ids = {id(p) for m in self.top.values() if m is not self.bound
                           for p in m.parameters()} - self.param_ids
 
-    def watch(self, module: torch.nn.Module) -> None:
+    def hook_candidate(self, module: torch.nn.Module) -> None:
         """Every candidate's forwards are recorded, tagged with it: which one is audited is settled
         at the first optimizer step, and the others' forwards are dropped then (keep_own_events)."""
         if id(module) in self.hooks:
@@ -155,7 +155,7 @@ class ScriptRecorder(Recorder):
         self.hooks[id(module)] = [module.register_forward_pre_hook(self.forward_pre, with_kwargs=True),
                                   module.register_forward_hook(self.forward_post, with_kwargs=True)]
 
-    def unhook(self, module: torch.nn.Module) -> None:
+    def unhook_candidate(self, module: torch.nn.Module) -> None:
         for handle in self.hooks.pop(id(module), []):
             handle.remove()
 
@@ -302,7 +302,7 @@ class ScriptRecorder(Recorder):
             if not any(p.requires_grad for p in module.parameters()):
                 return  # a loss module, a frozen encoder
             self.top[id(module)] = module
-            self.watch(module)
+            self.hook_candidate(module)
             self._split_parameters()
         if self.bound is None and torch.is_grad_enabled():  # an evaluation under no_grad comes first
             self.bind(module)
