@@ -231,7 +231,7 @@ def run_memory_request(request: dict, progress=None):
 
 def _rank_session(request: dict):
     """One rank of a torchrun job (RANK / WORLD_SIZE set): its RankSession; None in one process. The
-    ranks wait for each other at the stop point within the script's budget, and for rank 0's verdict
+    ranks wait for each other at the stop point within the script's budget, and for rank 0's exit code
     within the whole run's."""
     from tfdoctor.recording.distributed import RankSession
 
@@ -240,7 +240,7 @@ def _rank_session(request: dict):
         return None
     options = request.get("options", {})
     return RankSession(me, arrival_timeout=float(options.get("timeout_per_check", 300)),
-                       verdict_timeout=float(request.get("timeout", 600)))
+                       exit_code_timeout=float(request.get("timeout", 600)))
 
 
 def _close_session(session, release_fd) -> None:
@@ -248,7 +248,7 @@ def _close_session(session, release_fd) -> None:
     `release_fd`), then sends every rank that code; then the group goes."""
     if session is None:
         return
-    if session.world.rank == 0 and session.verdict_group is not None:
+    if session.world.rank == 0 and session.exit_code_group is not None:
         code = 2
         if release_fd is not None:
             with os.fdopen(release_fd, "r") as release:
@@ -342,7 +342,7 @@ def main(argv: list[str]) -> None:
         if DEBUG.on() and error.__cause__ is not None:  # the user's code raised: its traceback, as the hint says
             output.end_line()
             traceback.print_exception(error.__cause__, file=sys.stderr)
-        if session is not None and session.world.rank != 0 and session.verdict_group is not None:
+        if session is not None and session.world.rank != 0 and session.exit_code_group is not None:
             # rank 0 prints the job's line: this rank ends only once it has (torchrun ends the rest then)
             with contextlib.suppress(Exception):
                 session.receive_code()
