@@ -153,7 +153,7 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
     return True
 
 
-def _serve_without_ranks(request: dict, channel: Channel, listener, progress) -> None:
+def _serve_memory_or_watch(request: dict, channel: Channel, listener, progress) -> None:
     """`memory TARGET` and `watch`, which need no rank session: run it and send what it found."""
     if request["command"] == "memory":
         channel.send(Event.PHASE, name=Phase.MEMORY)
@@ -324,7 +324,7 @@ def main(argv: list[str]) -> None:
         channel.send(Event.PHASE, name=Phase.LOADING)
         progress = progress_over(channel) if request.get("progress") else None
         if request.get("command") in ("memory", "watch"):
-            _serve_without_ranks(request, channel, listener, progress)
+            _serve_memory_or_watch(request, channel, listener, progress)
         elif request.get("command") == "run":
             channel.send(Event.PHASE, name=Phase.SCRIPT)
             session = _rank_session(request)
