@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tfdoctor.memory.analytic import Config, estimate
+from tfdoctor.memory.fake_step import fake_step
 from tfdoctor.memory.gpt import GPT
-from tfdoctor.memory.traced import fake_step
-from tfdoctor.memory.traced_verdict import judge_traced
+from tfdoctor.memory.traced_judge import judge_traced
 from tfdoctor.subject import Subject
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,13 +128,12 @@ def test_largest_batch_at_batch_one_is_a_traced_fact():
 
 
 def test_remedies_are_derived_from_one_trace(monkeypatch):
-    import tfdoctor.memory.traced as traced
-    import tfdoctor.memory.traced_verdict as traced_verdict
+    import tfdoctor.memory.traced_judge as traced_judge
 
     subject = fixture_subject()
     calls = []
-    real = traced.fake_step
-    monkeypatch.setattr(traced_verdict, "fake_step", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
+    real = fake_step
+    monkeypatch.setattr(traced_judge, "fake_step", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
     main = real(subject, 8, 64)
     budget = int(main.peak_bytes * 0.55)
     verdict = judge_traced(subject, FIXTURE, 8, 64, budget, "test")
@@ -300,15 +299,14 @@ def test_traced_sharding_leaves_the_model_as_it_was():
 def test_sharded_remedies_are_per_device_and_from_one_trace(monkeypatch):
     """Under --shard, every derived remedy is one rank's figure (a sharded trace with the remedy applied
     agrees), and the ZeRO-3 remedy is a second view of the same trace."""
-    import tfdoctor.memory.traced as traced
-    import tfdoctor.memory.traced_verdict as traced_verdict
+    import tfdoctor.memory.traced_judge as traced_judge
 
     subject = fixture_subject()
-    real = traced.fake_step
+    real = fake_step
     main = real(subject, 8, 64, gpus=2, shard="zero2")
     budget = int(main.peak_bytes * 0.6)
     calls = []
-    monkeypatch.setattr(traced_verdict, "fake_step", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
+    monkeypatch.setattr(traced_judge, "fake_step", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
     verdict = judge_traced(subject, FIXTURE, 8, 64, budget, "test", gpus=2, shard="zero2")
     monkeypatch.undo()
     assert calls == [(8, 64)]

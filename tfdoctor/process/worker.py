@@ -218,7 +218,7 @@ def run_memory_request(request: dict, progress=None):
 
     from tfdoctor.loader import load_subject
     from tfdoctor.memory.seq_limit import refuse_unfit_seq
-    from tfdoctor.memory.traced_verdict import judge_traced
+    from tfdoctor.memory.traced_judge import judge_traced
     from tfdoctor.runner import as_subject
 
     torch.manual_seed(0)  # as `check` does: the factory's weights are the same in every run
