@@ -66,7 +66,7 @@ def console_text(report: Report, width: int = 100) -> str:
 
 
 def header(report: Report) -> str:
-    from tfdoctor.report.watched import watched_lines
+    from tfdoctor.report.watch_header import watched_lines
 
     return "\n".join(line.plain for line in watched_lines(report))
 

@@ -60,7 +60,7 @@ class Task(str, enum.Enum):  # registry.TASKS
 
 def shown(text: str) -> str:
     """The user's text in our line, escape sequences and control characters shown, not obeyed."""
-    from tfdoctor.report.text import clean
+    from tfdoctor.report.safe_text import clean
 
     return clean(text)
 

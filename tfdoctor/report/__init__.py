@@ -4,7 +4,7 @@ none imports torch.
 
 `render` is the one way in, for a Report and a memory verdict alike: it picks the reporter by what is
 rendered and the format, hands a reporter a copy of the Report whose strings are safe in any format
-(report/text.py; the memory reporter cleans the user's names it shows), and writes the machine
+(report/safe_text.py; the memory reporter cleans the user's names it shows), and writes the machine
 formats as UTF-8 whatever the locale's encoding (a JUnit or SARIF file declares UTF-8 and its parsers
 read it as such).
 """
@@ -16,7 +16,7 @@ import importlib
 import io
 from typing import TextIO
 
-from tfdoctor.report.text import clean_report
+from tfdoctor.report.safe_text import clean_report
 from tfdoctor.result import Report
 
 FORMATS = ("rich", "json", "junit", "sarif", "html")
