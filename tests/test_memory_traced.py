@@ -93,14 +93,14 @@ def test_judge_traced_remedies_on_fixture():
     assert accumulation.peak_bytes < verdict.peak_bytes
 
 
-def test_memory_check_skips_fails_and_passes(report_of):
+def test_memory_check_skips_fails_and_passes(checks_report):
     # FIXTURE's model, each run on a fresh build (shared with the catalogue's rows)
-    assert report_of("gpt_correct", ["memory"])["memory"].status.value == "skip"
-    tight = report_of("gpt_correct", ["memory"], options={"train_batch": 8, "train_seq": 64, "budget": "1MiB"})
+    assert checks_report("gpt_correct", ["memory"])["memory"].status.value == "skip"
+    tight = checks_report("gpt_correct", ["memory"], options={"train_batch": 8, "train_seq": 64, "budget": "1MiB"})
     result = tight["memory"]
     assert result.status.value == "fail", result.message
     assert "137" in result.message and result.details["peak_bytes"] > 2**20
-    roomy = report_of("gpt_correct", ["memory"], options={"train_batch": 2, "train_seq": 16, "budget": "80GB"})
+    roomy = checks_report("gpt_correct", ["memory"], options={"train_batch": 2, "train_seq": 16, "budget": "80GB"})
     assert roomy["memory"].status.value == "pass", roomy["memory"].message
 
 

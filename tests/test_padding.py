@@ -27,8 +27,8 @@ REAL_POSITIONS = 4 * 32 - sum(pad_counts(4, 32))
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_padding_checks_on_fixtures(name, report_of):
-    report = report_of(name, PAD_CHECKS)
+def test_padding_checks_on_fixtures(name, checks_report):
+    report = checks_report(name, PAD_CHECKS)
     assert tuple(r.status.value for r in report.results) == EXPECTED[name], [r.message for r in report.results]
 
 

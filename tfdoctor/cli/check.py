@@ -9,7 +9,7 @@ import typer
 
 from tfdoctor.cli.app import DEFAULT_TIMEOUT, DEFAULT_TIMEOUT_PER_CHECK, Format, Kind, Packing, PaddingSide, Task, app
 from tfdoctor.cli.flags import check_battery_flags, format_ready, model_fields, positive, writable
-from tfdoctor.cli.outcome import fail_usage, finish, report_of, supervised
+from tfdoctor.cli.outcome import fail_usage, finish, report_from_outcome, supervised
 from tfdoctor.errors import TfdoctorError
 
 
@@ -70,4 +70,4 @@ def check(
     request = dict(command="check", target=target, train=train, fields=fields, only=only, skip=skip, seed=seed,
                    device=device, options=options)
     outcome = supervised(request, fmt is Format.rich, timeout, timeout_per_check)
-    finish(outcome, report_of(outcome, target, strict), fmt, output)
+    finish(outcome, report_from_outcome(outcome, target, strict), fmt, output)

@@ -31,8 +31,8 @@ def finish(outcome, report, fmt: Format, output: Optional[Path]) -> None:
     raise typer.Exit(report.exit_code())
 
 
-def report_of(outcome, target: str, strict: bool):
-    from tfdoctor.process.supervisor import report_of as made  # here, not at start-up: --help stays fast
+def report_from_outcome(outcome, target: str, strict: bool):
+    from tfdoctor.process.supervisor import report_from_outcome as made  # here, not at start-up: --help stays fast
 
     return made(outcome, target, strict)
 

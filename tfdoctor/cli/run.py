@@ -17,7 +17,7 @@ from tfdoctor.cli.flags import (
     script_argument,
     writable,
 )
-from tfdoctor.cli.outcome import fail_usage, finish, launched, report_of, supervised
+from tfdoctor.cli.outcome import fail_usage, finish, launched, report_from_outcome, supervised
 from tfdoctor.errors import TfdoctorError
 from tfdoctor.process.protocol import Ended
 
@@ -103,7 +103,7 @@ def run(
     def conclude(outcome) -> None:
         if outcome.ended == Ended.RANK_EXIT:
             raise typer.Exit(outcome.code)
-        report = report_of(outcome, f"run {target}", strict)
+        report = report_from_outcome(outcome, f"run {target}", strict)
         if report is not None:
             report.discovered = dict(outcome.discovered)
         finish(outcome, report, fmt, output)

@@ -20,7 +20,7 @@ from tfdoctor.cli.flags import (
     selection_nonempty,
     writable,
 )
-from tfdoctor.cli.outcome import emit, fail_usage, finish, handled, launched, report_of, shown
+from tfdoctor.cli.outcome import emit, fail_usage, finish, handled, launched, report_from_outcome, shown
 from tfdoctor.errors import TfdoctorError
 from tfdoctor.process.protocol import Ended
 from tfdoctor.result import ExitCode
@@ -98,7 +98,7 @@ def watch(
         outcome = handled(supervise(request, timeout=budget, timeout_per_check=budget, progress=view))
     if me.rank != 0:  # rank 0 speaks for the job
         raise typer.Exit(ExitCode.OK if outcome.ended == Ended.DONE else ExitCode.USAGE_ERROR)
-    report = report_of(outcome, f"watch {target}", strict)
+    report = report_from_outcome(outcome, f"watch {target}", strict)
     if report is not None:
         report.series = outcome.discovered.pop("series", {})
         report.discovered = dict(outcome.discovered)

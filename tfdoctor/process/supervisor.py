@@ -447,7 +447,7 @@ def _kill(proc) -> None:
         pass
 
 
-def report_of(outcome, target: str, strict: bool):
+def report_from_outcome(outcome, target: str, strict: bool):
     """The Report from what the worker delivered; None when a run cut short finished no check."""
     from tfdoctor.result import Report, Result, Status
 
