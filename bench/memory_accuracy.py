@@ -5,7 +5,7 @@ same op-by-op counter as the traced mode, on real tensors). Goals: traced within
 real peak, analytic within 10% (on the standard pre-norm GPT it models).
 
 Then per device under FSDP2 (issue 13): the analytic and the traced `--gpus N --shard zero2|zero3`
-figures against one FSDP2 step measured on rank 0 (tfdoctor/memory/fsdp.py), by our own storage counter
+figures against one FSDP2 step measured on rank 0 (tfdoctor/memory/fsdp_measured.py), by our own storage counter
 and by torch's FSDPMemTracker, per component. Small models run for real on a gloo group of N CPU
 processes; GPT-2 small runs as rank 0 of N on torch's fake process group with fake tensors. The traced
 figure is `tfdoctor memory TARGET`'s: the GPT of tfdoctor/memory/gpt.py traced on fake tensors in one
@@ -29,7 +29,7 @@ WORKER = r"""
 import json, sys, torch
 from tfdoctor.memory.analytic import Config, estimate
 from tfdoctor.memory.gpt import GPT
-from tfdoctor.memory.traced import fake_step as trace_step
+from tfdoctor.memory.fake_step import fake_step as trace_step
 from tfdoctor.subject import Subject
 B, T, C, L, V, att = json.loads(sys.argv[1])
 torch.manual_seed(0)
@@ -75,7 +75,7 @@ def single_device(full: bool) -> None:
 FSDP_WORKER = r"""
 import contextlib, json, sys, torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from tfdoctor.memory.fsdp import measure
+from tfdoctor.memory.fsdp_measured import measure
 from tfdoctor.memory.gpt import GPT
 (B, T, C, L, V, att, shard, world, fake), rank, port = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 torch.manual_seed(0)
@@ -114,7 +114,7 @@ TRACED_WORKER = r"""
 import json, sys, torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from tfdoctor.memory.gpt import GPT
-from tfdoctor.memory.traced import fake_step as trace_step
+from tfdoctor.memory.fake_step import fake_step as trace_step
 from tfdoctor.subject import Subject
 B, T, C, L, V, att, shard, world, fake = json.loads(sys.argv[1])
 torch.manual_seed(0)

@@ -22,7 +22,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "fixtures")]
 
 import torch  # noqa: E402
 
-from tfdoctor.memory.traced import fake_step as trace_step  # noqa: E402
+from tfdoctor.memory.fake_step import fake_step as trace_step  # noqa: E402
 from tfdoctor.subject import Subject  # noqa: E402
 
 GIB = 2**30

@@ -75,8 +75,8 @@ import torch
 from tfdoctor.loader import load_subject
 from tfdoctor.runner import as_subject
 from tfdoctor.memory.blocks import checkpointed_blocks
-from tfdoctor.memory.traced import fake_step as trace_step
-from tfdoctor.memory.traced_verdict import judge_traced
+from tfdoctor.memory.fake_step import fake_step as trace_step
+from tfdoctor.memory.traced_judge import judge_traced
 target, B, T = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 torch.set_num_threads(2)
 subject = as_subject(load_subject(target))
@@ -128,7 +128,7 @@ import sys
 sys.path.insert(0, sys.argv[4])
 from tfdoctor.loader import load_subject
 from tfdoctor.runner import as_subject
-from tfdoctor.memory.traced import fake_step as trace_step
+from tfdoctor.memory.fake_step import fake_step as trace_step
 from tfdoctor.subject import vocab_size_of
 import dataclasses
 subject = as_subject(load_subject(sys.argv[1]))

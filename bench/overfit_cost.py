@@ -46,7 +46,7 @@ def subject_of(build, loop: str):
 def old_check(subject) -> None:
     """overfit-batch with --train before item 11: copy, feed all 160 batches, judge the loss."""
     from tfdoctor.probes.loss import eval_loss, lm_batch_of
-    from tfdoctor.recording.batches import train_batches
+    from tfdoctor.recording.loop import train_batches
 
     model = copy.deepcopy(subject.model)
     raw = train_batches(subject, 1, torch.Generator().manual_seed(2))[0]
@@ -57,7 +57,7 @@ def old_check(subject) -> None:
 
 
 def bare(subject, threads: int) -> float:
-    from tfdoctor.recording.batches import train_batches
+    from tfdoctor.recording.loop import train_batches
 
     raw = train_batches(subject, 1, torch.Generator().manual_seed(2))[0]
     model = copy.deepcopy(subject.model)

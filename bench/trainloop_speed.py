@@ -35,8 +35,7 @@ def main():
 
     from gpt_correct import build
     from tfdoctor.loader import load_function
-    from tfdoctor.recording.batches import train_batches
-    from tfdoctor.recording.loop import record_loop, run_loop
+    from tfdoctor.recording.loop import record_loop, run_loop, train_batches
     from tfdoctor.subject import Subject, resolve
 
     torch.set_num_threads(1)

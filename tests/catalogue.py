@@ -5,7 +5,7 @@ its exact status. tests/test_catalogue.py asserts every row, and that every regi
 A case names the run that judges it, always one the family's own tests already make (shared in the
 session by tests/conftest.py, so the table adds no run of its own):
   model(FIXTURE, CHECKS, train=LOOP, **fields)  run_checks on fixtures/FIXTURE.py's build() with CHECKS
-                                                (report_of; the family's table runs the same CHECKS)
+                                                (checks_report; the family's table runs the same CHECKS)
   loop(LOOP)                                    the train checks on fixtures/loops/LOOP.py (loop_audit;
                                                 tests/test_trainloop.py's matrix, EXPECTED there)
   ranks(NAME)                                   the rank checks on 2 ranks of fixtures/scripts/ddp_NAME.py

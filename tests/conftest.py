@@ -132,7 +132,7 @@ def watched(name: str, *args: str):
 
 
 @pytest.fixture(scope="session")
-def report_of():
+def checks_report():
     """report(fixture, only, train=None, **fields): run_checks on build_fixture(fixture) with these check
     ids (`train` names a loop of fixtures/loops/), run once per distinct call in the session and shared
     by the family's table (tests/test_masking.py, ...) and the catalogue (tests/test_catalogue.py)."""

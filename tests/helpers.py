@@ -376,7 +376,7 @@ def judge_ranks(ranks: list) -> dict:
 
 def checks_on(fixture: str, only, train=None, **fields):
     """run_checks(build_fixture(fixture), only=list(only), train=the loop named `train`, **fields), from
-    the seed every test starts with (conftest's report_of runs it once per session)."""
+    the seed every test starts with (conftest's checks_report runs it once per session)."""
     import torch
 
     from tfdoctor import run_checks

@@ -2,7 +2,7 @@
 packing-labels (no packed position is graded on the next document's first token).
 
 Both judge the gradient each scored position received, on loops of fixtures/loops/ run on the tiny
-Hugging Face GPT-2 (the catalogue's cases, shared through conftest's report_of), on real libraries'
+Hugging Face GPT-2 (the catalogue's cases, shared through conftest's checks_report), on real libraries'
 models from tests/real_models.py, and end to end on `tfdoctor run` of fixtures/scripts/.
 """
 
@@ -14,20 +14,20 @@ from helpers import SCRIPTS, build_fixture, tfdoctor, train_fn
 from real_models import hf_llama, hf_t5
 from tfdoctor import Subject, run_checks
 from tfdoctor.errors import UsageError
-from tfdoctor.recording.batches import train_batches
+from tfdoctor.recording.loop import train_batches
 from tfdoctor.subject import resolve
 
 pytest.importorskip("transformers")
 
 
-def _boundaries(report_of, loop: str, pad_id: int):
-    return report_of("hf_gpt2", BOUNDARIES, train=loop, pad_id=pad_id)
+def _boundaries(checks_report, loop: str, pad_id: int):
+    return checks_report("hf_gpt2", BOUNDARIES, train=loop, pad_id=pad_id)
 
 
 # --- eos-trained ----------------------------------------------------------------------------------------
 
-def test_pad_equal_to_eos_masked_by_id_fails_naming_the_cause(report_of):
-    result = _boundaries(report_of, "hf_eos_masked_as_pad", 1)["eos-trained"]
+def test_pad_equal_to_eos_masked_by_id_fails_naming_the_cause(checks_report):
+    result = _boundaries(checks_report, "hf_eos_masked_as_pad", 1)["eos-trained"]
     assert result.status.value == "fail"
     assert "pad_id == eos_id == 1" in result.message and "never learns to stop" in result.message
     assert "attention_mask == 0" in result.hint
@@ -36,15 +36,15 @@ def test_pad_equal_to_eos_masked_by_id_fails_naming_the_cause(report_of):
     assert d["location"].endswith("hf_eos_masked_as_pad.py:20")  # the loss call
 
 
-def test_first_pad_kept_as_end_of_text_passes(report_of):
-    result = _boundaries(report_of, "hf_eos_as_pad", 1)["eos-trained"]
+def test_first_pad_kept_as_end_of_text_passes(checks_report):
+    result = _boundaries(checks_report, "hf_eos_as_pad", 1)["eos-trained"]
     assert result.status.value == "pass", result.message
     d = result.details
     assert d["rows_with_eos_graded"] == d["rows_with_eos"] > 0  # one per row: each row's real end-of-text
 
 
-def test_eos_distinct_from_pad_is_graded_like_any_token(report_of):
-    result = _boundaries(report_of, "hf_labels", 0)["eos-trained"]
+def test_eos_distinct_from_pad_is_graded_like_any_token(checks_report):
+    result = _boundaries(checks_report, "hf_labels", 0)["eos-trained"]
     assert result.status.value == "pass", result.message
     assert not result.details["pad_is_eos"] and result.details["graded_eos_targets"] > 0
 
@@ -147,8 +147,8 @@ def test_eos_id_flag_is_checked_before_anything_runs():
 
 # --- packing-labels -------------------------------------------------------------------------------------
 
-def test_packed_labels_across_boundaries_fail_with_count_and_share(report_of):
-    result = _boundaries(report_of, "hf_packed_labels_cross", 0)["packing-labels"]
+def test_packed_labels_across_boundaries_fail_with_count_and_share(checks_report):
+    result = _boundaries(checks_report, "hf_packed_labels_cross", 0)["packing-labels"]
     assert result.status.value == "fail"
     d = result.details
     assert d["graded"] == d["boundaries"] > 0 and d["graded_share"] == 1.0
@@ -157,14 +157,14 @@ def test_packed_labels_across_boundaries_fail_with_count_and_share(report_of):
     assert "-100" in result.hint
 
 
-def test_packed_labels_masked_at_document_starts_pass(report_of):
-    result = _boundaries(report_of, "hf_packed_labels", 0)["packing-labels"]
+def test_packed_labels_masked_at_document_starts_pass(checks_report):
+    result = _boundaries(checks_report, "hf_packed_labels", 0)["packing-labels"]
     assert result.status.value == "pass", result.message
     assert result.details["boundaries"] > 0 and result.details["graded"] == 0
 
 
-def test_unpacked_rows_are_skipped(report_of):
-    result = _boundaries(report_of, "hf_labels", 0)["packing-labels"]
+def test_unpacked_rows_are_skipped(checks_report):
+    result = _boundaries(checks_report, "hf_labels", 0)["packing-labels"]
     assert result.status.value == "skip" and "not packed" in result.message
 
 

@@ -16,7 +16,7 @@ def _rows():
 
 
 @pytest.fixture
-def judged(report_of, loop_audit, rank_digests, watch_audit):
+def judged(checks_report, loop_audit, rank_digests, watch_audit):
     """case -> check id -> Result, from the family's shared run of the case."""
     from helpers import judge_ranks
 
@@ -24,7 +24,7 @@ def judged(report_of, loop_audit, rank_digests, watch_audit):
         kind = case[0]
         if kind == "model":
             _, fixture, checks, train, fields = case
-            return report_of(fixture, checks, train=train, **dict(fields))
+            return checks_report(fixture, checks, train=train, **dict(fields))
         if kind == "loop":
             return loop_audit(case[1])
         if kind == "watch":

@@ -126,8 +126,8 @@ def test_correct_classifiers_are_quiet(name):
 
 
 @pytest.mark.parametrize("name, cause", sorted(PLANTED.items()))
-def test_planted_pooling_bugs_fail_naming_the_pooling(name, cause, report_of):
-    report = report_of(name, CLASSIFIER)
+def test_planted_pooling_bugs_fail_naming_the_pooling(name, cause, checks_report):
+    report = checks_report(name, CLASSIFIER)
     for check_id in ("padding-mask", "padding-equivalence"):
         result = report[check_id]
         assert result.status.value == "fail", result.message

@@ -27,13 +27,13 @@ def judged(model_or_subject):
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURE_EXPECTATIONS))
-def test_depth_signal_on_fixtures(name, report_of):
-    result = report_of(name, DEPTH)["depth-signal"]
+def test_depth_signal_on_fixtures(name, checks_report):
+    result = checks_report(name, DEPTH)["depth-signal"]
     assert result.status.value == FIXTURE_EXPECTATIONS[name], result.message
 
 
-def test_a_residual_added_twice_is_named_as_growth(report_of):
-    result = report_of("gpt_double_residual", DEPTH)["depth-signal"]
+def test_a_residual_added_twice_is_named_as_growth(checks_report):
+    result = checks_report("gpt_double_residual", DEPTH)["depth-signal"]
     details = result.details
     assert details["stack"] == "blocks" and details["blocks"] == 6
     assert details["growth_over_sqrt_depth"] > 5  # the stream doubles per block: ~2^5 over sqrt(6)
@@ -41,15 +41,15 @@ def test_a_residual_added_twice_is_named_as_growth(report_of):
     assert "grows" in result.message and "add the residual once" in result.hint
 
 
-def test_a_randn_position_table_is_named_with_both_tables(report_of):
-    result = report_of("gpt_position_randn", DEPTH)["depth-signal"]
+def test_a_randn_position_table_is_named_with_both_tables(checks_report):
+    result = checks_report("gpt_position_randn", DEPTH)["depth-signal"]
     assert result.details["embeddings"] == {"token": "tok_emb", "position": "pos"}
     assert 30 < result.details["position_to_token"] < 80  # std 1 against std 0.02
     assert "grows" not in result.message and "std=0.02" in result.hint
 
 
-def test_a_very_deep_post_ln_stack_starves_its_first_blocks(report_of):
-    result = report_of("postln_very_deep", DEPTH)["depth-signal"]
+def test_a_very_deep_post_ln_stack_starves_its_first_blocks(checks_report):
+    result = checks_report("postln_very_deep", DEPTH)["depth-signal"]
     details = result.details
     assert details["stack"] == "blocks.layers" and details["blocks"] == 96
     assert details["grad_ratio_first_to_last"] < 1e-2
@@ -57,17 +57,17 @@ def test_a_very_deep_post_ln_stack_starves_its_first_blocks(report_of):
     assert "norm_first=True" in result.hint
 
 
-def test_a_deep_stack_without_output_scaling_is_measured_from_the_embeddings(report_of):
+def test_a_deep_stack_without_output_scaling_is_measured_from_the_embeddings(checks_report):
     """From the first block's output it grows about sqrt(48) like any healthy stack; from the
     embeddings' output it grows ~300x, ten times its twin with the 1/sqrt(2 * n_layer) scaling."""
-    result = report_of("gpt_deep_unscaled", DEPTH)["depth-signal"]
+    result = checks_report("gpt_deep_unscaled", DEPTH)["depth-signal"]
     details = result.details
     assert details["blocks"] == 48 and details["growth_over_sqrt_depth"] < 3  # what the first block's output misses
     assert details["growth_from_input"] > 150
     assert math.isclose(details["growth_from_input"], details["output_rms"][-1] / details["input_rms"])
     assert 0.02 < details["input_rms"] < 0.04  # the embeddings (std 0.02, token + position) entering block 0
     assert "from the embeddings' output" in result.message and "1/sqrt(2 * n_layer)" in result.hint
-    twin = report_of("gpt_deep_scaled", DEPTH)["depth-signal"].details
+    twin = checks_report("gpt_deep_scaled", DEPTH)["depth-signal"].details
     assert twin["growth_from_input"] < 50 and details["growth_from_input"] > 5 * twin["growth_from_input"]
 
 

@@ -23,13 +23,13 @@ def judged(model_or_subject):
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURE_EXPECTATIONS))
-def test_eval_determinism_on_fixtures(name, report_of):
-    result = report_of(name, DETERMINISM)["eval-determinism"]
+def test_eval_determinism_on_fixtures(name, checks_report):
+    result = checks_report(name, DETERMINISM)["eval-determinism"]
     assert result.status.value == FIXTURE_EXPECTATIONS[name], result.message
 
 
-def test_functional_dropout_is_named_with_its_size_and_the_block_it_runs_in(report_of):
-    result = report_of("gpt_functional_dropout", DETERMINISM)["eval-determinism"]
+def test_functional_dropout_is_named_with_its_size_and_the_block_it_runs_in(checks_report):
+    result = checks_report("gpt_functional_dropout", DETERMINISM)["eval-determinism"]
     pair = result.details["eval_pair"]
     assert pair["relative"] > 0.01  # p = 0.1 on the residual stream: a tenth of it zeroed
     assert pair["origin"] == "blocks.0"  # F.dropout runs in the block's own forward
@@ -73,8 +73,8 @@ def test_state_carried_between_calls_warns_and_is_not_called_randomness():
     assert "same RNG seed" in result.message and result.details["eval_same_seed"]["relative"] > 0
 
 
-def test_dropout_declared_and_never_applied_names_the_declaration(report_of):
-    result = report_of("gpt_dropout_unused", DETERMINISM)["eval-determinism"]
+def test_dropout_declared_and_never_applied_names_the_declaration(checks_report):
+    result = checks_report("gpt_dropout_unused", DETERMINISM)["eval-determinism"]
     assert result.details["declared_dropout"] == ["h.0.attn.dropout = 0.1", "h.1.attn.dropout = 0.1"]
     assert result.details["train_pair"]["max_abs_difference"] == 0
     assert "dropout_p" in result.hint

@@ -36,7 +36,7 @@ LOOPS = ["correct", "clip_before_unscale_cuda", "fp16_no_scaler_cuda", "schedule
 # with a GradScaler (recorded by the script recorder).
 SCRIPTS = ["two_models", "nanogpt_clip_before_unscale"]
 # Declared keys no finished trace holds: the script recorder removes a backward's `reaches` when it
-# settles on the script's model (binding.keep_own_events).
+# settles on the script's model (script_recorder.keep_own_events).
 TRANSIENT = {("backward", "reaches")}
 # The judges that read a Trace: every check whose function takes the recorded loop.
 TRACE_CHECKS = [spec.id for spec in select() if "trace" in spec.inputs]
@@ -85,8 +85,7 @@ def undeclared(pairs) -> list:
 def judged_loop(loop: str):
     """(keys written, keys read, the Report) of the trace judges on a loop of fixtures/loops/, recorded as
     `check --train` records it (runner._record_loop: the batches of train_batches, seeded as the run)."""
-    from tfdoctor.recording.batches import train_batches
-    from tfdoctor.recording.loop import record_loop
+    from tfdoctor.recording.loop import record_loop, train_batches
     from tfdoctor.subject import Subject, resolve
 
     torch.manual_seed(0)

@@ -12,8 +12,8 @@ from real_models import hf_blt, hf_gpt2, hf_llama, hf_xlstm
 from tfdoctor import run_checks
 
 
-def test_triu_mask_trains_well_and_decodes_something_else(report_of):
-    report = report_of("gpt_triu_mask", GENERATION)
+def test_triu_mask_trains_well_and_decodes_something_else(checks_report):
+    report = checks_report("gpt_triu_mask", GENERATION)
     assert report["overfit-batch"].status.value == "pass"  # it memorised: the future token is in view
     result = report["generation"]
     assert result.status.value == "fail", result.message
@@ -24,24 +24,24 @@ def test_triu_mask_trains_well_and_decodes_something_else(report_of):
     json.dumps(d)
 
 
-def test_positions_counted_from_the_end_pass_the_mask_checks_and_fail_here(report_of):
-    result = report_of("gpt_positions_from_end", GENERATION)["generation"]
+def test_positions_counted_from_the_end_pass_the_mask_checks_and_fail_here(checks_report):
+    result = checks_report("gpt_positions_from_end", GENERATION)["generation"]
     assert result.status.value == "fail", result.message
     assert result.details["position"] >= 1 and result.details["cache"].startswith("no cached decoding")
     leak = run_checks(build_fixture("gpt_positions_from_end"), only=["future-leak", "mask-direction"])
     assert [r.status.value for r in leak.results] == ["pass", "pass"]
 
 
-def test_a_cache_that_restarts_positions_fails_on_the_cache_path_only(report_of):
-    result = report_of("gpt_kv_cache_positions", GENERATION)["generation"]
+def test_a_cache_that_restarts_positions_fails_on_the_cache_path_only(checks_report):
+    result = checks_report("gpt_kv_cache_positions", GENERATION)["generation"]
     assert result.status.value == "fail", result.message
     assert "cache path differs" in result.message and result.details["cache"] == "incremental"
     assert result.details["reproduced_rows"] == result.details["rows"]  # without the cache it reproduces
 
 
 @pytest.mark.parametrize("fixture, cache", [("gpt_correct", "no cached decoding"), ("gpt_kv_cache", "incremental")])
-def test_correct_models_reproduce_the_batch(fixture, cache, report_of):
-    result = report_of(fixture, GENERATION)["generation"]
+def test_correct_models_reproduce_the_batch(fixture, cache, checks_report):
+    result = checks_report(fixture, GENERATION)["generation"]
     assert result.status.value == "pass", result.message
     assert result.details["reproduced_rows"] == result.details["rows"] and result.details["cache"].startswith(cache)
 
@@ -62,7 +62,7 @@ def test_the_memorised_copy_is_shared_with_overfit_batch(monkeypatch):
     assert all((before[k] == v).all() for k, v in model.state_dict().items())  # the user's model untouched
 
 
-def test_skips_when_the_model_did_not_memorise(report_of):
+def test_skips_when_the_model_did_not_memorise(checks_report):
     result = run_checks(build_fixture("gpt_ignores_tokens"), only=list(GENERATION))["generation"]
     assert result.status.value == "skip" and "did not memorise" in result.message
 
@@ -89,10 +89,10 @@ def test_hugging_face_models_memorise_and_decode_their_batch(build):
 
 @pytest.mark.parametrize("fixture, line", [("gpt_generate_window", "def generate"),
                                            ("gpt_generate_cache_position0", "def generate")])
-def test_a_decoder_that_departs_only_through_its_own_generate_fails_naming_it(fixture, line, report_of):
+def test_a_decoder_that_departs_only_through_its_own_generate_fails_naming_it(fixture, line, checks_report):
     """A window left-filled with token 0, cached tokens embedded at position 0: the forward is correct,
     tfdoctor's greedy loop writes the batch again, and only the model's own method decodes something else."""
-    report = report_of(fixture, GENERATION)
+    report = checks_report(fixture, GENERATION)
     assert report["overfit-batch"].status.value == "pass"
     result = report["generation"]
     assert result.status.value == "fail", result.message
@@ -109,9 +109,9 @@ def test_a_decoder_that_departs_only_through_its_own_generate_fails_naming_it(fi
 
 
 @pytest.mark.parametrize("fixture", ["gpt_generate", "gpt_generate_cached", "mamba_generate"])
-def test_a_correct_own_generate_reproduces_the_batch(fixture, report_of):
+def test_a_correct_own_generate_reproduces_the_batch(fixture, checks_report):
     """With or without a cache of its own: a key/value cache, or a Mamba's recurrent state and window."""
-    result = report_of(fixture, GENERATION)["generation"]
+    result = checks_report(fixture, GENERATION)["generation"]
     assert result.status.value == "pass", result.message
     own = result.details["own_decoder"]
     assert own["first_departure_per_row"] == [None] * result.details["rows"]

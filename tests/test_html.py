@@ -134,7 +134,7 @@ def test_watch_page_names_each_number_as_the_console_header_does(watch_page):
     under the name the console's header gives it, and the header holds the same number."""
     import html as markup
 
-    from tfdoctor.report.watched import watched_lines
+    from tfdoctor.report.watch_header import watched_lines
 
     report, out = watch_page
     text = out.read_text(encoding="utf-8")

@@ -19,8 +19,8 @@ def one(subject, check_id, **fields):
 # ------------------------------------------------------------------------------------- padding
 
 
-def test_left_padding_with_arange_positions_fails_and_names_the_shift(report_of):
-    result = report_of("gpt_left_pad_positions", ["padding-equivalence"])["padding-equivalence"]
+def test_left_padding_with_arange_positions_fails_and_names_the_shift(checks_report):
+    result = checks_report("gpt_left_pad_positions", ["padding-equivalence"])["padding-equivalence"]
     assert result.status.value == "fail"
     assert (result.details["pad_side"], result.details["cause"]) == ("left", "positions")
     # the full row agrees (no pads before it), every shorter row differs at every real position
@@ -32,8 +32,8 @@ def test_left_padding_with_arange_positions_fails_and_names_the_shift(report_of)
     assert "cumsum" in result.hint
 
 
-def test_positions_from_the_mask_pass_left_padded(report_of):
-    result = report_of("gpt_left_pad_mask_positions", ["padding-equivalence"])["padding-equivalence"]
+def test_positions_from_the_mask_pass_left_padded(checks_report):
+    result = checks_report("gpt_left_pad_mask_positions", ["padding-equivalence"])["padding-equivalence"]
     assert result.status.value == "pass", result.message
     assert list(result.details["sides"]) == ["left"]
     assert result.details["sides"]["left"]["largest_difference"] <= result.details["sides"]["left"]["tolerance"]
@@ -100,7 +100,7 @@ def test_hugging_face_gpt2_left_padded_without_position_ids_fails():
     assert result.status.value == "fail" and result.details["cause"] == "positions"
 
 
-def test_left_padding_is_probed_as_the_librarys_own_generate_calls_the_model(report_of):
+def test_left_padding_is_probed_as_the_librarys_own_generate_calls_the_model(checks_report):
     """WhisperForCausalLM takes position_ids only through **kwargs, so its generate() hands it none and
     the decoder counts a left-padded prompt from the row's start. The probe must call it the same
     way (handing it position ids from the mask hid the defect: 'largest difference 0')."""
@@ -108,7 +108,7 @@ def test_left_padding_is_probed_as_the_librarys_own_generate_calls_the_model(rep
     from tfdoctor.probes.invariance import generate_arguments
     from tfdoctor.subject import resolve
 
-    result = report_of("hf_whisper_causal", ["padding-equivalence"])["padding-equivalence"]
+    result = checks_report("hf_whisper_causal", ["padding-equivalence"])["padding-equivalence"]
     assert result.status.value == "fail", result.message
     assert (result.details["pad_side"], result.details["cause"]) == ("left", "positions")
     assert result.details["largest_difference"] > 0.1 * result.details["output_scale"]
@@ -129,26 +129,26 @@ def test_left_padding_is_probed_as_the_librarys_own_generate_calls_the_model(rep
     assert "position_ids" not in generate_arguments(resolve(Subject(whisper, pad_id=PAD_ID)))
 
 
-def test_left_padding_without_evidence_warns_naming_the_padding_side(report_of):
+def test_left_padding_without_evidence_warns_naming_the_padding_side(checks_report):
     """A correct GPT with a key mask and learned positions from the row's start, side undeclared:
     nothing says it is padded on the left (no tokenizer, loop or library generate()), so the shift
     left padding would cause warns; declared right it passes, declared left it fails."""
     checks = ["padding-equivalence"]
-    default = report_of("gpt_right_pad_positions", checks)["padding-equivalence"]
+    default = checks_report("gpt_right_pad_positions", checks)["padding-equivalence"]
     assert default.status.value == "warn", default.message
     assert default.details["cause"] == "positions" and default.details["left_padding_evidence"] is None
     assert "--padding-side right" in default.hint and "no side is declared" in default.message
-    right = report_of("gpt_right_pad_positions", checks, padding_side="right")["padding-equivalence"]
+    right = checks_report("gpt_right_pad_positions", checks, padding_side="right")["padding-equivalence"]
     assert right.status.value == "pass" and list(right.details["sides"]) == ["right"], right.message
-    left = report_of("gpt_right_pad_positions", checks, padding_side="left")["padding-equivalence"]
+    left = checks_report("gpt_right_pad_positions", checks, padding_side="left")["padding-equivalence"]
     assert left.status.value == "fail" and left.details["cause"] == "positions", left.message
 
 
 # ------------------------------------------------------------------------------------- packing
 
 
-def test_packed_documents_without_a_document_mask_fail_with_the_map(report_of):
-    result = report_of("gpt_packed_no_doc_mask", ["packing-isolation"])["packing-isolation"]
+def test_packed_documents_without_a_document_mask_fail_with_the_map(checks_report):
+    result = checks_report("gpt_packed_no_doc_mask", ["packing-isolation"])["packing-isolation"]
     assert result.status.value == "fail" and result.details["cause"] == "attention"
     for row, lengths in zip(result.details["document_map"].values(), result.details["document_lengths"]):
         # causal, no document mask: every document reads every earlier one, none a later one
@@ -159,17 +159,17 @@ def test_packed_documents_without_a_document_mask_fail_with_the_map(report_of):
     assert "doc_ids[:, :, None] == doc_ids[:, None, :]" in result.hint
 
 
-def test_packed_documents_with_a_document_mask_pass(report_of):
-    result = report_of("gpt_packed", ["packing-isolation"])["packing-isolation"]
+def test_packed_documents_with_a_document_mask_pass(checks_report):
+    result = checks_report("gpt_packed", ["packing-isolation"])["packing-isolation"]
     assert result.status.value == "pass", result.message
     assert result.details["largest_difference"] <= result.details["tolerance"]
 
 
-def test_documents_numbered_otherwise_than_alone_fail_naming_the_start(report_of):
+def test_documents_numbered_otherwise_than_alone_fail_naming_the_start(checks_report):
     """RoBERTa packed by DataCollatorWithFlattening: the documents are isolated, but numbered from 0
     where RoBERTa numbers a sequence alone from padding_idx + 1 = 2. Every document differs, the
     first of its row too; the reference is the document as the model numbers it by itself."""
-    result = report_of("hf_roberta_packed", ["packing-isolation"])["packing-isolation"]
+    result = checks_report("hf_roberta_packed", ["packing-isolation"])["packing-isolation"]
     assert result.status.value == "fail", result.message
     assert result.details["cause"] == "numbering" and result.details["own_numbering_start"] == 2
     assert result.details["cross_document_pairs"] == 0
@@ -223,8 +223,8 @@ def test_hugging_face_position_id_packing_isolates_documents(factory):
 # ------------------------------------------------------------------------------------- cache
 
 
-def test_cache_path_without_the_causal_mask_diverges_in_the_prefill(report_of):
-    result = report_of("gpt_kv_cache_no_mask", ["cache-consistency"])["cache-consistency"]
+def test_cache_path_without_the_causal_mask_diverges_in_the_prefill(checks_report):
+    result = checks_report("gpt_kv_cache_no_mask", ["cache-consistency"])["cache-consistency"]
     assert result.status.value == "fail"
     assert result.details["first_divergence"] == 0 and result.details["first_divergence"] < result.details["prefill"]
     assert "drops the causal mask" in result.message
@@ -239,8 +239,8 @@ def test_cache_positions_restarting_diverge_at_the_first_decoded_token():
     assert "arange(past, past + t)" in result.hint
 
 
-def test_correct_cache_passes(report_of):
-    result = report_of("gpt_kv_cache", ["cache-consistency"])["cache-consistency"]
+def test_correct_cache_passes(checks_report):
+    result = checks_report("gpt_kv_cache", ["cache-consistency"])["cache-consistency"]
     assert result.status.value == "pass", result.message
     assert result.details["path"] == "incremental"
 
@@ -323,8 +323,8 @@ def audit(loop, only=TOKEN_CHECKS, **fields):
     return run_checks(build_fixture("gpt_pad_masked"), only=list(only), train=train_fn(loop), **fields)
 
 
-def test_per_micro_batch_means_warn_with_the_weight_ratio(report_of):
-    report = report_of("gpt_pad_masked", TOKEN_CHECKS, train="per_micro_batch_mean")  # as audit() runs it
+def test_per_micro_batch_means_warn_with_the_weight_ratio(checks_report):
+    report = checks_report("gpt_pad_masked", TOKEN_CHECKS, train="per_micro_batch_mean")  # as audit() runs it
     result = report["token-weighting"]
     assert result.status.value == "warn"
     tokens, means = result.details["tokens_per_micro_batch"], result.details["mean_weight_per_micro_batch"]
@@ -341,8 +341,8 @@ def test_per_micro_batch_means_warn_with_the_weight_ratio(report_of):
 
 
 @pytest.mark.parametrize("loop", TOKEN_WEIGHTED)
-def test_token_weighted_loops_pass_token_weighting_and_accumulation_scaling(loop, report_of):
-    report = report_of("gpt_pad_masked", TOKEN_CHECKS, train=loop)  # as audit() runs it
+def test_token_weighted_loops_pass_token_weighting_and_accumulation_scaling(loop, checks_report):
+    report = checks_report("gpt_pad_masked", TOKEN_CHECKS, train=loop)  # as audit() runs it
     assert report["token-weighting"].status.value == "pass", report["token-weighting"].message
     assert report["token-weighting"].details["weight_ratio"] == pytest.approx(1.0, abs=1e-3)
     scaling = report["accumulation-scaling"]
@@ -394,7 +394,7 @@ def test_token_weighting_skips_without_accumulation_or_pad_id():
 
 
 def test_fed_batches_alternate_long_and_short():
-    from tfdoctor.recording.batches import train_batches
+    from tfdoctor.recording.loop import train_batches
     from tfdoctor.subject import resolve
 
     subject = resolve(build_fixture("gpt_pad_masked"))

@@ -102,8 +102,8 @@ def test_a_model_random_in_eval_is_not_taken_for_sequence_first():
 @pytest.mark.parametrize("name, expected", [
     ("encoder_correct", "pass"), ("encoder_causal", "fail"),
 ])
-def test_bidirectional_encoder(name, expected, report_of):
-    result = report_of(name, ["bidirectional-encoder"])["bidirectional-encoder"]
+def test_bidirectional_encoder(name, expected, checks_report):
+    result = checks_report(name, ["bidirectional-encoder"])["bidirectional-encoder"]
     assert result.status.value == expected
     assert result.details["pattern"] == ("none" if expected == "pass" else "causal")
 
@@ -111,8 +111,8 @@ def test_bidirectional_encoder(name, expected, report_of):
 @pytest.mark.parametrize("name, expected", [
     ("seq2seq_correct", "pass"), ("seq2seq_causal_cross", "fail"),
 ])
-def test_cross_attention_mask(name, expected, report_of):
-    result = report_of(name, ["cross-attention-mask"])["cross-attention-mask"]
+def test_cross_attention_mask(name, expected, checks_report):
+    result = checks_report(name, ["cross-attention-mask"])["cross-attention-mask"]
     assert result.status.value == expected
     if expected == "fail":
         assert result.details["unread_pairs"] == 32 * 31 // 2

@@ -6,7 +6,8 @@
 - no file over 600 lines (memory/analytic.py, a ledger read top to bottom, excepted) and no function
   over 80 code lines;
 - the root holds only the modules a check author reads;
-- private torch names only in usercode/torch_compat.py.
+- private torch names only in usercode/torch_compat.py;
+- the docstring of recording/, watching/, probes/, memory/ and report/ maps each of its modules, one line each.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ ROOT_MODULES = {"subject", "kinds", "tasks", "modes", "loader", "registry", "run
 LONG_LEDGER = "memory.analytic"  # the analytic estimate reads as one ledger (its `estimate` too)
 PRIVATE_TORCH = re.compile(r"\btorch(\.\w+)*\._[A-Za-z]|\bfrom torch(\.\w+)*\._|\bimport torch(\.\w+)*\._")
 COMPAT = "usercode.torch_compat"
+# Packages whose docstring is the map a newcomer reads first: one "- `module.py`: what it holds" line per module.
+MAPPED_PACKAGES = ("recording", "watching", "probes", "memory", "report")
+MAP_LINE = re.compile(r"^- `(\w+)\.py`:", re.MULTILINE)
 
 
 def _modules() -> dict[str, Path]:
@@ -146,3 +150,12 @@ def test_the_root_holds_only_the_check_authors_modules():
 def test_private_torch_names_only_in_the_compat_module(name):
     text = MODULES[name].read_text()
     assert not PRIVATE_TORCH.search(text), f"{MODULES[name]} names a private torch name: go through {COMPAT}"
+
+
+@pytest.mark.parametrize("package", MAPPED_PACKAGES)
+def test_the_package_docstring_maps_every_module_once(package):
+    mapped = MAP_LINE.findall(ast.get_docstring(TREES[package]) or "")
+    modules = {name.split(".")[1] for name in MODULES if name.startswith(f"{package}.") and name.count(".") == 1}
+    assert len(mapped) == len(set(mapped)), f"mapped twice: {sorted({m for m in mapped if mapped.count(m) > 1})}"
+    assert modules - set(mapped) == set(), f"missing from {package}/__init__.py's map"
+    assert set(mapped) - modules == set(), f"{package}/__init__.py maps modules that are gone"

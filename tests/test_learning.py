@@ -12,8 +12,8 @@ CORRECT = ["gpt_correct", "gpt_blocked_triu", "gpt_sdpa"]
 
 
 @pytest.mark.parametrize("name", CORRECT + ["gpt_triu_mask", "gpt_no_mask", "gpt_off_by_one"])
-def test_init_loss_passes_at_chance(name, report_of):
-    result = report_of(name, ["init-loss"])["init-loss"]
+def test_init_loss_passes_at_chance(name, checks_report):
+    result = checks_report(name, ["init-loss"])["init-loss"]
     assert result.status.value == "pass"
     assert result.details["ln_vocab"] == pytest.approx(math.log(96))
     assert abs(result.details["excess_nats"]) < 0.3
@@ -30,23 +30,23 @@ def test_init_loss_on_the_warning_line_is_a_pass_with_a_note_whatever_the_seed(s
     assert "close call" in result.message
 
 
-def test_init_loss_fails_oversized_init(report_of):
-    result = report_of("gpt_big_init", ["init-loss"])["init-loss"]
+def test_init_loss_fails_oversized_init(checks_report):
+    result = checks_report("gpt_big_init", ["init-loss"])["init-loss"]
     assert result.status.value == "fail"
     assert result.details["excess_nats"] > HIGH_FAIL_NATS
     assert "std=0.02" in result.hint
 
 
 @pytest.mark.parametrize("name", CORRECT + ["gpt_big_init"])
-def test_overfit_batch_passes_on_wired_models(name, report_of):
-    result = report_of(name, ["overfit-batch"])["overfit-batch"]
+def test_overfit_batch_passes_on_wired_models(name, checks_report):
+    result = checks_report(name, ["overfit-batch"])["overfit-batch"]
     assert result.status.value == "pass", result.message
     assert result.details["final_loss"] < result.details["target_loss"]
     assert result.details["steps"] < result.details["max_steps"]
 
 
-def test_overfit_batch_fails_when_forward_ignores_tokens(report_of):
-    result = report_of("gpt_ignores_tokens", ["overfit-batch"])["overfit-batch"]
+def test_overfit_batch_fails_when_forward_ignores_tokens(checks_report):
+    result = checks_report("gpt_ignores_tokens", ["overfit-batch"])["overfit-batch"]
     assert result.status.value == "fail"
     assert result.details["steps"] == result.details["max_steps"]
     # Position embeddings alone cannot tell the 4 rows apart: the floor is about ln(4).
@@ -55,8 +55,8 @@ def test_overfit_batch_fails_when_forward_ignores_tokens(report_of):
     assert "sparkline" not in result.details and sparkline(result.details["loss_curve"])  # the reporter draws it
 
 
-def test_overfit_batch_fails_a_broken_model_at_every_rate_it_tries(report_of):
-    result = report_of("gpt_ignores_tokens", ["overfit-batch"])["overfit-batch"]  # the run of the test above
+def test_overfit_batch_fails_a_broken_model_at_every_rate_it_tries(checks_report):
+    result = checks_report("gpt_ignores_tokens", ["overfit-batch"])["overfit-batch"]  # the run of the test above
     assert [a["lr"] for a in result.details["attempts"]] == [3e-3, 1e-3, 3e-4]
     assert all(a["best_loss"] > 1.0 for a in result.details["attempts"])
     assert "context_floor" not in result.details  # it reads no token at all: nothing lowers its target

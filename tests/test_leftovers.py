@@ -39,8 +39,7 @@ def test_the_model_is_left_without_what_the_checks_forwards_kept(full_battery):
 def test_the_loop_is_recorded_on_a_copy_of_a_model_that_already_holds_a_non_leaf_map():
     import dataclasses
 
-    from tfdoctor.recording.batches import train_batches
-    from tfdoctor.recording.loop import record_loop
+    from tfdoctor.recording.loop import record_loop, train_batches
     from tfdoctor.subject import resolve
 
     subject = resolve(dataclasses.replace(build_fixture(FIXTURE), train=train_fn(LOOP)))

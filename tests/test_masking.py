@@ -30,9 +30,9 @@ FIXTURE_EXPECTATIONS = {
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURE_EXPECTATIONS))
-def test_mask_checks_on_fixtures(name, report_of):
+def test_mask_checks_on_fixtures(name, checks_report):
     leak_status, pattern = FIXTURE_EXPECTATIONS[name]
-    report = report_of(name, MASK_CHECKS)
+    report = checks_report(name, MASK_CHECKS)
     assert report["future-leak"].status.value == leak_status
     assert report["mask-direction"].details["pattern"] == pattern
     assert report["mask-direction"].status.value == ("pass" if pattern == "causal" else "fail")

@@ -166,7 +166,7 @@ def test_analytic_mode_does_not_import_torch():
     assert done.returncode == 0, done.stderr
 
 
-# Per device under FSDP2 (zero2/zero3): tfdoctor/memory/sharding.py (Fsdp2Schedule). Worked by hand for
+# Per device under FSDP2 (zero2/zero3): tfdoctor/memory/fsdp_shards.py (Fsdp2Schedule). Worked by hand for
 # V 4096, C 64, T 64, one block, d_ff 256, 4 devices; every dim 0 divides by 4 except none, so no padding:
 #   root shards: wte and lm_head 1024 x 64 each, wpe 16 x 64, ln_f 2 x 16 -> 132,128 floats
 #   block shards: ln_1 32, c_attn 48 x 64 + 48, c_proj 16 x 64 + 16, ln_2 32, up 64 x 64 + 64,

@@ -78,7 +78,7 @@ def test_traced_shard_gives_the_per_device_figure_of_the_trace():
     import dataclasses
 
     from tfdoctor.loader import load_subject
-    from tfdoctor.memory.traced import fake_step
+    from tfdoctor.memory.fake_step import fake_step
     from tfdoctor.runner import as_subject
     from tfdoctor.subject import vocab_size_of
 

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from tfdoctor.memory.analytic import Config, estimate
+from tfdoctor.memory.fake_step import fake_step
 from tfdoctor.memory.gpt import GPT
-from tfdoctor.memory.traced import fake_step
 from tfdoctor.subject import Subject
 
 WORKER = r"""
 import json, sys, torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from tfdoctor.memory.fsdp import measure
+from tfdoctor.memory.fsdp_measured import measure
 from tfdoctor.memory.gpt import GPT
 rank, port = int(sys.argv[1]), sys.argv[2]
 torch.manual_seed(0)

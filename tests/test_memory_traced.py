@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tfdoctor.memory.analytic import Config, estimate
+from tfdoctor.memory.fake_step import fake_step
 from tfdoctor.memory.gpt import GPT
-from tfdoctor.memory.traced import fake_step
-from tfdoctor.memory.traced_verdict import judge_traced
+from tfdoctor.memory.traced_judge import judge_traced
 from tfdoctor.subject import Subject
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,14 +93,14 @@ def test_judge_traced_remedies_on_fixture():
     assert accumulation.peak_bytes < verdict.peak_bytes
 
 
-def test_memory_check_skips_fails_and_passes(report_of):
+def test_memory_check_skips_fails_and_passes(checks_report):
     # FIXTURE's model, each run on a fresh build (shared with the catalogue's rows)
-    assert report_of("gpt_correct", ["memory"])["memory"].status.value == "skip"
-    tight = report_of("gpt_correct", ["memory"], options={"train_batch": 8, "train_seq": 64, "budget": "1MiB"})
+    assert checks_report("gpt_correct", ["memory"])["memory"].status.value == "skip"
+    tight = checks_report("gpt_correct", ["memory"], options={"train_batch": 8, "train_seq": 64, "budget": "1MiB"})
     result = tight["memory"]
     assert result.status.value == "fail", result.message
     assert "137" in result.message and result.details["peak_bytes"] > 2**20
-    roomy = report_of("gpt_correct", ["memory"], options={"train_batch": 2, "train_seq": 16, "budget": "80GB"})
+    roomy = checks_report("gpt_correct", ["memory"], options={"train_batch": 2, "train_seq": 16, "budget": "80GB"})
     assert roomy["memory"].status.value == "pass", roomy["memory"].message
 
 
@@ -128,13 +128,12 @@ def test_largest_batch_at_batch_one_is_a_traced_fact():
 
 
 def test_remedies_are_derived_from_one_trace(monkeypatch):
-    import tfdoctor.memory.traced as traced
-    import tfdoctor.memory.traced_verdict as traced_verdict
+    import tfdoctor.memory.traced_judge as traced_judge
 
     subject = fixture_subject()
     calls = []
-    real = traced.fake_step
-    monkeypatch.setattr(traced_verdict, "fake_step", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
+    real = fake_step
+    monkeypatch.setattr(traced_judge, "fake_step", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
     main = real(subject, 8, 64)
     budget = int(main.peak_bytes * 0.55)
     verdict = judge_traced(subject, FIXTURE, 8, 64, budget, "test")
@@ -300,15 +299,14 @@ def test_traced_sharding_leaves_the_model_as_it_was():
 def test_sharded_remedies_are_per_device_and_from_one_trace(monkeypatch):
     """Under --shard, every derived remedy is one rank's figure (a sharded trace with the remedy applied
     agrees), and the ZeRO-3 remedy is a second view of the same trace."""
-    import tfdoctor.memory.traced as traced
-    import tfdoctor.memory.traced_verdict as traced_verdict
+    import tfdoctor.memory.traced_judge as traced_judge
 
     subject = fixture_subject()
-    real = traced.fake_step
+    real = fake_step
     main = real(subject, 8, 64, gpus=2, shard="zero2")
     budget = int(main.peak_bytes * 0.6)
     calls = []
-    monkeypatch.setattr(traced_verdict, "fake_step", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
+    monkeypatch.setattr(traced_judge, "fake_step", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
     verdict = judge_traced(subject, FIXTURE, 8, 64, budget, "test", gpus=2, shard="zero2")
     monkeypatch.undo()
     assert calls == [(8, 64)]

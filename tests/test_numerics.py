@@ -28,8 +28,8 @@ def statuses(report):
 
 
 @pytest.mark.parametrize("name", sorted(FIXTURE_EXPECTATIONS))
-def test_numerics_checks_on_fixtures(name, report_of):
-    report = report_of(name, NUMERICS_CHECKS)
+def test_numerics_checks_on_fixtures(name, checks_report):
+    report = checks_report(name, NUMERICS_CHECKS)
     assert statuses(report) == FIXTURE_EXPECTATIONS[name], [r.message for r in report.results]
 
 
@@ -330,8 +330,8 @@ def test_nan_from_a_fully_masked_softmax_row_is_blamed_on_it():
 
 
 @pytest.fixture
-def diagonal_blocked_report(report_of):
-    return report_of("gpt_diagonal_blocked", ["future-leak", "init-loss"])
+def diagonal_blocked_report(checks_report):
+    return checks_report("gpt_diagonal_blocked", ["future-leak", "init-loss"])
 
 
 def test_nan_logits_fail_finite_logits_naming_rows_positions_and_the_mask_row(diagonal_blocked_report):
@@ -351,8 +351,8 @@ def test_model_checks_skip_on_nan_logits_saying_why(diagonal_blocked_report):
         assert "see finite-logits" in diagonal_blocked_report[check_id].message
 
 
-def test_finite_logits_passes_a_correct_model(report_of):
-    result = report_of("gpt_correct", ["finite-logits"])["finite-logits"]
+def test_finite_logits_passes_a_correct_model(checks_report):
+    result = checks_report("gpt_correct", ["finite-logits"])["finite-logits"]
     assert result.status.value == "pass" and result.details["nonfinite_positions"] == 0
 
 

@@ -5,7 +5,7 @@ from helpers import build_fixture
 from tfdoctor import Subject, run_checks
 from tfdoctor.errors import UsageError
 from tfdoctor.probes.padding import pad_counts
-from tfdoctor.recording.batches import train_batches
+from tfdoctor.recording.loop import train_batches
 from tfdoctor.subject import resolve
 
 PAD_CHECKS = ["padding-mask", "masked-row-nan"]
@@ -27,8 +27,8 @@ REAL_POSITIONS = 4 * 32 - sum(pad_counts(4, 32))
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_padding_checks_on_fixtures(name, report_of):
-    report = report_of(name, PAD_CHECKS)
+def test_padding_checks_on_fixtures(name, checks_report):
+    report = checks_report(name, PAD_CHECKS)
     assert tuple(r.status.value for r in report.results) == EXPECTED[name], [r.message for r in report.results]
 
 

@@ -297,7 +297,7 @@ def test_the_recorder_patches_what_the_table_says():
     namespace = {"clip_grad_norm_": torch.nn.utils.clip_grad_norm_}
     exec("def train(model, batches):\n    clip_grad_norm_(model.parameters(), 1.0)\n", namespace)
     clip, forward = namespace["clip_grad_norm_"], _Tiny.__dict__["forward"]
-    watched = Watched({"recording/patched.py"}, _subclass_of(LRScheduler))
+    watched = Watched({"recording/patched_calls.py"}, _subclass_of(LRScheduler))
     with Recorder(_Tiny(), 4).installed(namespace["train"]):
         watched.patched()
         assert namespace["clip_grad_norm_"].__wrapped__ is clip  # `from torch.nn.utils import clip_grad_norm_`
@@ -310,10 +310,11 @@ def test_the_script_recorder_patches_what_the_table_says():
     pytest.importorskip("transformers.modeling_utils")  # imported: its from_pretrained is patched at once
     from torch.optim.lr_scheduler import LRScheduler
 
-    from tfdoctor.recording.binding import ScriptRecorder
+    from tfdoctor.recording.script_recorder import ScriptRecorder
 
     forward = _Tiny.__dict__["forward"]
-    sites = {"recording/patched.py", "recording/binding.py", "recording/pretrained.py", "recording/collectives.py"}
+    sites = {"recording/patched_calls.py", "recording/script_recorder.py", "recording/pretrained.py",
+             "recording/collectives.py"}
     watched = Watched(sites, _subclass_of(LRScheduler))
     with ScriptRecorder(2, None).installed_process_wide():
         _Tiny()(torch.randn(2, 4))  # the first call under grad binds the model: its class's forward is wrapped

@@ -68,7 +68,7 @@ def test_traced_verdict_round_trip():
     import torch
 
     from tfdoctor.memory.gpt import GPT
-    from tfdoctor.memory.traced_verdict import judge_traced
+    from tfdoctor.memory.traced_judge import judge_traced
     from tfdoctor.subject import Subject
 
     torch.manual_seed(0)

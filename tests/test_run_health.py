@@ -654,7 +654,7 @@ def test_nanogpt_estimate_loss_is_two_sources_and_the_evaluation_is_its_val_loss
     result = report["eval-gap"]
     assert result.status == Status.PASS
     assert "train-split estimate" in result.message and result.details["leak_share"] == 0.0
-    from tfdoctor.report.watched import watched_lines
+    from tfdoctor.report.watch_header import watched_lines
 
     header = " ".join(line.plain for line in watched_lines(report))
     assert f"evaluation {evaluation[-1].loss:.4g} at the end" in header  # the val split, as printed

@@ -45,7 +45,7 @@ def run(loader: bool = True, rates=((1 / 1024, 1 / 1024),), groups=None) -> RunS
     return RunSeries(steps, [], facts)
 
 
-def report_of(series: RunSeries, results=None, target="watch train.py") -> Report:
+def series_report(series: RunSeries, results=None, target="watch train.py") -> Report:
     results = results if results is not None else [passed("loss-spike"), passed("data-wait")]
     return Report(target, results, series=series.to_dict(), discovered={"steps": len(series), "ended": "finished",
                                                                           "seconds": 12.5})
@@ -66,7 +66,7 @@ def console_text(report: Report, width: int = 100) -> str:
 
 
 def header(report: Report) -> str:
-    from tfdoctor.report.watched import watched_lines
+    from tfdoctor.report.watch_header import watched_lines
 
     return "\n".join(line.plain for line in watched_lines(report))
 
@@ -96,7 +96,7 @@ def svg_of(report: Report, name: str) -> str:
 
 
 def test_a_run_without_a_dataloader_says_its_data_wait_was_not_measured():
-    report = report_of(run(loader=False))
+    report = series_report(run(loader=False))
     assert DATA_WAIT_NOT_MEASURED in header(report) and "%" not in header(report)
     live = live_text(run(loader=False))
     assert DATA_WAIT_NOT_MEASURED in " ".join(live.split()) and "data wait 0" not in live
@@ -105,16 +105,16 @@ def test_a_run_without_a_dataloader_says_its_data_wait_was_not_measured():
 def test_a_measured_data_wait_is_a_share_of_the_steps_after_the_first():
     # 39 steps after the first wait 1/16 s each, of 4 x 1 s + 35 x 0.25 s = 12.75 s: 19.1%
     said = "data wait 19.1% over the whole run"
-    assert said in header(report_of(run()))
+    assert said in header(series_report(run()))
     assert "data wait 19.1% so far" in live_text(run())
 
 
 @needs_matplotlib
 def test_the_step_time_figure_names_an_unmeasured_wait_and_draws_no_wait_line():
-    unmeasured = report_of(run(loader=False))
+    unmeasured = series_report(run(loader=False))
     assert titles(unmeasured)["step-time"] == f"Step time: {DATA_WAIT_NOT_MEASURED}"
     assert "waiting for the next batch" not in svg_of(unmeasured, "step-time")
-    measured = report_of(run())
+    measured = series_report(run())
     assert titles(measured)["step-time"] == "Step time: data wait 19.1% over the whole run"
     assert "waiting for the next batch" in svg_of(measured, "step-time")
 
@@ -124,7 +124,7 @@ def test_the_step_time_figure_names_an_unmeasured_wait_and_draws_no_wait_line():
 
 @needs_matplotlib
 def test_the_loss_and_the_throughput_read_the_same_under_one_name_everywhere():
-    report = report_of(run())
+    report = series_report(run())
     head, live, figures = header(report), " ".join(live_text(run()).split()), titles(report)
     # the loss: medians of the first and last 10 steps (4.5 - 4.5/16 and 4.5 - 34.5/16), in both
     ends = "4.219 to 2.344 (medians of the first and last 10 steps)"
@@ -149,7 +149,7 @@ GROUPS = [{"parameters": 1_200_000, "weight_decay": 0.1}, {"parameters": 3_100, 
 @needs_matplotlib
 def test_each_parameter_group_s_rates_are_named_where_they_differ():
     series = run(rates=((1 / 1024, 1 / 128), (1 / 4096, 1 / 512)), groups=GROUPS)
-    report = report_of(series)
+    report = series_report(series)
     head = header(report)
     assert "rate 0.000977 to 0.00781 in group 0 (weight decay 0.1, 1.2M parameters)" in head
     assert "rate 0.000244 to 0.00195 in group 1 (weight decay 0, 3.1K parameters)" in head
@@ -161,11 +161,11 @@ def test_each_parameter_group_s_rates_are_named_where_they_differ():
 @needs_matplotlib
 def test_groups_on_one_schedule_are_said_once():
     series = run(rates=((1 / 1024, 1 / 128), (1 / 1024, 1 / 128)), groups=GROUPS)
-    report = report_of(series)
+    report = series_report(series)
     assert "rate 0.000977 to 0.00781 in every group (2)" in header(report)
     assert "every parameter group (2)" in svg_of(report, "rate")
     assert "0.007812 in every group (2)" in live_text(series)
-    assert "in every group" not in header(report_of(run()))  # one group: nothing to tell apart
+    assert "in every group" not in header(series_report(run()))  # one group: nothing to tell apart
 
 
 # ------------------------------------------------------------------ a live finding cut to fit keeps its cause
@@ -233,7 +233,7 @@ def test_the_live_view_puts_a_finding_under_its_id_on_a_narrow_terminal():
 
 
 def test_a_run_whose_judges_pass_says_curves_healthy_and_what_watch_does_not_judge():
-    text = console_text(report_of(run()))
+    text = console_text(series_report(run()))
     verdict, pointer = text.split("— ")[-1].split("\n", 1)
     assert verdict == "curves healthy"
     assert "`tfdoctor run train.py` audits the model and the loop" in " ".join(pointer.split())
@@ -243,7 +243,7 @@ def test_a_run_whose_judges_pass_says_curves_healthy_and_what_watch_does_not_jud
 def test_a_warning_is_not_curves_healthy():
     warned = Result.warned("slow", "more workers")
     warned.id = "data-wait"
-    text = console_text(report_of(run(), [passed("loss-spike"), warned]))
+    text = console_text(series_report(run(), [passed("loss-spike"), warned]))
     verdict, pointer = text.split("— ")[-1].split("\n", 1)
     assert verdict == "healthy" and "audits the model" in pointer
 
@@ -251,7 +251,7 @@ def test_a_warning_is_not_curves_healthy():
 def test_a_failing_run_gets_no_pointer_and_a_check_report_is_unchanged():
     failed = Result.failed("spiked", "fix it")
     failed.id = "loss-spike"
-    text = console_text(report_of(run(), [failed]))
+    text = console_text(series_report(run(), [failed]))
     assert text.strip().splitlines()[-1].endswith("— 1 problem(s) found") and "tfdoctor run" not in text
     plain = console_text(Report("gpt.py:build", [passed("future-leak")]))
     assert plain.strip().splitlines()[-1] == "1 pass — healthy"
@@ -260,13 +260,13 @@ def test_a_failing_run_gets_no_pointer_and_a_check_report_is_unchanged():
 @pytest.mark.parametrize("target, command", [("watch -m pkg.train", "tfdoctor run -m pkg.train"),
                                              ("watch Trainer GPT2LMHeadModel", "tfdoctor run SCRIPT")])
 def test_the_pointer_names_the_watched_script(target, command):
-    assert f"`{command}`" in " ".join(console_text(report_of(run(), target=target)).split())
+    assert f"`{command}`" in " ".join(console_text(series_report(run(), target=target)).split())
 
 
 @needs_matplotlib
 def test_the_html_page_says_curves_healthy_and_points_to_run():
     from tfdoctor.report.html import report_page
 
-    page = report_page(report_of(run()))
+    page = report_page(series_report(run()))
     assert re.search(r'<p class="verdict"[^>]*>curves healthy</p>', page)
     assert "`tfdoctor run train.py` audits the model and the loop" in page

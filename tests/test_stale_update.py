@@ -14,8 +14,8 @@ from tfdoctor.checks.step import HALF_ULP, STALE_FAIL_SHARE
 ID = ["stale-update"]
 
 
-def test_pure_bf16_weights_at_a_small_rate_fail(report_of):
-    result = report_of("gpt_correct", ID, train="bf16_weights")["stale-update"]
+def test_pure_bf16_weights_at_a_small_rate_fail(checks_report):
+    result = checks_report("gpt_correct", ID, train="bf16_weights")["stale-update"]
     assert result.status.value == "fail", result.message
     d = result.details
     assert d["dtypes"] == ["bfloat16"] and d["lrs"] == [1e-5] and d["steps_watched"] == 3
@@ -27,8 +27,8 @@ def test_pure_bf16_weights_at_a_small_rate_fail(report_of):
     json.dumps(d)
 
 
-def test_float32_weights_under_autocast_pass(report_of):
-    result = report_of("gpt_correct", ID, train="bf16_autocast")["stale-update"]
+def test_float32_weights_under_autocast_pass(checks_report):
+    result = checks_report("gpt_correct", ID, train="bf16_autocast")["stale-update"]
     assert result.status.value == "pass", result.message
     assert result.details["low_precision_tensors"] == 0 and result.details["wide_dtypes"] == ["float32"]
 

@@ -183,8 +183,8 @@ def test_a_span_head_is_judged_at_its_real_positions_against_ln_t(heads):
 # --- a token classifier's labels, as the Hugging Face recipe aligns them ---------------------------------
 
 @pytest.mark.parametrize("loop, status", [("tagging", "pass"), ("tagging_pads_graded", "fail")])
-def test_token_labels_read_as_given(loop, status, report_of):
-    report = report_of("tagger_correct", TAGGING, train=loop)
+def test_token_labels_read_as_given(loop, status, checks_report):
+    report = checks_report("tagger_correct", TAGGING, train=loop)
     result = report["ignore-index"]
     assert result.status.value == status, result.message
     details = result.details

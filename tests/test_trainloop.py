@@ -292,8 +292,7 @@ def test_the_trace_keeps_schedules_and_optimizers_as_plain_numbers():
     copy of the scheduler (whose lambda would not pickle, and which the judge would have to step)."""
     import pickle
 
-    from tfdoctor.recording.batches import train_batches
-    from tfdoctor.recording.loop import record_loop
+    from tfdoctor.recording.loop import record_loop, train_batches
     from tfdoctor.subject import Subject, resolve
 
     def train(model, batches):

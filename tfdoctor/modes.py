@@ -44,7 +44,7 @@ def _mode(model: torch.nn.Module, train: bool) -> Iterator[None]:
 def outermost_mode_calls(original, hear):
     """A stand-in for `nn.Module.train` that calls `hear(module, mode)` for the outermost call only
     (`model.eval()` calls train(False), which calls it again on every child), then `original`. The
-    recorder (recording/patched.py) and the watch monitor (watching/hooks.py) both patch with it."""
+    recorder (recording/patched_calls.py) and the watch monitor (watching/hooks.py) both patch with it."""
     depth = [0]
 
     def train(module, mode=True):

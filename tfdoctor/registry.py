@@ -145,7 +145,7 @@ _VARIANTS: dict[str, dict[str, Callable]] = {}  # check id -> {task: the functio
 
 
 # What a check function may ask for by parameter name, as pytest hands a test its fixtures: its first
-# parameter is what it judges, the ones after it are handed in by the runner (runner.Fixtures).
+# parameter is what it judges, the ones after it are handed in by the runner (runner.CheckInputs).
 JUDGED = {"subject": "a model check or a loop check: the Subject", "series": "a judge of a whole watched run"}
 FIXTURES = {"trace": "the recorded training loop (needs train: --train, or the script tfdoctor run records)"}
 

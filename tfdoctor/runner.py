@@ -72,7 +72,7 @@ def run_checks(subject_or_model, only=None, skip=None, *, seed: int = 0, target:
         subject, unusable = _resolved(subject)  # its test forward draws random ids
         if unusable is not None and "model" not in absent:
             specs = _judging_nonfinite(specs)
-        fixtures = Fixtures(subject, trace)
+        check_inputs = CheckInputs(subject, trace)
         report = Report(target or type(subject.model).__name__)
         if sum(p.numel() for p in subject.model.parameters()) <= SINGLE_THREAD_MAX_PARAMS:
             torch.set_num_threads(1)
@@ -88,7 +88,7 @@ def run_checks(subject_or_model, only=None, skip=None, *, seed: int = 0, target:
                 result = spec.stamp(Result.skipped(_BLOCKED))
             else:  # what one check's forwards leave on the model must not reach the next (issue 29)
                 with preserved_attributes(subject.model):
-                    result = _run_one(spec, subject, seed, fixtures)
+                    result = _run_one(spec, subject, seed, check_inputs)
             if listener is not None:
                 listener("result", result)
             if training_flags(subject.model) != flags:  # a check must not leave the mode changed
@@ -170,7 +170,7 @@ def _check_crashed(exc: Exception) -> Result:
                           {"traceback": "".join(frames[-6:])})
 
 
-class Fixtures:
+class CheckInputs:
     """What the runner hands a check by parameter name besides the subject, made once per run.
 
     `trace`: the one recorded run of the user's loop, shared by every loop check. Handed in by another
@@ -192,7 +192,8 @@ class Fixtures:
         return memo(("train-trace", id(subject.model), subject.train), functools.partial(_record_loop, subject))
 
     def __getitem__(self, name: str):
-        return getattr(self, name)()
+        # by name, as registry.FIXTURES lists them: an explicit table, so no other method resolves
+        return {"trace": self.trace}[name]()
 
     def attention_site(self):
         """Where the model computes attention, in the user's code (probes/attention.py), or None."""
@@ -229,8 +230,7 @@ def _record_loop(subject: Subject):
     """Run `subject.train` once on random batches, recording what it calls (check --train)."""
     import torch
 
-    from tfdoctor.recording.batches import train_batches
-    from tfdoctor.recording.loop import record_loop
+    from tfdoctor.recording.loop import record_loop, train_batches
 
     count = int(current().options.get("train_batches") or DEFAULT_TRAIN_BATCHES)
     batches = train_batches(subject, count, torch.Generator().manual_seed(current().seed + 5))
@@ -251,7 +251,7 @@ def _refuse_meta(model) -> None:
                            "models without allocating them")
 
 
-def _applies(spec: CheckSpec, subject: Subject, fixtures: Fixtures) -> str | None:
+def _applies(spec: CheckSpec, subject: Subject, check_inputs: CheckInputs) -> str | None:
     """Why the check does not apply to this subject, or None when it does."""
     from tfdoctor.tasks import LM, NAMES, SHAPES
 
@@ -262,32 +262,32 @@ def _applies(spec: CheckSpec, subject: Subject, fixtures: Fixtures) -> str | Non
         return spec.skip_reasons.get(task, f"written for language models' logits over the vocabulary; "
                                            f"{NAMES[task]} predicts {SHAPES[task]}")
     for field in spec.needs:
-        given = fixtures.has_loop() if field == "train" else getattr(subject, field) is not None
+        given = check_inputs.has_loop() if field == "train" else getattr(subject, field) is not None
         if not given:
             return f"needs {field} ({_NEEDS_HINTS.get(field, 'set it on the Subject')})"
     return None
 
 
-def _run_one(spec: CheckSpec, subject: Subject, seed: int, fixtures: Fixtures) -> Result:
+def _run_one(spec: CheckSpec, subject: Subject, seed: int, check_inputs: CheckInputs) -> Result:
     import torch
 
     from tfdoctor.probes.process_state import preserved_process_state
 
     def judge() -> Result:
         judged, func, unjudged = _judged_as(spec, subject)
-        reason = _applies(spec, subject, fixtures) or unjudged
+        reason = _applies(spec, subject, check_inputs) or unjudged
         if reason is not None:
             return Result.skipped(reason)
         with preserved_process_state():
             torch.manual_seed(seed)
-            result = func(judged, **{name: fixtures[name] for name in spec.fixtures})
+            result = func(judged, **{name: check_inputs[name] for name in spec.fixtures})
             if not isinstance(result, Result):
                 return result  # protected names it
             if judged is not subject and result.status is not Status.SKIP:  # a pooled classifier's backbone
                 result.message += (" (measured on the backbone's per-position states: a pooled classifier has "
                                    "none of its own)")
                 result.details["measured_on"] = "backbone states"
-            return fixtures.located(spec, result)
+            return check_inputs.located(spec, result)
 
     return protected(spec, judge, _check_crashed)
 

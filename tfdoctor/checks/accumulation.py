@@ -18,8 +18,8 @@ from tfdoctor.recording.windows import (
     step_norms,
     stepped,
     window_weights,
+    wiped_steps,
 )
-from tfdoctor.recording.wiped import wiped_steps
 from tfdoctor.registry import check
 from tfdoctor.result import Result, counted
 from tfdoctor.tasks import for_classifiers

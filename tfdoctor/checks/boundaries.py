@@ -2,7 +2,7 @@
 does a packed row grade the last token of one document on the first token of the next
 (packing-labels)? Both read, from the gradient the loop's backward sent to the model's scores, which
 token each position was graded on and with what weight (tfdoctor/recording/windows.py, as objective
-and ignore-index do); the counts come from tfdoctor/recording/boundaries.py.
+and ignore-index do); the counts come from tfdoctor/recording/targets_at_boundaries.py.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def eos_trained(subject, trace) -> Result:
     entries = [e for e in trace.scores if e.get("backward") is not None and bool(e["readable"].any())]
     if not entries:
         return Result.skipped(no_scores(trace, subject))
-    from tfdoctor.recording.boundaries import eos_targets
+    from tfdoctor.recording.targets_at_boundaries import eos_targets
 
     eos, pad = subject.eos_id, subject.pad_id
     found = eos_targets(trace, subject, ALIGN_MIN_SHARE)
@@ -108,7 +108,7 @@ def packing_labels(subject, trace) -> Result:
     entries = [e for e in trace.scores if e.get("backward") is not None and bool(e["readable"].any())]
     if not entries:
         return Result.skipped(no_scores(trace, subject))
-    from tfdoctor.recording.boundaries import boundary_targets
+    from tfdoctor.recording.targets_at_boundaries import boundary_targets
 
     found = boundary_targets(trace, subject, ALIGN_MIN_SHARE)
     details = {k: found[k] for k in ("packed_by", "offset", "rows", "documents", "boundaries", "graded",

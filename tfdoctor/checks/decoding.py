@@ -13,7 +13,7 @@ CAUSAL_ONLY = "written for causal LMs"
 
 def _judged(subject, judge) -> Result:
     """judge under each attention implementation, the model judged by the one it runs."""
-    from tfdoctor.probes.configured_impl import judged_as_run
+    from tfdoctor.probes.configured_implementation import judged_as_run
 
     return judged_per_implementation(subject, judged_as_run(subject.model, judge))
 

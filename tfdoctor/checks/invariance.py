@@ -41,7 +41,7 @@ UNKNOWN_SIDE_HINT = ("say which side you pad: --padding-side right (or Subject(p
 def _judged(subject, judge) -> Result:
     """judge under each attention implementation, the model judged by the one it runs: under
     another, a failure is a warning not to switch, and an exception is named, not an error."""
-    from tfdoctor.probes.configured_impl import judged_as_run
+    from tfdoctor.probes.configured_implementation import judged_as_run
 
     return judged_per_implementation(subject, judged_as_run(subject.model, judge))
 

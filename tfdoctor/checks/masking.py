@@ -344,7 +344,7 @@ def cross_attention_mask(subject) -> Result:
 
     from tfdoctor.context import current
     from tfdoctor.modes import evaluation
-    from tfdoctor.probes.cross import cross_map
+    from tfdoctor.probes.cross_attention import cross_map
 
     def judge(implementation) -> Result:
         with evaluation(subject.model):

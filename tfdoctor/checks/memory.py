@@ -29,7 +29,7 @@ def memory(subject) -> Result:
         return Result.skipped("needs --train-batch and --train-seq (the training shape to trace)")
     from tfdoctor.memory.budget import resolve_budget
     from tfdoctor.memory.sizes import format_bytes
-    from tfdoctor.memory.traced_verdict import judge_traced
+    from tfdoctor.memory.traced_judge import judge_traced
 
     budget, source = resolve_budget(options.get("budget"))
     target = type(subject.model).__name__

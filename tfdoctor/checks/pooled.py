@@ -98,7 +98,7 @@ def _judged(subject, judge) -> Result:
     """judge(implementation) in eval mode, under each attention implementation (as padding-equivalence)."""
     from tfdoctor.checks.verdicts import judged_per_implementation
     from tfdoctor.modes import evaluation
-    from tfdoctor.probes.configured_impl import judged_as_run
+    from tfdoctor.probes.configured_implementation import judged_as_run
 
     def in_eval(implementation) -> Result:
         with evaluation(subject.model):

@@ -23,7 +23,7 @@ app = typer.Typer(
 
 def shown(text: str) -> str:
     """The user's text in our line, escape sequences and control characters shown, not obeyed."""
-    from tfdoctor.report.text import clean
+    from tfdoctor.report.safe_text import clean
 
     return clean(text)
 

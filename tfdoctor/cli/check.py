@@ -31,7 +31,7 @@ from tfdoctor.cli.options import (
     TimeoutPerCheck,
     Vocab,
 )
-from tfdoctor.cli.outcome import end_command, fail_usage, report_of, stopped, supervised
+from tfdoctor.cli.outcome import end_command, fail_usage, report_from_outcome, stopped, supervised
 from tfdoctor.errors import TfdoctorError
 
 
@@ -87,4 +87,4 @@ def check(
     request = dict(command="check", target=target, train=train, fields=fields, only=only, skip=skip, seed=seed,
                    device=device, options=options)
     outcome = supervised(request, fmt is Format.rich, timeout, timeout_per_check)
-    end_command(report_of(outcome, target, strict), fmt, output, error=stopped(outcome))
+    end_command(report_from_outcome(outcome, target, strict), fmt, output, error=stopped(outcome))

@@ -52,10 +52,10 @@ def stopped(outcome) -> str:
     return "" if outcome.ended == Ended.DONE else outcome.message
 
 
-def report_of(outcome, target: str, strict: bool):
+def report_from_outcome(outcome, target: str, strict: bool):
     """The Report the worker delivered (None: it finished no check), with what `run` discovered and the
     series `watch` recorded."""
-    from tfdoctor.process.supervisor import report_of as made  # here, not at start-up: --help stays fast
+    from tfdoctor.process.supervisor import report_from_outcome as made  # here, not at start-up: --help stays fast
 
     report = made(outcome, target, strict)
     if report is not None:

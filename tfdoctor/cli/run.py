@@ -42,7 +42,7 @@ from tfdoctor.cli.options import (
     Strict,
     Timeout,
 )
-from tfdoctor.cli.outcome import end_command, fail_usage, launched, report_of, stopped, supervised
+from tfdoctor.cli.outcome import end_command, fail_usage, launched, report_from_outcome, stopped, supervised
 from tfdoctor.errors import TfdoctorError
 from tfdoctor.process.protocol import Ended
 
@@ -118,7 +118,7 @@ def run(
     def conclude(outcome) -> None:
         if outcome.ended == Ended.RANK_EXIT:  # another rank: rank 0 prints the report, this one only exits
             raise typer.Exit(outcome.code)
-        end_command(report_of(outcome, f"run {target}", strict), fmt, output, error=stopped(outcome))
+        end_command(report_from_outcome(outcome, f"run {target}", strict), fmt, output, error=stopped(outcome))
 
     # Under torchrun rank 0 speaks for the job: the other ranks draw no bar and print no report.
     supervised(request, fmt is Format.rich and me.rank == 0, timeout, timeout_per_check, then=conclude)

@@ -33,7 +33,7 @@ from tfdoctor.cli.options import (
     WatchSeed,
     WatchTimeout,
 )
-from tfdoctor.cli.outcome import end_command, fail_usage, handled, launched, report_of, stopped
+from tfdoctor.cli.outcome import end_command, fail_usage, handled, launched, report_from_outcome, stopped
 from tfdoctor.errors import TfdoctorError
 from tfdoctor.process.protocol import Ended
 from tfdoctor.result import ExitCode
@@ -107,7 +107,7 @@ def watch(
         outcome = handled(supervise(request, timeout=budget, timeout_per_check=budget, progress=view))
     if me.rank != 0:  # rank 0 speaks for the job
         raise typer.Exit(ExitCode.OK if outcome.ended == Ended.DONE else ExitCode.USAGE_ERROR)
-    watch_ended(outcome, report_of(outcome, f"watch {target}", strict), fmt, output, protected_by)
+    watch_ended(outcome, report_from_outcome(outcome, f"watch {target}", strict), fmt, output, protected_by)
 
 
 def watch_ended(outcome, report, fmt: Format, output: Optional[Path], protected_by: list[str]) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfdoctor.errors import UsageError
-from tfdoctor.memory import sharding
+from tfdoctor.memory import fsdp_shards
 
 DEFAULT_D_MODEL = 512
 DEFAULT_LAYERS = 6
@@ -31,12 +31,12 @@ ATTENTIONS = ("naive", "sdpa")
 CHECKPOINTING = ("none", "full")
 OPTIMIZERS = ("adamw", "sgd", "none")
 SHARDS = ("none", "zero1", "zero2", "zero3")
-FSDP2_SHARDS = ("zero2", "zero3")  # modelled as FSDP2 does them (sharding.Fsdp2Schedule); zero1 has no FSDP2 setting
+FSDP2_SHARDS = ("zero2", "zero3")  # modelled as FSDP2 does them (fsdp_shards.Fsdp2Schedule); zero1 has no FSDP2 setting
 _MAX_SEARCH = 1 << 24  # the largest sequence or batch the fit search tries
 
 # Ledger categories, in the order the report lists them (FSDP2's schedule files its buffers under the first two).
-PARAMETERS = sharding.PARAMETERS
-GRADIENTS = sharding.GRADIENTS
+PARAMETERS = fsdp_shards.PARAMETERS
+GRADIENTS = fsdp_shards.GRADIENTS
 OPTIMIZER = "optimizer states"
 SCORES = "attention scores and probabilities"
 ACTIVATIONS = "other activations"
@@ -187,16 +187,16 @@ class _Ledger:
             self.at_peak = totals
 
 
-def _fsdp2_schedule(c: Config, led: "_Ledger") -> sharding.Fsdp2Schedule | None:
-    """FSDP2's buffers for `c` (see sharding.Fsdp2Schedule), or None when it does not shard with FSDP2."""
+def _fsdp2_schedule(c: Config, led: "_Ledger") -> fsdp_shards.Fsdp2Schedule | None:
+    """FSDP2's buffers for `c` (see fsdp_shards.Fsdp2Schedule), or None when it does not shard with FSDP2."""
     if c.shard not in FSDP2_SHARDS:
         return None
-    block = sharding.block_shapes(c.d_model, c.ff)
-    root = sharding.root_shapes(c.vocab, c.d_model, c.seq, c.tied)
-    sizes = (sharding.unsharded_bytes(block, c.gpus), sharding.sharded_bytes(block, c.gpus))
-    groups = {sharding.ROOT: (sharding.unsharded_bytes(root, c.gpus), sharding.sharded_bytes(root, c.gpus))}
+    block = fsdp_shards.block_shapes(c.d_model, c.ff)
+    root = fsdp_shards.root_shapes(c.vocab, c.d_model, c.seq, c.tied)
+    sizes = (fsdp_shards.unsharded_bytes(block, c.gpus), fsdp_shards.sharded_bytes(block, c.gpus))
+    groups = {fsdp_shards.ROOT: (fsdp_shards.unsharded_bytes(root, c.gpus), fsdp_shards.sharded_bytes(root, c.gpus))}
     groups.update((f"layer {i}", sizes) for i in range(c.layers))
-    return sharding.Fsdp2Schedule(led, c.shard == "zero3", groups)
+    return fsdp_shards.Fsdp2Schedule(led, c.shard == "zero3", groups)
 
 
 def estimate(c: Config) -> Estimate:
@@ -444,7 +444,7 @@ def estimate(c: Config) -> Estimate:
     led.mark("embedding backward")
     led.free("g_x")
     if fsdp:
-        fsdp.post_backward(sharding.ROOT, ["grad.head", "grad.ln_f", "grad.embeddings"])
+        fsdp.post_backward(fsdp_shards.ROOT, ["grad.head", "grad.ln_f", "grad.embeddings"])
         fsdp.end_backward()
     if a != 4:
         led.free("half weights")

@@ -1,9 +1,9 @@
 """The live-bytes counter of the traced mode: the sum of the bytes of every tensor storage alive after
-each aten op of one training step (traced.py runs the step), and where the maximum happened.
+each aten op of one training step (fake_step.py runs the step), and where the maximum happened.
 
 Each storage is tagged, when it is made, with how its size would change under each remedy, and the
-counter keeps the live bytes of every tag after each op (the tags are explained in traced.py's
-docstring; derive.py and traced_verdict.py read them). NodeTagger writes the running module's name on
+counter keeps the live bytes of every tag after each op (the tags are explained in fake_step.py's
+docstring; derive.py and traced_judge.py read them). NodeTagger writes the running module's name on
 the autograd nodes of the forward, so that backward's allocations are named after their module too.
 
 Imports torch; the analytic mode never imports this module.

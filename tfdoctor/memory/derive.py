@@ -1,6 +1,6 @@
 """The arithmetic that turns one traced step into the peak at another batch size or sequence length.
 
-A trace records, after each op, the live bytes split six ways (see traced.Derivation.points):
+A trace records, after each op, the live bytes split six ways (see fake_step.Derivation.points):
 index 3*s + p holds the bytes that scale with the batch when s = 1 and with T**p. At a batch b and
 a length t, the live bytes after that op would be
 

@@ -1,15 +1,15 @@
 """One rank of a sharded job, laid over the traced single-device step: the traced mode's per-device
 figures for `--gpus N --shard zero1|zero2|zero3`.
 
-The traced step (traced.py) runs the user's whole model in one process. What one rank of an FSDP2 job
-holds differs from it by what FSDP2's hooks allocate and free, which sharding.Fsdp2Schedule writes down
+The traced step (fake_step.py) runs the user's whole model in one process. What one rank of an FSDP2 job
+holds differs from it by what FSDP2's hooks allocate and free, which fsdp_shards.Fsdp2Schedule writes down
 once for both modes; a view plays that schedule at the same points of the traced step and keeps, per
 origin, how many bytes the rank holds more (or fewer) than the trace:
 
 - groups as the FSDP2 documentation's idiom builds them: `fully_shard` on each top-level block (the
   children of the model's nn.ModuleList, blocks.top_blocks), then on the root, which holds the rest;
 - persistent bytes: each parameter as rank 0's padded dim-0 shard (ceil(rows / N) rows, as
-  sharding.sharded_bytes), each optimizer state likewise; 0-dim states (AdamW's step) and buffers whole,
+  fsdp_shards.sharded_bytes), each optimizer state likewise; 0-dim states (AdamW's step) and buffers whole,
   as FSDP2 leaves them;
 - the schedule's all-gather buffers, unsharded parameters, reduce-scatter inputs and gradient shards;
 - hooks where FSDP2 has its own: the root's and each block's forward pre- and post-hooks; a block's
@@ -36,12 +36,12 @@ from functools import partial
 import torch
 from torch import nn
 
-from tfdoctor.memory import sharding
+from tfdoctor.memory import fsdp_shards
 from tfdoctor.usercode.torch_compat import tensor_storage_id, tree_flatten, tree_leaves, tree_unflatten
 
 FSDP2_SHARDS = ("zero2", "zero3")
 _GRADS = "whole gradients of "  # what the schedule is told to free at a group's reduce-scatter
-_VIRTUAL_ORIGIN = {sharding.PARAMETERS: "parameters", sharding.GRADIENTS: "backward"}  # traced.py's origins
+_VIRTUAL_ORIGIN = {fsdp_shards.PARAMETERS: "parameters", fsdp_shards.GRADIENTS: "backward"}  # fake_step.py's origins
 
 
 def _key(tensor: torch.Tensor) -> int:
@@ -56,7 +56,7 @@ def _rows_cols(tensor: torch.Tensor) -> tuple[int, int]:
 
 
 def parameter_shard_bytes(param: torch.Tensor, world: int) -> int:
-    return sharding.sharded_bytes([_rows_cols(param)], world, param.element_size())
+    return fsdp_shards.sharded_bytes([_rows_cols(param)], world, param.element_size())
 
 
 def shard_of(tensor: torch.Tensor, nbytes: int, world: int) -> int:
@@ -64,27 +64,27 @@ def shard_of(tensor: torch.Tensor, nbytes: int, world: int) -> int:
     if tensor.dim() == 0 or tensor.shape[0] == 0:
         return nbytes
     rows = tensor.shape[0]
-    return nbytes * sharding.shard_rows(rows, world) // rows
+    return nbytes * fsdp_shards.shard_rows(rows, world) // rows
 
 
 def fsdp2_groups(model: nn.Module, blocks: list[tuple[str, nn.Module]]) -> dict[str, list[nn.Parameter]]:
     """The parameters of each `fully_shard` group: the root first (what no block holds), then each block
     that holds any. A parameter shared by two blocks goes with the first, as fully_shard would take it."""
-    groups: dict[str, list[nn.Parameter]] = {sharding.ROOT: []}
+    groups: dict[str, list[nn.Parameter]] = {fsdp_shards.ROOT: []}
     taken: set[int] = set()
     for name, block in blocks:
         mine = [p for p in block.parameters() if id(p) not in taken]
         taken.update(id(p) for p in mine)
         if mine:
             groups[name] = mine
-    groups[sharding.ROOT] = [p for p in model.parameters() if id(p) not in taken]
+    groups[fsdp_shards.ROOT] = [p for p in model.parameters() if id(p) not in taken]
     return groups
 
 
 class ShardedView:
     """One rank of `world` under `shard`, as bytes by origin added to (or taken off) the traced step.
 
-    Implements sharding.Ledger for the schedule: its buffers are bytes of no tensor, its marks are
+    Implements fsdp_shards.Ledger for the schedule: its buffers are bytes of no tensor, its marks are
     samples of the counter (`counter.sample(op)`), and freeing a group's whole gradients stops counting
     their storages.
     """
@@ -96,13 +96,13 @@ class ShardedView:
         self.recounted: dict[int, tuple[str, int, bool]] = {}  # storage -> (origin, bytes added, a gradient)
         self.buffers: dict[str, tuple[str, int, bool]] = {}  # the schedule's buffers alive
         self.peak = 0
-        self.schedule: sharding.Fsdp2Schedule | None = None
+        self.schedule: fsdp_shards.Fsdp2Schedule | None = None
         if shard in FSDP2_SHARDS:
             sizes = {}
             for name, params in groups.items():
                 shard_bytes = sum(parameter_shard_bytes(p, world) for p in params)
-                sizes[name] = (world * shard_bytes, shard_bytes)  # as sharding.unsharded_bytes
-            self.schedule = sharding.Fsdp2Schedule(self, shard == "zero3", sizes)
+                sizes[name] = (world * shard_bytes, shard_bytes)  # as fsdp_shards.unsharded_bytes
+            self.schedule = fsdp_shards.Fsdp2Schedule(self, shard == "zero3", sizes)
 
     @property
     def total(self) -> int:
@@ -160,10 +160,10 @@ class ShardedView:
     def observe(self, now: int) -> None:
         self.peak = max(self.peak, now + self.total)
 
-    # -- sharding.Ledger, for the schedule ------------------------------------------------------
+    # -- fsdp_shards.Ledger, for the schedule ------------------------------------------------------
 
     def alloc(self, name: str, nbytes: int, category: str) -> None:
-        gradient = category == sharding.GRADIENTS
+        gradient = category == fsdp_shards.GRADIENTS
         self.buffers[name] = (_VIRTUAL_ORIGIN[category], nbytes, gradient)
         self._shift(_VIRTUAL_ORIGIN[category], nbytes, gradient)
 
@@ -286,7 +286,7 @@ def fsdp2_hooks(model: nn.Module, views: list[ShardedView], counter) -> Iterator
     handles = [model.register_forward_pre_hook(root_pre_forward), model.register_forward_hook(root_post_forward)]
     try:
         for name in groups:
-            if name == sharding.ROOT:
+            if name == fsdp_shards.ROOT:
                 continue
             block = modules[name]
             handles.append(block.register_forward_pre_hook(partial(pre_forward, name), with_kwargs=True))

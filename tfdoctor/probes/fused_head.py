@@ -23,7 +23,7 @@ def graded_mask(output, log_probs: torch.Tensor) -> torch.Tensor:
     return log_probs.detach() != 0
 
 
-def watch_log_probs(recorder, output, forward: int) -> Optional[str]:
+def hook_log_probs(recorder, output, forward: int) -> Optional[str]:
     """Register a hook on `output.log_probs` that appends one entry per backward to
     `recorder.scores`, in the layout read_scores gives (weights and nll per graded position;
     no target class: `readable` and `hard` stay False, so the target checks skip as before).

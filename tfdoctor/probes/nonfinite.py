@@ -52,11 +52,11 @@ def _no_nan(t: torch.Tensor) -> torch.Tensor:
     return ~torch.isnan(t)
 
 
-# Calls the watch must not take for forward ops: the backward itself.
+# Calls the locator must not take for forward ops: the backward itself.
 _NOT_FORWARD = (torch.autograd.grad, torch.Tensor.backward)
 
 
-class _Watch(TorchFunctionMode):
+class _NonfiniteLocator(TorchFunctionMode):
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.names = {id(m): name for name, m in model.named_modules()}
@@ -91,31 +91,31 @@ class _Watch(TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def _module_stack(watch: _Watch) -> Iterator[None]:
+def _module_stack(locator: _NonfiniteLocator) -> Iterator[None]:
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
     def pre(module, args):
-        watch.stack.append(watch.names.get(id(module), type(module).__name__))
+        locator.stack.append(locator.names.get(id(module), type(module).__name__))
 
     def post(module, args, output):
-        if watch.stack:
-            watch.stack.pop()
+        if locator.stack:
+            locator.stack.pop()
 
     handles = [register_module_forward_pre_hook(pre), register_module_forward_hook(post)]
     try:
         yield
     finally:
-        for handle in handles + watch.handles:
+        for handle in handles + locator.handles:
             handle.remove()
 
 
 def first_nonfinite(model: torch.nn.Module, run: Callable[[], object]) -> Optional[Origin]:
     """Where run() (a forward and a backward of `model`) first made a NaN/Inf: in the forward when
     the forward made one, else in the backward; None when neither did (or it could not be seen)."""
-    watch = _Watch(model)
-    with _module_stack(watch), watch:
+    locator = _NonfiniteLocator(model)
+    with _module_stack(locator), locator:
         run()
-    return watch.forward or watch.backward
+    return locator.forward or locator.backward
 
 
 # What makes a first NaN/Inf at each kind of op, for the verdict (autograd node names included).

@@ -117,8 +117,8 @@ def _supervised(request: dict, timeout: float, timeout_per_check: float, progres
         # reads it, and the budgets below already hold a worker that never starts reading.
         threading.Thread(target=send_request, args=(request_write, request), name="tfdoctor-request",
                          daemon=True).start()
-        outcome = _watch(outcome, proc, read_end, dump, timeout, timeout_per_check, progress, output_read,
-                         forward_ctrl_c=request.get("command") == "watch")
+        outcome = _read_events(outcome, proc, read_end, dump, timeout, timeout_per_check, progress, output_read,
+                               forward_ctrl_c=request.get("command") == "watch")
         outcome.sandbox = sandbox.report() if sandbox is not None else {}
         _first_failure(outcome)
         if hold is not None and proc.poll() is None and outcome.ended in (Ended.DONE, Ended.USAGE_ERROR,
@@ -245,8 +245,8 @@ class _Budgets:
         return ""
 
 
-def _watch(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float, per_check: float,
-           progress, output_read: Optional[int] = None, forward_ctrl_c: bool = False) -> Outcome:
+def _read_events(outcome: Outcome, proc, read_end: int, dump_path: str, timeout: float, per_check: float,
+                 progress, output_read: Optional[int] = None, forward_ctrl_c: bool = False) -> Outcome:
     budgets = _Budgets(timeout, per_check)
     state = {"main_thread": None, "finished": False}
     tasks: dict[int, Callable] = {}
@@ -447,7 +447,7 @@ def _kill(proc) -> None:
         pass
 
 
-def report_of(outcome, target: str, strict: bool):
+def report_from_outcome(outcome, target: str, strict: bool):
     """The Report from what the worker delivered; None when a run cut short finished no check."""
     from tfdoctor.result import Report, Result, Status
 

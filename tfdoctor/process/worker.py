@@ -112,9 +112,9 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
 
     from tfdoctor.recording.collectives import communicating_reason
     from tfdoctor.recording.discovery import discover, subject_of
-    from tfdoctor.recording.models import unwrap
     from tfdoctor.recording.script import record_script
     from tfdoctor.recording.snapshot import TraceOnly
+    from tfdoctor.recording.wrappers import unwrap
     from tfdoctor.runner import run_checks
 
     torch.manual_seed(request.get("seed", 0))  # a script that seeds nothing still gives one report
@@ -153,7 +153,7 @@ def run_script_request(request: dict, listener=None, progress=None, inform=None,
     return True
 
 
-def _serve_without_ranks(request: dict, channel: Channel, listener, progress) -> None:
+def _serve_memory_or_watch(request: dict, channel: Channel, listener, progress) -> None:
     """`memory TARGET` and `watch`, which need no rank session: run it and send what it found."""
     if request["command"] == "memory":
         channel.send(Event.PHASE, name=Phase.MEMORY)
@@ -218,7 +218,7 @@ def run_memory_request(request: dict, progress=None):
 
     from tfdoctor.loader import load_subject
     from tfdoctor.memory.seq_limit import refuse_unfit_seq
-    from tfdoctor.memory.traced_verdict import judge_traced
+    from tfdoctor.memory.traced_judge import judge_traced
     from tfdoctor.runner import as_subject
 
     torch.manual_seed(0)  # as `check` does: the factory's weights are the same in every run
@@ -231,7 +231,7 @@ def run_memory_request(request: dict, progress=None):
 
 def _rank_session(request: dict):
     """One rank of a torchrun job (RANK / WORLD_SIZE set): its RankSession; None in one process. The
-    ranks wait for each other at the stop point within the script's budget, and for rank 0's verdict
+    ranks wait for each other at the stop point within the script's budget, and for rank 0's exit code
     within the whole run's."""
     from tfdoctor.recording.distributed import RankSession
 
@@ -240,7 +240,7 @@ def _rank_session(request: dict):
         return None
     options = request.get("options", {})
     return RankSession(me, arrival_timeout=float(options.get("timeout_per_check", 300)),
-                       verdict_timeout=float(request.get("timeout", 600)))
+                       exit_code_timeout=float(request.get("timeout", 600)))
 
 
 def _close_session(session, release_fd) -> None:
@@ -248,7 +248,7 @@ def _close_session(session, release_fd) -> None:
     `release_fd`), then sends every rank that code; then the group goes."""
     if session is None:
         return
-    if session.world.rank == 0 and session.verdict_group is not None:
+    if session.world.rank == 0 and session.exit_code_group is not None:
         code = 2
         if release_fd is not None:
             with os.fdopen(release_fd, "r") as release:
@@ -324,7 +324,7 @@ def main(argv: list[str]) -> None:
         channel.send(Event.PHASE, name=Phase.LOADING)
         progress = progress_over(channel) if request.get("progress") else None
         if request.get("command") in ("memory", "watch"):
-            _serve_without_ranks(request, channel, listener, progress)
+            _serve_memory_or_watch(request, channel, listener, progress)
         elif request.get("command") == "run":
             channel.send(Event.PHASE, name=Phase.SCRIPT)
             session = _rank_session(request)
@@ -342,7 +342,7 @@ def main(argv: list[str]) -> None:
         if DEBUG.on() and error.__cause__ is not None:  # the user's code raised: its traceback, as the hint says
             output.end_line()
             traceback.print_exception(error.__cause__, file=sys.stderr)
-        if session is not None and session.world.rank != 0 and session.verdict_group is not None:
+        if session is not None and session.world.rank != 0 and session.exit_code_group is not None:
             # rank 0 prints the job's line: this rank ends only once it has (torchrun ends the rest then)
             with contextlib.suppress(Exception):
                 session.receive_code()

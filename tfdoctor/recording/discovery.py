@@ -2,7 +2,7 @@
 the Subject its checks run on: the model and how the script called it, its batches (shape, pad id
 and where it was read from, padding side, packed rows), whether it loaded a checkpoint first.
 
-The recorder (binding.py, driven by script.py) only watches; this module reads its Trace and the
+The recorder (script_recorder.py, driven by script.py) only watches; this module reads its Trace and the
 recorded forward. The model checks then call the snapshot the way the script did
 (`replay_forward`), with every per-token argument rebuilt for the probe's own ids.
 """
@@ -16,10 +16,10 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from tfdoctor.recording.models import unwrap, users_class
-from tfdoctor.recording.recovered import capturing, flattened, unflattening
+from tfdoctor.recording.logits import capturing, flattened, unflattening
 from tfdoctor.recording.script import ScriptRun
 from tfdoctor.recording.trace import Trace
+from tfdoctor.recording.wrappers import unwrap, users_class
 from tfdoctor.subject import PACKING_POSITION_IDS as PACKING_BY_POSITION_IDS
 from tfdoctor.usercode.call_sites import display_path
 

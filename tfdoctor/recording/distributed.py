@@ -35,14 +35,14 @@ class RankSession:
     """tfdoctor's side of the job's process group: the gather at the stop point, then the exit code.
 
     Every collective is bounded: the gather waits `arrival_timeout` for the slowest rank to reach its
-    stop point, the other ranks wait `verdict_timeout` for rank 0 to judge and send its exit code."""
+    stop point, the other ranks wait `exit_code_timeout` for rank 0 to judge and send its exit code."""
 
-    def __init__(self, me: World, arrival_timeout: float, verdict_timeout: float):
+    def __init__(self, me: World, arrival_timeout: float, exit_code_timeout: float):
         self.world = me
         self.arrival_timeout = arrival_timeout
-        self.verdict_timeout = verdict_timeout
+        self.exit_code_timeout = exit_code_timeout
         self.group: Any = None  # the gather's
-        self.verdict_group: Any = None
+        self.exit_code_group: Any = None
         self.digests: Optional[list] = None  # rank 0: every rank's digest, rank 0 first
         self.deferred: list[tuple[tuple, dict]] = []  # the script's destroy_process_group calls
         self.own_default = False  # the script made no process group: tfdoctor made one to meet over
@@ -76,8 +76,8 @@ class RankSession:
 
         try:
             self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.arrival_timeout))
-            self.verdict_group = dist.new_group(backend="gloo",
-                                                timeout=datetime.timedelta(seconds=self.verdict_timeout))
+            self.exit_code_group = dist.new_group(backend="gloo",
+                                                   timeout=datetime.timedelta(seconds=self.exit_code_timeout))
             received = [None] * self.world.size if self.world.rank == 0 else None
             dist.gather_object(digest, received, dst=0, group=self.group)
         except Exception as exc:  # gloo: a peer closed its connection, or did not come in time
@@ -120,17 +120,17 @@ class RankSession:
     def _broadcast(self, value):
         import torch.distributed as dist
 
-        if self.verdict_group is None:
+        if self.exit_code_group is None:
             raise RankError("the ranks never met at their stop point")
         box = [value]
-        dist.broadcast_object_list(box, src=0, group=self.verdict_group)
+        dist.broadcast_object_list(box, src=0, group=self.exit_code_group)
         return box[0]
 
     def close(self) -> None:
         """Carry out what the script asked for and tfdoctor put off: its process group goes."""
         import torch.distributed as dist
 
-        for group in (self.group, self.verdict_group):
+        for group in (self.group, self.exit_code_group):
             with contextlib.suppress(Exception):
                 if group is not None and dist.is_initialized():
                     dist.destroy_process_group(group)

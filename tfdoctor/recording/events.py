@@ -31,7 +31,7 @@ class _Located(TypedDict):
 
 
 class BatchData(TypedDict):
-    """`check --train` handed the loop one of its batches (recording/feed.py); `run` has no such events."""
+    """`check --train` handed the loop one of its batches (recording/loop.py); `run` has no such events."""
 
     index: int  # the batch's position in the list fed to train(model, batches)
 
@@ -53,7 +53,7 @@ class ForwardData(_ForwardAlways, total=False):
     mode_off_kinds: list[str]  # "dropout" / "batch norm": what mode_off holds; only when mode_off is not empty
     # The output carries per-token log_probs and no logits (TRL's fused LM head): the output's class name.
     fused_head: str
-    # `run` only (binding.ScriptRecorder watches every candidate model until one is settled):
+    # `run` only (script_recorder.ScriptRecorder watches every candidate model until one is settled):
     module: int  # id() of the module called
     grad: bool  # grad mode at the outermost call; False: an evaluation forward, not a micro-batch
 
@@ -93,7 +93,7 @@ class BackwardData(_BackwardAlways, total=False):
 
     grads_after: bool  # some gradient was non-zero on a sample just after it; set when the backward returns
     # `run`, until the model is settled or while several are trained: ids of the parameters its graph
-    # reaches, removed from the payload when the script's own model is known (binding.keep_own_events).
+    # reaches, removed from the payload when the script's own model is known (script_recorder.keep_own_events).
     reaches: frozenset[int]
 
 

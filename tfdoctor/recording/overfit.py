@@ -3,7 +3,7 @@ correct loss, to tell a loop that cannot learn from one whose schedule does not 
 Measures only: `overfit_loop` returns an OverfitRun and `replay` a loss curve; overfit-batch
 (tfdoctor/checks/learning.py) judges them.
 
-- `Feed` (recording/feed.py, the one `check --train` records with too): the batches as a list that
+- `Feed` (recording/loop.py, the one `check --train` records with too): the batches as a list that
   stops handing them out once told to (the loss has already fallen far enough, or the check's time
   budget is spent) by raising `FeedStopped` out of the loop. Ending
   the iteration early instead would make it disagree with len(): a loop that draws
@@ -37,8 +37,7 @@ from tfdoctor.probes.isolation import guarded
 from tfdoctor.probes.loss import LMBatch, eval_loss, lm_batch_of, lm_loss
 from tfdoctor.probes.memorise import isolated_trainable_copy
 from tfdoctor.probes.process_state import DropoutOff
-from tfdoctor.recording.batches import train_batches
-from tfdoctor.recording.feed import Feed
+from tfdoctor.recording.loop import Feed, train_batches
 from tfdoctor.subject import Subject
 
 

@@ -32,8 +32,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from tfdoctor.recording.models import is_shard, unwrap
 from tfdoctor.recording.windows import micro_batch_weights
+from tfdoctor.recording.wrappers import is_shard, unwrap
 from tfdoctor.usercode.call_sites import call_site
 from tfdoctor.usercode.patches import Patches
 
@@ -435,6 +435,6 @@ def _token_weights(events: list, scores: list) -> list[dict]:
 
 
 def _clip_norms(events: list) -> list[dict]:
-    """The whole model's pre-clip gradient norm each window's first clip measured (patched.py)."""
+    """The whole model's pre-clip gradient norm each window's first clip measured (patched_calls.py)."""
     return [{"window": e.window, "norm": e.data["global_pre_norm"], "how": e.data.get("how")}
             for e in events if e.kind == "clip" and e.data.get("global_pre_norm") is not None]

@@ -15,7 +15,7 @@ How each thing is seen, hooks first and patches only where PyTorch offers no hoo
   changing the parameters between two backward calls (a manual update);
 - the model's forward: module pre/post hooks on the (copied) model;
 - GradScaler, clip_grad_*, zero_grad, LR scheduler steps and autocast regions: patched on their
-  classes or modules (no hooks exist; recording/patched.py) and restored in `finally`, also when
+  classes or modules (no hooks exist; recording/patched_calls.py) and restored in `finally`, also when
   the loop raises.
 
 Autocast and GradScaler record what the loop *requested* (device, dtype, enabled), so a loop written
@@ -33,15 +33,15 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from tfdoctor.probes.fused_head import watch_log_probs
+from tfdoctor.probes.fused_head import hook_log_probs
 from tfdoctor.probes.process_state import BATCH_NORM_MODULES, DROPOUT_MODULES
 from tfdoctor.recording.events import EventKind
 from tfdoctor.recording.grads import grad_norm, int_tensors, nodes_near, reaches, sample
-from tfdoctor.recording.patched import PatchedCalls
+from tfdoctor.recording.patched_calls import PatchedCalls
 from tfdoctor.recording.schedule import schedule_record
 from tfdoctor.recording.scores import READ_CHUNK_ELEMENTS, SCORE_FUNCTIONS, class_dim, read_scores
-from tfdoctor.recording.stale import UpdateWatch
 from tfdoctor.recording.trace import LOCATED_EVENTS, Event, OptimizerRecord, Trace
+from tfdoctor.recording.updates import UpdateProbe
 from tfdoctor.subject import extract_logits
 from tfdoctor.usercode.call_sites import call_site
 from tfdoctor.usercode.torch_compat import is_compiling_function, outside_function_mode
@@ -104,7 +104,7 @@ class Recorder(PatchedCalls, TorchFunctionMode):
         self.after_backward: Optional[torch.Tensor] = None  # gradient sample after the latest backward
         self.grad_rescale: dict[int, float] = {}
         self.closure_step_pending = False  # inside `optimizer.step(closure)`, before the closure returned
-        self.updates = UpdateWatch()  # what the first steps did to low-precision weights (stale-update)
+        self.updates = UpdateProbe()  # what the first steps did to low-precision weights (stale-update)
 
     # ------------------------------------------------------------------ events
 
@@ -147,7 +147,7 @@ class Recorder(PatchedCalls, TorchFunctionMode):
     def owns(self, params) -> bool:
         """Whether calls on these parameters (a clip, zero_grad, the scaler's unscale_ / step, a
         scheduler's step) are the recorded loop's: every one is here; a driver that watches several
-        models lets another model's calls pass unrecorded (see binding.py)."""
+        models lets another model's calls pass unrecorded (see script_recorder.py)."""
         return True
 
     def unrecorded(self, func, args, kwargs):
@@ -260,7 +260,7 @@ class Recorder(PatchedCalls, TorchFunctionMode):
         if self.in_forward:
             self.pending.append((tensor, dim, name))
         else:
-            self._watch(tensor, dim, self.forwards - 1, name)
+            self._hook_scores(tensor, dim, self.forwards - 1, name)
 
     def graded_classes(self, tensor: torch.Tensor, dim: int, output=None) -> bool:
         """Whether the class dimension of a softmax-family call's input, or of the model's `output`'s
@@ -268,7 +268,7 @@ class Recorder(PatchedCalls, TorchFunctionMode):
         place (a token classifier's C under check --train)."""
         return tensor.shape[dim] == self.vocab
 
-    def _watch(self, tensor: torch.Tensor, dim: int, forward: int, source: str) -> None:
+    def _hook_scores(self, tensor: torch.Tensor, dim: int, forward: int, source: str) -> None:
         if tensor.grad_fn is None or reaches(tensor.grad_fn, self.watched):
             return
         values = tensor.detach()
@@ -357,11 +357,11 @@ class Recorder(PatchedCalls, TorchFunctionMode):
             logits = None
         if logits is None and isinstance(getattr(output, "log_probs", None), torch.Tensor):
             forward.data["fused_head"] = type(output).__name__  # per-token log-probs, no scores (TRL)
-            watch_log_probs(self, output, forward.data["index"])  # their gradient still weighs each token
+            hook_log_probs(self, output, forward.data["index"])  # their gradient still weighs each token
         output_node = None
         if (isinstance(logits, torch.Tensor) and logits.dim() >= 2 and logits.is_floating_point()
                 and self.graded_classes(logits, logits.dim() - 1, output)):
-            self._watch(logits, logits.dim() - 1, forward.data["index"], "output")
+            self._hook_scores(logits, logits.dim() - 1, forward.data["index"], "output")
             output_node = logits.grad_fn
             if type(output_node).__name__ == "_DDPSinkBackward":  # DDP(find_unused_parameters=True): every
                 # output passes one node, the i-th output from its i-th input: the logits' own node is that one
@@ -369,12 +369,12 @@ class Recorder(PatchedCalls, TorchFunctionMode):
                 output_node = inputs[logits.output_nr][0] if logits.output_nr < len(inputs) else output_node
         for tensor, dim, name in self.pending:
             # a softmax over the scores the model returns (log-probabilities out) scores the same rows
-            # (computed from a watched tensor, `logits.view(-1, V)`, is skipped by _watch anyway: that
-            # short walk goes first, the long one from the output only when it finds nothing)
+            # (computed from a watched tensor, `logits.view(-1, V)`, is skipped by _hook_scores anyway:
+            # that short walk goes first, the long one from the output only when it finds nothing)
             if reaches(tensor.grad_fn, self.watched):
                 continue
             if output_node is None or not reaches(output_node, [tensor.grad_fn]):
-                self._watch(tensor, dim, forward.data["index"], name)
+                self._hook_scores(tensor, dim, forward.data["index"], name)
         self.pending = []
 
     def direct_forward(self, original: Callable) -> Callable:

@@ -4,7 +4,7 @@ record its first optimizer steps with the same recorder `check --train` uses, an
 `record_script(...)` runs the script like `python train.py ARGS` (its own sys.argv, sys.path[0] its
 folder, the current directory unchanged) or `python -m pkg.mod ARGS`, with the recording installed
 process-wide. Which model is trained is not known in advance, so the recorder binds late (the
-ScriptRecorder of binding.py: the first model called under grad, settled at the first optimizer
+ScriptRecorder of script_recorder.py: the first model called under grad, settled at the first optimizer
 step). After K optimizer steps (all optimizers of the step stepped) a private BaseException is
 raised out of optimizer.step (for a loop that updates the weights by hand: out of the next
 backward), so the script's finally blocks run and nothing it would do after the stop point (a
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
 from tfdoctor.errors import LoadError
-from tfdoctor.recording.binding import ScriptRecorder
 from tfdoctor.recording.ranks import RankRecorder
 from tfdoctor.recording.recorder import finish
+from tfdoctor.recording.script_recorder import ScriptRecorder
 from tfdoctor.recording.stopping import StopScript
 from tfdoctor.recording.trace import Trace
 from tfdoctor.usercode.as_main import ScriptOutcome, exit_code, refuse_no_step, run_script, script_name

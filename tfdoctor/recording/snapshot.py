@@ -9,8 +9,8 @@ import torch
 
 from tfdoctor.errors import first_line
 from tfdoctor.probes.isolation import isolated_copy
-from tfdoctor.recording.models import is_shard
 from tfdoctor.recording.unshard import TooLarge, sharded_bytes, unsharded_copy
+from tfdoctor.recording.wrappers import is_shard
 from tfdoctor.usercode.torch_compat import fsdp2_module_class
 
 

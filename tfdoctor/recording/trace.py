@@ -84,8 +84,8 @@ class Trace:
     # torch.distributed collectives the model's own forward called (tensor parallelism), name -> the
     # user's line: the model runs only with every rank taking part (recording/collectives.py).
     forward_collectives: dict = field(default_factory=dict)
-    # The first optimizer steps' effect on the low-precision weights they hold (recording/stale.py
-    # UpdateWatch): per step, per tensor with a gradient, its elements graded and left unchanged.
+    # The first optimizer steps' effect on the low-precision weights they hold (recording/updates.py
+    # UpdateProbe): per step, per tensor with a gradient, its elements graded and left unchanged.
     updates: list = field(default_factory=list)
 
     # One kind's events come back typed with that kind's payload: `trace.of("opt_step")[0].data["lr"]`

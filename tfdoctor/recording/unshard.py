@@ -14,7 +14,7 @@ from collections import OrderedDict
 
 import torch
 
-from tfdoctor.recording.models import users_class
+from tfdoctor.recording.wrappers import users_class
 from tfdoctor.usercode.torch_compat import MODULE_HOOK_TABLES, dtensor_class, is_fsdp2_bookkeeping
 
 # Every rank gathers the whole weights once, and rank 0 keeps them: beyond this size (a model sharded

@@ -1,8 +1,9 @@
 """Measures on a recorded loop (a Trace), shared by the loop judges: which optimizer-step window
-each call fell in, the micro-batches per window, the gradient norm at each step, the token weight and
-loss each window gave the scores, the graded targets' alignment with the input ids, the learning
-rate of every param group at each step. Plain functions of the Trace (and the Subject's kind and
-pad id), no verdicts: the judges in tfdoctor/checks/ read them against their thresholds.
+each call fell in, the micro-batches per window, the gradient norm at each step, the steps taken on
+gradients wiped after the backward, the token weight and loss each window gave the scores, the graded
+targets' alignment with the input ids, the learning rate of every param group at each step. Plain
+functions of the Trace (and the Subject's kind and pad id), no verdicts: the judges in
+tfdoctor/checks/ read them against their thresholds.
 
 Torch is imported inside the functions that need it: the check modules import this one, and
 `tfdoctor checks` lists them without loading torch.
@@ -15,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, fields
 from typing import Any, Optional
 
+from tfdoctor.recording.events import holds_only_frozen
 from tfdoctor.recording.trace import MANUAL_UPDATE
 
 # objective: the offsets tried between a scored position and the input token it is graded on.
@@ -108,6 +110,39 @@ def scaled_clips(trace) -> list[tuple]:
         elif event.kind == "clip" and scaled:
             found.append((event, scale))
     return found
+
+
+# Optimizer steps taken on gradients wiped after the backward made them (zero-grad's evidence beside
+# stale gradients). `optimizer.zero_grad()` moved between `loss.backward()` and `optimizer.step()`
+# still clears the gradients once per step, so the stale-gradient test passes; but every step then
+# runs on zeros (or on no gradient at all, with set_to_none) and the weights never learn. Read off the
+# trace: the last backward of a step left non-zero gradients (seen on a sample of their elements), and
+# the exact norm of the gradients the optimizers were handed at that step is 0.
+def wiped_steps(trace) -> list[dict]:
+    """One entry per optimizer step (window) whose optimizers all got zero or missing gradients while
+    the window's last backward had left non-zero ones: its step number (1-based) and where it stepped."""
+    after: dict[int, bool] = {}
+    cleared: dict[int, str] = {}  # window -> where zero_grad() was called after its last backward
+    for event in trace.events:
+        if event.kind == "backward" and "grads_after" in event.data:
+            after[event.window] = event.data["grads_after"]  # the window's last backward wins
+            cleared.pop(event.window, None)
+        elif event.kind == "zero_grad" and event.window in after and event.data.get("where"):
+            cleared.setdefault(event.window, event.data["where"])
+    steps: dict[int, list] = {}
+    for event in trace.of("opt_step"):
+        if event.data.get("manual"):  # a hand-written update is read off the weights, not a .grad
+            continue
+        steps.setdefault(event.window, []).append(event)
+    wiped = []
+    for window, events in sorted(steps.items()):
+        # an optimizer that holds only frozen parameters gets no gradient whatever the loop clears:
+        # optimizer-coverage's finding, not a zero_grad() misplaced
+        if after.get(window) and all(e.data["grad_norm"] == 0.0 for e in events) \
+                and not all(holds_only_frozen(e.data) for e in events):
+            wiped.append({"step": window + 1, "where": cleared.get(window) or events[-1].data.get("where"),
+                          "call": "zero_grad()" if window in cleared else "optimizer.step()"})
+    return wiped
 
 
 def order(trace, window: int) -> str:

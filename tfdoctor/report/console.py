@@ -12,7 +12,7 @@ from rich.text import Text
 
 from tfdoctor.report.run_summary import CURVES_HEALTHY, beyond_curves, curves_healthy
 from tfdoctor.report.theme import THEME
-from tfdoctor.report.watched import watched_lines
+from tfdoctor.report.watch_header import watched_lines
 from tfdoctor.result import Report, Result, Status
 from tfdoctor.sparkline import sparkline
 from tfdoctor.versions import describe

@@ -225,7 +225,7 @@ def terminal_dashboard(target: str) -> Iterator[Optional[Dashboard]]:
     """Yield the live view while stderr is a terminal; None otherwise (a CI log, a pipe)."""
     from rich.console import Console
 
-    from tfdoctor.report.text import clean
+    from tfdoctor.report.safe_text import clean
 
     console = Console(stderr=True)
     if not console.is_terminal:

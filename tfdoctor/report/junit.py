@@ -1,6 +1,6 @@
 """JUnit XML: one testcase per check; fail and error (and warn under --strict) are failures, skip is
 skipped. The suite's <properties> name the versions it was made with (tfdoctor, python, torch,
-transformers). Text reaches here cleaned (report/text.py: nothing XML 1.0 forbids) and ElementTree
+transformers). Text reaches here cleaned (report/safe_text.py: nothing XML 1.0 forbids) and ElementTree
 escapes the rest (`<`, `&`, `>`), so the file is well-formed whatever the user's code raised."""
 
 from __future__ import annotations

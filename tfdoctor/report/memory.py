@@ -15,7 +15,7 @@ from rich.text import Text
 
 from tfdoctor.memory.analytic import CATEGORIES, Verdict
 from tfdoctor.memory.sizes import format_bytes
-from tfdoctor.report.text import clean
+from tfdoctor.report.safe_text import clean
 from tfdoctor.report.theme import THEME
 
 BAR_WIDTH = 24

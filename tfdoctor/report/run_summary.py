@@ -1,5 +1,5 @@
 """A watched run's headline numbers, each computed here once and written under one name, whoever shows
-it: the console header (report/watched.py), the live view (report/dashboard.py) and the HTML figure
+it: the console header (report/watch_header.py), the live view (report/dashboard.py) and the HTML figure
 titles (report/run_figures.py). Before, "loss at the start" was the first step's loss in the HTML and
 the median of the first 10 steps in the console, "tokens/s" was total tokens over the wall-clock in one
 and the median step's rate in the other, and a run without a DataLoader read "data wait 0.0%".

@@ -130,7 +130,7 @@ class Target(NamedTuple):
     driver: str  # which command or context manager has it patched, and for how long
 
 
-_RECORDER = "recording/patched.py"
+_RECORDER = "recording/patched_calls.py"
 _HOOKS = "watching/hooks.py"
 _SANDBOX = "process/sandbox/interpose.py"
 _CLIP = ("clip_grad_norm_", "clip_grad_value_", "clip_grads_with_norm_")
@@ -153,9 +153,9 @@ PATCHED_TARGETS: tuple[Target, ...] = (
     Target("torch.amp.autocast_mode:autocast", ("__init__", "__enter__", "__exit__"), _RECORDER, "recorder"),
     Target("<the recorded model's class>", ("forward",), _RECORDER, "recorder"),
     # The script recorder (run): ScriptRecorder.installed_process_wide, around the recorder
-    Target("torch.nn:Module", ("__call__", "load_state_dict"), "recording/binding.py", "run"),
-    Target("torch.optim:Optimizer", ("__init__",), "recording/binding.py", "run"),
-    Target("<each candidate model's class>", ("forward",), "recording/binding.py", "run"),
+    Target("torch.nn:Module", ("__call__", "load_state_dict"), "recording/script_recorder.py", "run"),
+    Target("torch.optim:Optimizer", ("__init__",), "recording/script_recorder.py", "run"),
+    Target("<each candidate model's class>", ("forward",), "recording/script_recorder.py", "run"),
     Target("transformers.modeling_utils:PreTrainedModel", ("from_pretrained",), "recording/pretrained.py", "run"),
     Target("sys:meta_path", ("<an AfterImport finder, first>",), "recording/pretrained.py",
            "run, until transformers.modeling_utils is imported"),

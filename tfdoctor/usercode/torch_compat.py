@@ -21,7 +21,7 @@ Left outside on purpose: nn.Module's `_parameters` / `_buffers` / `_modules` dic
 nn.Module and autograd have had since torch 0.4 and that torch's own public helpers
 (torch.func.functional_call, state_dict) read; wrapping them would hide plain attribute access.
 The aten op names that only recognise ops in a dispatch mode (memory/counter.py's autocast lists,
-memory/fsdp.py's collectives) stay beside their lists, except the attention ones, which are also called.
+memory/fsdp_measured.py's collectives) stay beside their lists, except the attention ones, which are also called.
 
 Lazy: importing this module does not import torch (the CLI's --help and the analytic `memory` command
 must stay torch-free, whatever imports this); each function imports what it reads when called.

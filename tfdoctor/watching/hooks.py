@@ -2,7 +2,7 @@
 in `finally` (also when the run raises or is stopped). Each is a call made a few times per step at
 most, never per torch operation: see monitor.py for what each one records.
 
-Why a second hook set beside the recorder's (recording/patched.py, recorder.py): the recorder's
+Why a second hook set beside the recorder's (recording/patched_calls.py, recorder.py): the recorder's
 TorchFunctionMode sees every torch call and costs ~1.3x on its own (bench/run_overhead.py), while
 the monitor runs for a whole training run within 3% of its step time (bench/watch_overhead.py)."""
 

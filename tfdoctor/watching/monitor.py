@@ -46,7 +46,7 @@ from tfdoctor.watching.readings import (
     scale_of,
     token_ids,
 )
-from tfdoctor.watching.resident import close_reader, heap_reader, rss_reader
+from tfdoctor.watching.rss import close_reader, heap_reader, rss_reader
 from tfdoctor.watching.series import RunSeries, StepRow
 from tfdoctor.watching.sources import WEIGHTINGS, EvalCall, eval_points
 

@@ -33,7 +33,7 @@ class StepRow:
     cuda_reserved: Optional[int] = None
     batches: int = 0  # DataLoader batches drawn so far (the batch this step ended on)
     own_bytes: Optional[int] = None  # what the monitor's own records held then (part of rss)
-    heap: Optional[int] = None  # bytes malloc held in use (glibc), read every few steps (watching/resident.py)
+    heap: Optional[int] = None  # bytes malloc held in use (glibc), read every few steps (watching/rss.py)
     # the model was called on an input shape not seen before (since the last step): the C libraries
     # behind torch cache kernels per shape (oneDNN's primitive cache), which grows the heap until full
     new_shape: bool = False

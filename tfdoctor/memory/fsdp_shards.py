@@ -65,7 +65,7 @@ class Fsdp2Schedule:
     """What FSDP2 adds to one rank's memory at its hooks, for `fully_shard` on each block, then the root.
 
     The ZeRO formulae (parameters, gradients, optimizer states each divided by N) miss most of it; against
-    FSDPMemTracker and our own counter on a fake process group (tfdoctor/memory/fsdp.py, torch 2.13) they
+    FSDPMemTracker and our own counter on a fake process group (tfdoctor/memory/fsdp_measured.py, torch 2.13) they
     were 14-40% low per device on GPT-2 small at batch 1 (bench/memory_accuracy.py). What one rank holds on
     top of its padded shards, as measured:
     - the root group (embeddings, ln_f, LM head) unsharded from the root's all-gather to the end of

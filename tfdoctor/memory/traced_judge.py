@@ -1,5 +1,5 @@
 """Judging a traced step against the budget: the same verdict and remedies as the analytic mode, every
-remedy derived from the one trace of traced.py (or, where shapes cannot tell T apart, traced again).
+remedy derived from the one trace of fake_step.py (or, where shapes cannot tell T apart, traced again).
 
 Measure, then judge: measure_traced runs the steps (TracedSteps, plain data) and judge_steps, a pure
 function of those and the budget, gives the Verdict and its remedies.
@@ -18,8 +18,8 @@ import torch
 from tfdoctor.errors import SubjectError, UsageError
 from tfdoctor.memory import derive
 from tfdoctor.memory.analytic import Remedy, Verdict
+from tfdoctor.memory.fake_step import PHASES, StepMeasure, fake_step
 from tfdoctor.memory.kernels import changes_kernel, scores_note
-from tfdoctor.memory.traced import PHASES, StepMeasure, fake_step
 from tfdoctor.subject import max_positions_of, vocab_size_of
 
 # The shorter-sequence fallback (when the shapes cannot tell T apart) fits a quadratic through the

@@ -34,7 +34,7 @@ a second such view of the same trace.
 
 This module runs the step (fake_step -> StepMeasure, plain data); counter.py counts its live bytes and
 tags; the step runs the attention kernels of the device the model trains on, whatever device its factory
-built it on (kernels.py); traced_verdict.py judges the step against the budget and derives the remedies.
+built it on (kernels.py); traced_judge.py judges the step against the budget and derives the remedies.
 
 Imports torch; the analytic mode never imports this module.
 """

@@ -3,7 +3,7 @@
 A weight held in bfloat16 or float16 changes only when the update is at least half the spacing
 between representable numbers around it (half an ulp, eps/2 of the weight's size: 3.9e-3 in
 bfloat16). Smaller updates round back to the old value: the optimizer steps, the gradient is
-non-zero, and nothing moves. `UpdateWatch` sees it directly: at the first few optimizer steps of the
+non-zero, and nothing moves. `UpdateProbe` sees it directly: at the first few optimizer steps of the
 loop it keeps a copy of (a strided sample of) every low-precision trained tensor before the step and
 compares it after, counting the elements that had a non-zero gradient and the ones of those the step
 left unchanged, with the rate, the typical weight and the typical gradient size. The judge
@@ -30,7 +30,7 @@ def _sampled(tensor: torch.Tensor, stride: int) -> torch.Tensor:
     return tensor.detach().reshape(-1)[::stride]
 
 
-class UpdateWatch:
+class UpdateProbe:
     """What the first WATCHED_STEPS optimizer steps did to the low-precision weights they hold; `steps`
     is plain data for the Trace (see `after`)."""
 

@@ -4,7 +4,7 @@ fails, or raises, says what would happen after a switch, a warning, not the mode
 The implementation a Hugging Face model runs is `config._attn_implementation` as transformers
 resolved it (sdpa by default where the model supports it, eager otherwise, or what the user
 configured). The invariance and decoding checks wrap their per-implementation judge with
-`judged_as_run`, so that the verdict holds whichever way the shared combiner (checks/verdicts.py)
+`judged_as_run`, so that the verdict holds whichever way the shared combiner (checks/verdicts/)
 orders them.
 """
 

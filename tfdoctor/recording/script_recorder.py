@@ -6,7 +6,7 @@ trains, since which one is not known in advance:
   real init; a model sharded with FSDP2 is gathered whole first);
 - at the first optimizer step the model is settled: the outermost module called whose parameters
   the stepped optimizer holds (a different module than the one bound is rebound, with a warning);
-  DDP, torch.compile and similar wrappers are unwrapped for the checks (models.py);
+  DDP, torch.compile and similar wrappers are unwrapped for the checks (wrappers.py);
 - after K optimizer steps (all optimizers of the step stepped) it stops the script (recording/stopping.py).
 
 It also sees how the script calls its model (the recorded forward), which LM a wrapper module
@@ -25,12 +25,12 @@ import torch
 from tfdoctor.recording.collectives import watching_collectives
 from tfdoctor.recording.events import EventKind
 from tfdoctor.recording.grads import params_of
-from tfdoctor.recording.models import lightning_module_on_stack, redirected, unwrap
-from tfdoctor.recording.objects import find_eos_ids, find_tokenizers, script_objects
 from tfdoctor.recording.pretrained import pretrained_loads
 from tfdoctor.recording.recorder import Recorder, compiling
+from tfdoctor.recording.script_objects import find_eos_ids, find_tokenizers, script_objects
 from tfdoctor.recording.snapshot import snapshot_model, why_uncopied
 from tfdoctor.recording.stopping import Stopper
+from tfdoctor.recording.wrappers import lightning_module_on_stack, redirected, unwrap
 from tfdoctor.subject import extract_logits, vocab_size_of
 from tfdoctor.usercode.call_sites import call_site
 from tfdoctor.usercode.patches import Patches
@@ -128,7 +128,7 @@ class ScriptRecorder(Recorder):
         inner = unwrap(module)
         self.vocab = vocab_size_of(inner)
         self.busy = True  # the copy's tensor calls are not the script's
-        self.unhook(module)  # the copy must not carry (nor deep-copy) the recorder's own hooks
+        self.unhook_candidate(module)  # the copy must not carry (nor deep-copy) the recorder's own hooks
         self.uncopied = None
         try:
             self.snapshot = snapshot_model(inner)
@@ -136,7 +136,7 @@ class ScriptRecorder(Recorder):
             self.snapshot, self.uncopied = None, why_uncopied(inner, error)
         finally:
             self.busy = False
-            self.watch(module)
+            self.hook_candidate(module)
         self.snapshot_loaded = next((where for m in inner.modules() for where in [self.loaded.get(id(m))]
                                      if where), None)
         # `model.forward(x)` called directly skips module hooks: as record_loop does, the class's
@@ -148,7 +148,7 @@ class ScriptRecorder(Recorder):
         self.other_ids = {id(p) for m in self.top.values() if m is not self.bound
                           for p in m.parameters()} - self.param_ids
 
-    def watch(self, module: torch.nn.Module) -> None:
+    def hook_candidate(self, module: torch.nn.Module) -> None:
         """Every candidate's forwards are recorded, tagged with it: which one is audited is settled
         at the first optimizer step, and the others' forwards are dropped then (keep_own_events)."""
         if id(module) in self.hooks:
@@ -156,7 +156,7 @@ class ScriptRecorder(Recorder):
         self.hooks[id(module)] = [module.register_forward_pre_hook(self.forward_pre, with_kwargs=True),
                                   module.register_forward_hook(self.forward_post, with_kwargs=True)]
 
-    def unhook(self, module: torch.nn.Module) -> None:
+    def unhook_candidate(self, module: torch.nn.Module) -> None:
         for handle in self.hooks.pop(id(module), []):
             handle.remove()
 
@@ -208,7 +208,7 @@ class ScriptRecorder(Recorder):
 
     def deep_call(self, module: torch.nn.Module, output) -> None:
         """A module called further down a candidate's first forward: the outermost one returning logits
-        [B, T, V] is kept (see recovered.py), in case neither the candidate nor a module it calls does."""
+        [B, T, V] is kept (see logits.py), in case neither the candidate nor a module it calls does."""
         held = self.deep_lm.get(id(self.opening))
         logits = self._logits(output, self.opening)
         if logits is None or logits.dim() != 3:
@@ -303,7 +303,7 @@ class ScriptRecorder(Recorder):
             if not any(p.requires_grad for p in module.parameters()):
                 return  # a loss module, a frozen encoder
             self.top[id(module)] = module
-            self.watch(module)
+            self.hook_candidate(module)
             self._split_parameters()
         if self.bound is None and torch.is_grad_enabled():  # an evaluation under no_grad comes first
             self.bind(module)
