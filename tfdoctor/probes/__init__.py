@@ -26,7 +26,8 @@ Training, numbers and precision:
 - `nonfinite.py`: where the first NaN or Inf appears, the op and the module, forward or backward;
 - `precision.py`: the precision a model computes in, and how far rounding alone moves its logits;
 - `autocast.py`: one forward per reduced-precision autocast dtype, with the constants it holds;
-- `stochastic.py`: whether the forward is random, in eval() and in train().
+- `stochastic.py`: whether the forward is random, in eval() and in train();
+- `ties.py`: torch.topk with its ties broken by position, to tell a top-k tie order from a padding effect.
 
 Attention implementations:
 - `implementations.py`: a measurement run under each attention implementation a model supports;

@@ -7,7 +7,8 @@ Trace through the measures at the end of this map. tfdoctor/usercode/call_sites.
 line behind each recorded call.
 
 The data:
-- `trace.py`: the Trace, the ordered events of one recorded loop as plain, picklable data.
+- `trace.py`: the Trace, the ordered events of one recorded loop as plain, picklable data;
+- `events.py`: what each kind of event carries, one TypedDict per kind, keys and units.
 
 The instrument:
 - `recorder.py`: the Recorder, a TorchFunctionMode and hooks that turn a loop's calls into events;
