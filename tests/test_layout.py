@@ -25,7 +25,7 @@ LONG_LEDGER = "memory.analytic"  # the analytic estimate reads as one ledger (it
 PRIVATE_TORCH = re.compile(r"\btorch(\.\w+)*\._[A-Za-z]|\bfrom torch(\.\w+)*\._|\bimport torch(\.\w+)*\._")
 COMPAT = "usercode.torch_compat"
 # Packages whose docstring is the map a newcomer reads first: one "- `module.py`: what it holds" line per module.
-MAPPED_PACKAGES = ("recording", "watching", "probes", "memory", "report")
+MAPPED_PACKAGES = ("recording", "watching", "probes", "memory", "report", "usercode")
 MAP_LINE = re.compile(r"^- `(\w+)\.py`:", re.MULTILINE)
 
 
