@@ -138,7 +138,19 @@ def test_a_model_that_mixes_positions_without_attention_is_not_said_to_attend():
     positions (a true finding), but through no attention, and its fix is a fixed padded length."""
     result = run_checks(Subject(build_model("fnet/seqcls"), pad_id=3), only=["padding-mask"])["padding-mask"]
     assert result.status.value == "fail" and result.details["cause"] == "mixes-pads"
-    assert "computes no attention" in result.message and "padding='max_length'" in result.hint
+    assert "not through attention" in result.message and "padding='max_length'" in result.hint
+
+
+@pytest.mark.parametrize("spec", ["mobilebert/seqcls", "nystromformer/seqcls"])
+def test_pads_mixed_in_without_attention_to_them_are_not_blamed_on_the_pooling(spec):
+    """MobileBERT's trigram input (each position concatenates its neighbours' embeddings) and Nystromformer's
+    landmarks (means over every position) carry the pads' content into the real positions' states while
+    no real query attends to a pad: the pooling (the first token's state) is not what reads them."""
+    model = build_model(spec)
+    result = run_checks(Subject(model, pad_id=model.config.pad_token_id), only=["padding-mask"])["padding-mask"]
+    assert result.details["cause"] == "mixes-pads", result.message
+    assert result.details["largest_attention_on_pads"] < 0.01
+    assert result.details["largest_real_state_change_from_pad_content"] > result.details["tolerance"]
 
 
 def test_a_choice_head_whose_score_moves_with_its_pads_fails_padding_equivalence():

@@ -23,10 +23,10 @@ HINTS = {
     "attends-pads": ("mask the pad keys in every attention layer: src_key_padding_mask=(ids == pad_id) for "
                      "nn.TransformerEncoder, or scores.masked_fill((ids == pad_id)[:, None, None, :], "
                      "torch.finfo(scores.dtype).min); Hugging Face models take attention_mask=(ids != pad_id)"),
-    "mixes-pads": ("mask the pads in every layer that mixes positions: Hugging Face models take attention_mask="
-                   "(ids != pad_id), nn.TransformerEncoder src_key_padding_mask=(ids == pad_id); a model whose "
-                   "mixing takes no mask (FNet) must get every batch padded to one fixed length, as it was "
-                   "pretrained (tokenizer(..., padding='max_length'))"),
+    "mixes-pads": ("mask the pads in every layer that mixes positions, or zero the pads' states before it "
+                   "(states * (ids != pad_id).unsqueeze(-1)); a library model whose mixing takes no mask (FNet, "
+                   "Nystromformer) must get every batch padded to one fixed length, as it was pretrained "
+                   "(tokenizer(..., padding='max_length'))"),
     "pools-pads": ("average over the real tokens only: keep = (ids != pad_id).unsqueeze(-1); pooled = "
                    "(states * keep).sum(1) / keep.sum(1).clamp(min=1)"),
     "reads-pads": ("mask the pads out of the attention (attention_mask / src_key_padding_mask) and out of the "
@@ -39,9 +39,10 @@ CAUSES = {
                      "which is a pad in a {side}-padded row, not the row's {token} token",
     "attends-pads": "the pads' content moves them and reaches the encoder's states at real positions{share}: "
                     "the encoder attends to its pads",
-    "mixes-pads": "the pads' content moves them and reaches the encoder's states at real positions, and the model "
-                  "computes no attention: a layer that mixes positions without a mask (FNet's Fourier transform, a "
-                  "convolution or MLP over positions) mixes the pads in",
+    "mixes-pads": "the pads' content moves them and reaches the encoder's states at real positions, though not "
+                  "through attention to the pad keys{share}: a layer that mixes positions without the pad mask "
+                  "takes them in (FNet's Fourier transform, MobileBERT's trigram input, Nystromformer's landmarks, "
+                  "a convolution over positions)",
     "pools-pads": "the pads' content moves them, although the encoder's states at real positions ignore it: "
                   "the pooling (a mean or max over every position) takes the pads in",
     "reads-pads": "the pads' content moves them: the pads reach the pooled state (attention to the pads, or a "
@@ -62,7 +63,10 @@ def _side(subject) -> tuple[str, str]:
 def _cause_text(cause: str, evidence: dict, side: str) -> str:
     edge, token = ("last", "last real") if side == "right" else ("first", "first real")
     share = evidence.get("largest_attention_on_pads")
-    share = f" (real tokens give the pad keys up to {share:.2g} of their attention)" if share else ""
+    if cause == "mixes-pads":
+        share = "" if share is None else f" (real tokens give them {share:.2g} of their attention)"
+    else:
+        share = f" (real tokens give the pad keys up to {share:.2g} of their attention)" if share else ""
     return CAUSES[cause].format(edge=edge, side=side, token=token, share=share)
 
 

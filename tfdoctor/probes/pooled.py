@@ -137,6 +137,7 @@ def real_state_change(subject: Subject, rows: PaddedRows, generator: torch.Gener
 
 # Causes pooling_cause names, each with what it means and the fix.
 EDGE, ATTENDED, POOLED_OVER_PADS, READ, COUNT = "edge-position", "attends-pads", "pools-pads", "reads-pads", "pad-count"
+MIXED = "mixes-pads"
 
 
 def pooling_cause(subject: Subject, rows: PaddedRows, generator: torch.Generator) -> tuple[str, dict]:
@@ -147,6 +148,9 @@ def pooling_cause(subject: Subject, rows: PaddedRows, generator: torch.Generator
     - "attends-pads": the pads' content moves the scores and real queries give the pad keys a share of
       their attention (softmax weights seen), or the last block's states at real positions move with it
       (a fused kernel): the encoder attends to the pads;
+    - "mixes-pads": the pads' content moves the scores and the states at real positions, while real
+      queries give the pad keys no attention: a layer mixing positions without the mask does it
+      (MobileBERT's trigram input, Nystromformer's landmarks, a convolution over positions);
     - "pools-pads": the pads' content moves the scores, no attention on them and the states at real
       positions stay still: the pooling (a mean or max over every position) takes the pads in;
     - "reads-pads": the pads' content moves the scores, the attention weights not seen (a fused kernel);
@@ -179,13 +183,17 @@ def pooling_cause(subject: Subject, rows: PaddedRows, generator: torch.Generator
     evidence["largest_attention_on_pads"] = share
     if share is not None and share > PAD_ATTENTION_SHARE[1]:
         return ATTENDED, evidence
-    if share is not None and share < PAD_ATTENTION_SHARE[0]:
-        return POOLED_OVER_PADS, evidence
-    moved = real_state_change(subject, rows, generator)  # the weights not seen: a fused kernel
+    # no attention to the pads (or the weights not seen, a fused kernel): do the real states move?
+    moved = real_state_change(subject, rows, generator)
     if moved is not None:
         evidence["largest_real_state_change_from_pad_content"] = moved
         states_tol = EQUIVALENCE_TOLERANCE * max(evidence["largest_change_from_pad_content"], 1.0)
-        return (ATTENDED if moved > states_tol else POOLED_OVER_PADS), evidence
+        if moved <= states_tol:
+            return POOLED_OVER_PADS, evidence
+        unattended = share is not None and share < PAD_ATTENTION_SHARE[0]
+        return (MIXED if unattended else ATTENDED), evidence
+    if share is not None and share < PAD_ATTENTION_SHARE[0]:
+        return POOLED_OVER_PADS, evidence
     return READ, evidence  # the weights not seen (a fused kernel), or a share too small to claim either
 
 
