@@ -8,8 +8,8 @@ installed command, one check alone, and the battery without overfit-batch, each 
 torch import (the target: the whole battery at most 1.5x). The commands take turns, ROUNDS times
 (default 5), and each line is the median of its rounds, so a machine whose load changes during the
 run slows every command alike; CPU time (user + system of the command's process tree) is printed
-beside the wall time as the steadier measure on a busy machine. Then the future-leak probe next to one forward of the same model and
-next to the naive probe that runs one forward per perturbed position.
+beside the wall time as the steadier measure on a busy machine. Then the future-leak probe next to one
+forward of the same model and next to the naive probe that runs one forward per perturbed position.
 """
 
 import os
@@ -94,7 +94,8 @@ def main():
         naive_s = best_of(naive)
     print(f"single forward [1, {T}]                {one_forward * 1000:8.2f} ms")
     print(f"future-leak probe (batched)           {probe * 1000:8.2f} ms   = {probe / one_forward:5.1f} x one forward")
-    print(f"naive probe ({T + 1} forwards)             {naive_s * 1000:8.2f} ms   = {naive_s / one_forward:5.1f} x one forward")
+    print(f"naive probe ({T + 1} forwards)             {naive_s * 1000:8.2f} ms   "
+          f"= {naive_s / one_forward:5.1f} x one forward")
     print(f"batched / naive                        {probe / naive_s:8.2f}")
 
 

@@ -99,7 +99,8 @@ def worker(spec, skip, checks, packing, details=()):
             result = {"rc": 1 if report.to_dict()["summary"].get("fail") else 0,
                       "findings": _findings(report.to_dict()), "summary": report.to_dict()["summary"]}
             if details:  # --details: the evidence of these checks, whatever their status (calibration)
-                result["details"] = {c["id"]: c.get("details") for c in report.to_dict()["checks"] if c["id"] in details}
+                result["details"] = {c["id"]: c.get("details") for c in report.to_dict()["checks"]
+                                     if c["id"] in details}
         except TfdoctorError as e:  # the command's exit 2, with its one line
             result = {"rc": 2, "ended": "exit2", "line": f"{type(e).__name__}: {e}"[:500]}
         except Exception as e:  # the command's "internal error"

@@ -249,7 +249,8 @@ def tiny_config(model_type, which):
     if model_type == "encoder-decoder":
         from transformers import BertConfig, EncoderDecoderConfig
 
-        small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, vocab_size=VOCAB)
+        small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                     vocab_size=VOCAB)
         enc = BertConfig(**small)
         dec = BertConfig(**small, is_decoder=True, add_cross_attention=True)
         config = EncoderDecoderConfig.from_encoder_decoder_configs(enc, dec)

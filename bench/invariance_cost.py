@@ -66,7 +66,8 @@ def main():
 
         batched_s, naive_s = best_of(batched), best_of(naive)
     print(f"padding probe, batched reference      {batched_s * 1000:8.2f} ms")
-    print(f"padding probe, one forward per row    {naive_s * 1000:8.2f} ms   batched / naive {batched_s / naive_s:5.2f}")
+    print(f"padding probe, one forward per row    {naive_s * 1000:8.2f} ms   "
+          f"batched / naive {batched_s / naive_s:5.2f}")
 
 
 if __name__ == "__main__":

@@ -95,7 +95,8 @@ def one_billion() -> None:
             trace = trace_step(Subject(model, vocab_size=32000), 1, 8192, target=target, autocast_dtype=dtype)
         fits = "fits" if trace.peak_bytes <= 80 * GIB else "OUT OF MEMORY"
         scores = _mib(trace.attention_scores_bytes) if trace.attention_scores_bytes else "none"
-        print(f"  --device {target:4} {'bf16' if dtype else 'fp32'}{' math only' if math else ''}: peak {trace.peak_bytes / GIB:6.1f} GiB ({fits}), "
+        print(f"  --device {target:4} {'bf16' if dtype else 'fp32'}{' math only' if math else ''}: "
+              f"peak {trace.peak_bytes / GIB:6.1f} GiB ({fits}), "
               f"kernel {_kernel(trace)}, [.., T, T] scores stored: {scores}, "
               f"traced in {trace.seconds:.1f} s")
 

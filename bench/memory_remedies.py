@@ -87,7 +87,8 @@ if subject.vocab_size is None:
 trace_step(subject, B, T)  # warm-up: the first trace of a process pays one-time costs
 start = time.perf_counter(); main = trace_step(subject, B, T); one = time.perf_counter() - start
 budget = int(main.peak_bytes * float(sys.argv[5]))
-start = time.perf_counter(); verdict = judge_traced(subject, target, B, T, budget, "bench"); judged = time.perf_counter() - start
+start = time.perf_counter(); verdict = judge_traced(subject, target, B, T, budget, "bench")
+judged = time.perf_counter() - start
 peak = lambda b, t, **kw: trace_step(subject, b, t, **kw).peak_bytes
 rows = []
 for r in verdict.remedies:
@@ -157,7 +158,8 @@ def main() -> None:
         ratios.append(r["judged"] / r["one"])
         print(f"\n{target}  batch {B} x seq {T}: peak {r['peak']:,} B, budget {r['budget']:,} B, {r['ops']:,} ops"
               + (f"; {r['ambiguous']}" if r["ambiguous"] else ""))
-        print(f"  time: judge_traced {r['judged']:.2f} s vs one trace {r['one']:.2f} s = {r['judged'] / r['one']:.2f}x; "
+        print(f"  time: judge_traced {r['judged']:.2f} s vs one trace {r['one']:.2f} s "
+              f"= {r['judged'] / r['one']:.2f}x; "
               f"whole command {command:.1f} s vs load + one trace {once:.1f} s = {command / once:.2f}x")
         print(f"  {'remedy':<28} {'derived':>15} {'re-traced':>15} {'error':>8}")
         for name, derived, traced in r["rows"]:
@@ -170,7 +172,8 @@ def main() -> None:
             verdict = "fits" if traced <= r["budget"] else "DOES NOT FIT"
             beyond = ("" if over is None else
                       f"; {value + 1} traced: {'fits (too low)' if over <= r['budget'] else 'does not fit'}")
-            print(f"  {name + ' ' + str(value):<28} {derived:>15,} {traced:>15,} {error:>+8.2%}  traced {verdict}{beyond}")
+            print(f"  {name + ' ' + str(value):<28} {derived:>15,} {traced:>15,} {error:>+8.2%}  "
+                  f"traced {verdict}{beyond}")
     if ratios:
         print(f"\nworst |error| of a derived peak: {worst:.2%}; judge_traced / one trace: "
               f"{min(ratios):.2f}x to {max(ratios):.2f}x (goal 1.5x)")

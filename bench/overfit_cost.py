@@ -95,7 +95,8 @@ def main():
     now = report["overfit-batch"]
     print(f"  check before item 11 (1 thread)  {before:7.1f} s   = {before / bare_1:5.2f} x bare on 1 thread, "
           f"{before / bare_n:5.2f} x on {threads}")
-    print(f"  check now (run_checks, 1 thread) {now.seconds:7.1f} s   = {now.seconds / bare_1:5.2f} x bare on 1 thread, "
+    print(f"  check now (run_checks, 1 thread) {now.seconds:7.1f} s   "
+          f"= {now.seconds / bare_1:5.2f} x bare on 1 thread, "
           f"{now.seconds / bare_n:5.2f} x on {threads} ({now.status.value}, {now.details['batches']} batches fed)")
 
     battery = run_checks(muon.model, pad_id=0, train=muon.train)

@@ -17,7 +17,8 @@ import time
 
 from timing import ROOT, best_of
 
-OVERLAY = ("import os, sys; from tfdoctor.process.sandbox import overlay; from tfdoctor.process.sandbox.roots import exempt_folders; "
+OVERLAY = ("import os, sys; from tfdoctor.process.sandbox import overlay; "
+           "from tfdoctor.process.sandbox.roots import exempt_folders; "
            "roots = sorted({os.getcwd(), os.path.expanduser('~')}); "
            "overlay.enter(roots, sys.argv[1], exempt_folders(roots)); import torch")
 

@@ -86,7 +86,8 @@ def rank_digests(tmp_path_factory):
     def get(name: str) -> list:
         if name not in cache:
             cache[name] = _once_per_session(
-                folder / f"ranks-{name}", lambda: run_ranks(f"fixtures/scripts/ddp_{name}.py", tmp_path_factory.mktemp(name)))
+                folder / f"ranks-{name}",
+                lambda: run_ranks(f"fixtures/scripts/ddp_{name}.py", tmp_path_factory.mktemp(name)))
         return cache[name]
 
     return get

@@ -408,7 +408,8 @@ def refused(*args, columns: int = 200, env=None) -> Done:
 
     out, err = io.StringIO(), io.StringIO()
     started = time.monotonic()
-    with mock.patch.object(sys, "argv", ["tfdoctor", *args]), mock.patch.dict(os.environ, {"COLUMNS": str(columns), **(env or {})}), \
+    with mock.patch.object(sys, "argv", ["tfdoctor", *args]), \
+            mock.patch.dict(os.environ, {"COLUMNS": str(columns), **(env or {})}), \
             mock.patch.object(subprocess, "Popen", no_process), \
             contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:

@@ -65,8 +65,8 @@ def test_module_target_with_cwd_on_path():
 
 
 def test_skip_and_seed_flags():
-    done = run("check", "fixtures/gpt_triu_mask.py:build", "--only", "init-loss,overfit-batch", "--skip", "overfit-batch",
-               "--seed", "3", "--batch", "2", "--seq-len", "16", "--format", "json")
+    done = run("check", "fixtures/gpt_triu_mask.py:build", "--only", "init-loss,overfit-batch",
+               "--skip", "overfit-batch", "--seed", "3", "--batch", "2", "--seq-len", "16", "--format", "json")
     assert done.returncode == 0
     assert [c["id"] for c in json.loads(done.stdout)["checks"]] == ["init-loss"]
 
@@ -92,7 +92,8 @@ def test_strict_turns_warnings_into_failures(tmp_path):
     (["check", "fixtures/nope.py:build"], "file not found"),
     (["check", "fixtures/gpt_correct.py:missing"], "has no attribute 'missing'"),
     (["check", "fixtures/gpt_correct.py"], "is not MODULE:ATTR"),
-    (["check", "tests/targets/bad_targets.py:raises"], "factory tests/targets/bad_targets.py:raises raised ValueError: config file missing"),
+    (["check", "tests/targets/bad_targets.py:raises"],
+     "factory tests/targets/bad_targets.py:raises raised ValueError: config file missing"),
     (["check", "tests/targets/bad_targets.py:returns_string"], "returned str, not an nn.Module"),
     (["check", "tests/targets/bad_targets.py:NOT_CALLABLE"], "is a int, not a model"),
     (["check", "tests/targets/bad_targets.py:wrong_shape"], "expected but got [2, 10]"),

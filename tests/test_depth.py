@@ -85,7 +85,8 @@ def test_the_stream_entering_the_first_block_is_the_argument_shaped_like_its_out
     class Model(nn.Module):
         def __init__(self):
             super().__init__()
-            self.emb, self.blocks, self.head = nn.Embedding(32, 16), nn.ModuleList(Block() for _ in range(4)), nn.Linear(16, 32)
+            self.emb, self.blocks, self.head = (nn.Embedding(32, 16), nn.ModuleList(Block() for _ in range(4)),
+                                                nn.Linear(16, 32))
             nn.init.normal_(self.emb.weight, std=0.5)
 
         def forward(self, ids):
@@ -155,7 +156,8 @@ def test_blocks_that_do_not_run_once_each_are_skipped():
     from tfdoctor.checks.depth import judge_depth
 
     signal = {"stack": "h", "block_class": "Block", "input_rms": 1.0, "output_rms": [1.0, 1.0],
-              "grad_norms": [1.0, 1.0], "calls": [2, 0], "token_rms": None, "position_rms": None, "embeddings": {}, "mode": "eval"}
+              "grad_norms": [1.0, 1.0], "calls": [2, 0], "token_rms": None, "position_rms": None, "embeddings": {},
+              "mode": "eval"}
     assert judge_depth(signal).status.value == "skip"
     signal["calls"] = [1, 1]
     assert judge_depth(signal).status.value == "pass"

@@ -189,7 +189,8 @@ def test_help_and_the_reporters_import_no_matplotlib():
     code = ("import sys, tfdoctor.cli, tfdoctor.report, tfdoctor.report.html; "
             "print('matplotlib' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+                          env={**os.environ,
+                               "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
     assert done.stdout.strip() == "False", done.stderr
 
 

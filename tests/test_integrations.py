@@ -422,7 +422,8 @@ def lightning_fit(callback, module, max_steps=100, rows=None, val_rows=None):
     torch.manual_seed(0)
     trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", enable_progress_bar=False, logger=False,
                         enable_checkpointing=False, enable_model_summary=False, val_check_interval=25,
-                        check_val_every_n_epoch=None, callbacks=[callback] if not isinstance(callback, list) else callback)
+                        check_val_every_n_epoch=None,
+                        callbacks=[callback] if not isinstance(callback, list) else callback)
     rows = watchlm.corpus(2048, seed=1) if rows is None else rows
     val_rows = watchlm.corpus(64, seed=2) if val_rows is None else val_rows
     train = DataLoader(TensorDataset(rows), batch_size=16, shuffle=True)

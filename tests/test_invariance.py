@@ -375,7 +375,8 @@ def test_rescaling_by_k_squared_still_fails():
                 optimizer.step()
                 optimizer.zero_grad()
 
-    result = run_checks(build_fixture("gpt_pad_masked"), only="accumulation-scaling", train=train)["accumulation-scaling"]
+    result = run_checks(build_fixture("gpt_pad_masked"), only="accumulation-scaling",
+                        train=train)["accumulation-scaling"]
     assert result.status.value == "fail"
     assert result.details["gradient_factor"] == pytest.approx(0.25, rel=1e-3)
 
@@ -416,8 +417,8 @@ def tiny_hf(name):
 
     V = 128
     builders = {
-        "mamba": lambda: T.MambaForCausalLM(T.MambaConfig(vocab_size=V, hidden_size=32, state_size=4, num_hidden_layers=1,
-                                                          expand=2, conv_kernel=4)),
+        "mamba": lambda: T.MambaForCausalLM(T.MambaConfig(
+            vocab_size=V, hidden_size=32, state_size=4, num_hidden_layers=1, expand=2, conv_kernel=4)),
         "falcon_mamba": lambda: T.FalconMambaForCausalLM(T.FalconMambaConfig(
             vocab_size=V, hidden_size=32, state_size=4, num_hidden_layers=1, expand=2, conv_kernel=4)),
         "recurrent_gemma": lambda: T.RecurrentGemmaForCausalLM(T.RecurrentGemmaConfig(

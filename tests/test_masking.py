@@ -261,7 +261,8 @@ def test_a_model_configured_eager_is_judged_by_eager_and_warned_off_sdpa():
     report = run_checks(model, only=RELEASE_LEAK_CHECKS)
     for result in report.results:
         assert result.status.value == "warn", result.message
-        assert result.message.startswith("with attn_implementation='sdpa' (not 'eager', the one this model runs, which passes):")
+        assert result.message.startswith("with attn_implementation='sdpa' (not 'eager', the one this model runs, "
+                                         "which passes):")
         assert f"do not switch to sdpa on this release (transformers {transformers.__version__})" in result.hint
         assert result.details["configured_implementation"] == "eager"
         assert result.details["failing_implementations"] == ["sdpa"]
@@ -393,4 +394,5 @@ def test_a_mask_finding_names_the_user_s_line_where_attention_is_computed():
         assert result.details["location"].endswith(f"gpt_triu_mask.py:{line}"), result.details
         assert result.details["call"] == "the attention softmax"
     sdpa = run_checks(build_fixture("gpt_sdpa_blocked_triu"), only="future-leak")["future-leak"]
-    assert sdpa.details["call"] == "F.scaled_dot_product_attention" and "gpt_sdpa_blocked_triu.py:" in sdpa.details["location"]
+    assert (sdpa.details["call"] == "F.scaled_dot_product_attention"
+            and "gpt_sdpa_blocked_triu.py:" in sdpa.details["location"])

@@ -140,7 +140,8 @@ def test_remedies_are_derived_from_one_trace(monkeypatch):
     assert calls == [(8, 64)]  # one trace, nothing traced again
     monkeypatch.undo()
     remedies = {r.name: r for r in verdict.remedies}
-    assert {"mixed precision", "activation checkpointing", "gradient accumulation", "shorter sequences"} <= set(remedies)
+    assert {"mixed precision", "activation checkpointing", "gradient accumulation",
+            "shorter sequences"} <= set(remedies)
     assert all(r.change.endswith("(derived)") for r in verdict.remedies)
     micro = int(remedies["gradient accumulation"].change.split()[1])
     shorter = int(remedies["shorter sequences"].change.split()[1].rstrip(","))

@@ -130,7 +130,8 @@ def test_exit_codes():
 
 
 def test_json_stays_strict_when_the_evidence_is_nan():
-    report = Report("x", [Result(Status.FAIL, "loss went NaN", "fix", {"loss": float("nan"), "curve": (1.0, float("inf"))})])
+    report = Report("x", [Result(Status.FAIL, "loss went NaN", "fix",
+                                 {"loss": float("nan"), "curve": (1.0, float("inf"))})])
     out = io.StringIO()
     render(report, "json", out)
     details = json.loads(out.getvalue())["checks"][0]["details"]
@@ -270,7 +271,8 @@ def test_token_weighting_finding_points_at_the_users_loss_line():
     result = report["token-weighting"]
     assert result.status is Status.WARN
     path, line = result.details["location"].rsplit(":", 1)
-    assert path.endswith("per_micro_batch_mean.py") and "cross_entropy" in Path(path).read_text().splitlines()[int(line) - 1]
+    assert (path.endswith("per_micro_batch_mean.py")
+            and "cross_entropy" in Path(path).read_text().splitlines()[int(line) - 1])
     (entry,) = json.loads(rendered_of(report, "sarif"))["runs"][0]["results"]
     assert entry["locations"][0]["physicalLocation"]["region"]["startLine"] == int(line)
 

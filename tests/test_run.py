@@ -90,10 +90,12 @@ def test_module_form_and_python_dash_m(tmp_path):
 @pytest.mark.parametrize("script, args, expected", [
     # ("missing.py": refused before anything runs, test_usage.py)
     ("bad/raises_early.py", [], "raised FileNotFoundError: no such corpus: data/train.bin at "
-                                "fixtures/scripts/bad/raises_early.py:7 in load_corpus before its first optimizer step"),
+                                "fixtures/scripts/bad/raises_early.py:7 in load_corpus "
+                                "before its first optimizer step"),
     ("bad/exits_early.py", [], "called sys.exit(3) at fixtures/scripts/bad/exits_early.py:10 in <module> before its "
                                "first optimizer step"),
-    ("bad/never_steps.py", [], "ended without an optimizer step: 3 forward(s) of a model and 3 backward() call(s) seen"),
+    ("bad/never_steps.py", [], "ended without an optimizer step: "
+                               "3 forward(s) of a model and 3 backward() call(s) seen"),
     ("bad/empty_loop.py", [], "ended without an optimizer step: 0 forward(s) of a model and 0 backward() call(s) seen"),
     # issue 18: stdin is empty (input() raises at once, its open prompt line is ended), a multi-line message is folded
     ("bad/reads_stdin.py", [], "raised EOFError: EOF when reading a line at fixtures/scripts/bad/reads_stdin.py:7"),
@@ -130,7 +132,8 @@ def test_nanogpt_style_script_is_quiet_and_called_with_its_targets():
     checks = done.checks
     assert checks["future-leak"]["status"] == "pass" and checks["future-leak"]["details"]["seq_len"] == 16
     assert checks["amp-loss-scaling"]["status"] == "pass" and checks["unscale-before-clip"]["status"] == "pass"
-    assert checks["grad-health"]["details"]["steps"] == 2 and min(checks["grad-health"]["details"]["pre_clip_norms"]) > 0
+    assert (checks["grad-health"]["details"]["steps"] == 2
+            and min(checks["grad-health"]["details"]["pre_clip_norms"]) > 0)
 
 
 def test_nanogpt_clip_before_unscale_fails_at_the_clip_line():
@@ -139,7 +142,8 @@ def test_nanogpt_clip_before_unscale_fails_at_the_clip_line():
     checks = done.checks
     clip = checks["unscale-before-clip"]
     assert clip["status"] == "fail" and "2 of 2 steps" in clip["message"]
-    line = _line("nanogpt_clip_before_unscale.py", "        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)")
+    line = _line("nanogpt_clip_before_unscale.py",
+                 "        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)")
     assert clip["details"]["location"] == f"{SCRIPTS}/nanogpt_clip_before_unscale.py:{line}"
     assert [c["id"] for c in done.json["checks"] if c["status"] in ("fail", "warn", "error")] == \
         ["unscale-before-clip"]
@@ -177,7 +181,8 @@ def test_hugging_face_trainer_grading_pads_fails_ignore_index():
 
 def test_accelerate_loop_is_quiet():
     pytest.importorskip("accelerate")
-    done = tfdoctor("run", f"{SCRIPTS}/accelerate_loop.py", "--format", "json", "--skip", "overfit-batch,generation,memory")
+    done = tfdoctor("run", f"{SCRIPTS}/accelerate_loop.py", "--format", "json",
+                    "--skip", "overfit-batch,generation,memory")
     assert done.returncode == 0, done.stderr
     report = done.json
     bad = done.problems
@@ -424,7 +429,8 @@ def test_zero_grad_between_backward_and_step_fails_at_its_line():
     assert done.returncode == 1, done.stderr
     result = done.checks["zero-grad"]
     assert result["status"] == "fail" and result["details"]["steps_on_wiped_gradients"] == [1, 2]
-    line = _line("zero_grad_before_step.py", "    optimizer.zero_grad(set_to_none=True)  # the bug: after the step, not here")
+    line = _line("zero_grad_before_step.py",
+                 "    optimizer.zero_grad(set_to_none=True)  # the bug: after the step, not here")
     assert result["details"]["location"] == f"{SCRIPTS}/zero_grad_before_step.py:{line}"
 
 

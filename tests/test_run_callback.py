@@ -67,7 +67,8 @@ def test_watch_hooks_the_run_once(tmp_path):
 def test_plain_python_ends_on_the_verdict_line(tmp_path):
     """No logging configured by the script: the callback's lines still reach stderr, the verdict last."""
     report = tmp_path / "run.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, SCRIPT, "--steps", "10", "--report", str(report)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

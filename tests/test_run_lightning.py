@@ -44,8 +44,9 @@ def test_correct_lightning_script_is_quiet_and_discovered():
     found = report["discovered"]
     assert found["model"] == "LitLM" and found["called_as"] == "model(ids)" and found["optimizers"] == ["AdamW"]
     assert found["model_defined_in"] == f"{SCRIPTS}/lightning_correct.py:{_line('lightning_correct.py', 'class LitLM')}"
-    assert found["lightning"] == {"module": "LitLM", "audited": "the LightningModule", "strategy": "SingleDeviceStrategy",
-                                  "precision": "32-true", "accumulate_grad_batches": 2, "gradient_clip_val": 1.0}
+    assert found["lightning"] == {"module": "LitLM", "audited": "the LightningModule",
+                                  "strategy": "SingleDeviceStrategy", "precision": "32-true",
+                                  "accumulate_grad_batches": 2, "gradient_clip_val": 1.0}
     assert (found["pad_id"], found["pad_id_source"], found["padding_side"]) == (0, "targets set to ignore_index",
                                                                                 "right")
     assert found["steps"] == 2 and found["ended"] == "stopped"
@@ -124,7 +125,8 @@ def test_planted_lightning_bug_is_the_only_finding(script, check, status, eviden
         assert details["location"] == f"{SCRIPTS}/lightning_correct.py:{loss_line}"
     found = report["discovered"]
     if script in HOLDS_ITS_LM:
-        assert found["model"] == "TinyLM" and found["model_defined_in"] == f"{SCRIPTS}/tinylm.py:8", HOLDS_ITS_LM[script]
+        assert (found["model"] == "TinyLM"
+                and found["model_defined_in"] == f"{SCRIPTS}/tinylm.py:8"), HOLDS_ITS_LM[script]
         assert found["lightning"]["audited"] == "its .lm" and found["called_as"] == "model(ids)"
     else:
         assert found["model"] == "LitLM" and found["lightning"]["audited"] == "the LightningModule"

@@ -408,7 +408,8 @@ def test_a_model_whose_deepcopy_shares_modules_is_left_untouched():
 def test_what_the_copy_cannot_isolate_is_restored_and_reported():
     model = build_fixture("gpt_mlp_namespace")
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    result = run_checks(model, only="optimizer-coverage", pad_id=PAD_ID, train=train_fn("correct"))["optimizer-coverage"]
+    result = run_checks(model, only="optimizer-coverage", pad_id=PAD_ID,
+                        train=train_fn("correct"))["optimizer-coverage"]
     assert result.status.value == "warn"
     assert result.details["restored"][:2] == ["blocks.0.mlp.0.weight", "blocks.0.mlp.0.bias"]
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -559,7 +560,8 @@ def test_overfit_batch_runs_the_users_loop():
 @pytest.mark.e2e
 def test_check_modules_stay_torch_free():
     code = ("import sys, tfdoctor.checks.targets, tfdoctor.checks.accumulation, tfdoctor.checks.step, "
-            "tfdoctor.checks.schedule, tfdoctor.checks.ranks, tfdoctor.checks.learning; assert 'torch' not in sys.modules")
+            "tfdoctor.checks.schedule, tfdoctor.checks.ranks, tfdoctor.checks.learning; "
+            "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 

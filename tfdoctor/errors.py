@@ -61,7 +61,8 @@ def missing_file_hint(path: str, otherwise: str) -> str:
     if not os.path.isdir(folder):
         return f"the folder {folder} does not exist; {otherwise}"
     try:
-        names = [entry for entry in os.listdir(folder) if entry.endswith(".py") or os.path.isdir(os.path.join(folder, entry))]
+        names = [entry for entry in os.listdir(folder)
+                 if entry.endswith(".py") or os.path.isdir(os.path.join(folder, entry))]
     except OSError:
         return otherwise
     close = difflib.get_close_matches(name, names, n=2, cutoff=0.6)

@@ -147,7 +147,8 @@ def measured_kind(model, vocab_size: Optional[int], length: int = 8, states: boo
             logits = hidden[-1] if isinstance(hidden, (tuple, list)) and hidden else None
     else:
         logits = getattr(output, "logits", output[0] if isinstance(output, (tuple, list)) else output)
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != ids.shape or not bool(torch.isfinite(logits).all()):
+    if (not isinstance(logits, torch.Tensor) or logits.dim() != 3 or logits.shape[:2] != ids.shape
+            or not bool(torch.isfinite(logits).all())):
         return None
     logits = logits.float()
     moved = float((logits[1, :at] - logits[0, :at]).abs().max())

@@ -354,7 +354,8 @@ def _check_declared(subject: Subject) -> None:
         raise UsageError(f"batch_first must be True, False or None (detect), got {subject.batch_first!r}")
     if subject.packing is not None and not (callable(subject.packing) or subject.packing == PACKING_POSITION_IDS):
         raise UsageError(f"unknown packing {subject.packing!r}",
-                         f"give packing(model, input_ids, doc_ids, position_ids) -> logits, or {PACKING_POSITION_IDS!r}")
+                         "give packing(model, input_ids, doc_ids, position_ids) -> logits, or "
+                         f"{PACKING_POSITION_IDS!r}")
 
 
 def resolve(subject: Subject) -> Subject:
@@ -509,7 +510,8 @@ def _preflight(subject: Subject) -> tuple:
     task = task or tasks.shaped_task(shape, B, T, V)
     if task is None or not tasks.fits(task, shape, B, T, V):
         expected = (f"[B, T, V] = [{B}, {T}, {V}]" if task in (None, tasks.LM)
-                    else f"{tasks.SHAPES[task]} with B = {B}" + (f", T = {T}" if task in (tasks.TOKEN, tasks.QA) else ""))
+                    else f"{tasks.SHAPES[task]} with B = {B}"
+                         + (f", T = {T}" if task in (tasks.TOKEN, tasks.QA) else ""))
         told = "" if subject.task is None else f" for --task {task}"
         raise OutputShapeError(
             f"output shape {expected} expected{told} but got {list(shape)}",

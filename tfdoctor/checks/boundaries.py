@@ -67,7 +67,8 @@ def eos_trained(subject, trace) -> Result:
         return Result.passed(f"the end-of-sequence token (eos_id={eos}) is graded: {shown} train it "
                              f"({found['graded']} graded EOS targets)", details)
     if pad == eos:
-        counted = (f"{found['rows']} rows end with EOS (or its pads) and not one of their {found['offered']} EOS targets"
+        counted = (f"{found['rows']} rows end with EOS (or its pads) and not one of their "
+                   f"{found['offered']} EOS targets"
                    if found["rows"] else f"none of the {found['offered']} EOS targets")
         return Result.failed(
             f"the end-of-sequence token is never graded: {counted} is graded. pad_id == eos_id == {eos} and the "

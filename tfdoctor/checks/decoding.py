@@ -142,7 +142,8 @@ def _arms_verdict(subject, hugging_face: bool, arms: list, precision: dict) -> R
     if not broken:
         summary = "; ".join(f"{arm.label}: largest difference {float(arm.diff.max()):.2g}" for arm in arms)
         return Result.passed(f"prefill of {arms[0].prefill} tokens then {arms[0].diff.numel() - arms[0].prefill} "
-                             f"cached steps give the full forward's logits at every position ({summary}){note}", details)
+                             f"cached steps give the full forward's logits at every position ({summary}){note}",
+                             details)
     arm = broken[0]
     with torch.no_grad(), evaluation(subject.model):
         noise = eval_noise(arm.full, arm.rerun_full(), arm.tolerance)
@@ -217,7 +218,8 @@ def _length_dependent_result(arm, details: dict, where: str, gap: float, note: s
         f"cached decoding{batch} gives, at every step, the logits of a forward without cache of the tokens so far "
         f"(difference {details['difference_from_uncached_forward']:.2g} at the first divergence); "
         f"the full forward of the whole sequence differs from them first at {where}, by {gap:.3g}: it gives a "
-        f"position other logits when more tokens follow it (see future-leak{' and padding-equivalence' if batch else ''})"
+        f"position other logits when more tokens follow it "
+        f"(see future-leak{' and padding-equivalence' if batch else ''})"
         f"{note}", details)
 
 

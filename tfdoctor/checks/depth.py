@@ -88,8 +88,9 @@ def depth_signal(subject) -> Result:
     """Catches a stack of blocks whose signal does not survive its depth at initialisation: a residual
     stream that grows without bound (a residual added twice, branches that scale the stream they are
     handed) or that ends orders of magnitude above the embeddings it was handed (deep stacks whose
-    branches each add O(1) without the 1/sqrt(2 * n_layer) output scaling), first blocks whose gradients are orders of magnitude below the last ones' (vanishing in
-    deep post-norm stacks), and position embeddings that swamp the token embeddings.
+    branches each add O(1) without the 1/sqrt(2 * n_layer) output scaling), first blocks whose
+    gradients are orders of magnitude below the last ones' (vanishing in deep post-norm stacks), and
+    position embeddings that swamp the token embeddings.
 
     Finds the repeated blocks (the nn.ModuleList / nn.Sequential of same-class children holding the most
     parameters: `model.layers`, `transformer.h`, `encoder.layer`, nn.TransformerEncoder's `.layers`) and
@@ -105,7 +106,8 @@ def depth_signal(subject) -> Result:
     weights); skipped when no repeated block is found.
 
     Fix: add each residual once and normalise branch inputs (pre-norm); scale branch output projections
-    by 1/sqrt(2 * n_layer); `norm_first=True` or a depth-scaled residual for deep stacks; initialise position tables like token tables (std 0.02).
+    by 1/sqrt(2 * n_layer); `norm_first=True` or a depth-scaled residual for deep stacks; initialise
+    position tables like token tables (std 0.02).
     """
     import dataclasses
 
@@ -142,7 +144,8 @@ def depth_signal(subject) -> Result:
         return Result.skipped(f"the model's {refused}")
     except ModelRaised as raised:  # the same error in eval() and in train() with every dropout at 0
         return Result.skipped(f"the model's {raised} (in eval() and in train() with dropout off), so the signal "
-                              "through its blocks cannot be followed", {"phase": raised.phase, "model_error": str(raised)})
+                              "through its blocks cannot be followed",
+                              {"phase": raised.phase, "model_error": str(raised)})
     except _Unaligned as unaligned:
         return Result.skipped(f"the model returns {unaligned}: its outputs are not one per position, so no "
                               "per-token loss reaches the blocks to follow")

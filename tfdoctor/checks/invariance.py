@@ -244,11 +244,14 @@ def padding_equivalence(subject) -> Result:
                                                              for r, p in positions[:MAX_LISTED]], **evidence)
                     failing.append((arrangement, cause))
         if not failing:
-            summary = " and ".join(f"{a.side} padding (largest difference {details['sides'][a.side]['largest_difference']:.2g}"
+            summary = " and ".join(f"{a.side} padding (largest difference "
+                                   f"{details['sides'][a.side]['largest_difference']:.2g}"
                                    f", tolerance {a.tolerance:.2g})" for a in arrangements)
-            tied = [a.side for a in arrangements if "largest_difference_with_ties_by_position" in details["sides"][a.side]]
+            tied = [a.side for a in arrangements
+                    if "largest_difference_with_ties_by_position" in details["sides"][a.side]]
             ties = (f"; with {' and '.join(tied)} padding only through the order of tied scores in the model's top-k "
-                    "selection, which moves with a row's length: with ties broken by position they match" if tied else "")
+                    "selection, which moves with a row's length: with ties broken by position they match"
+                    if tied else "")
             return Result.passed(f"every sequence ({', '.join(map(str, probe.lengths))} real tokens) gets the same "
                                  f"logits alone as in a batch: {summary}{ties}", details)
         arrangement, cause = failing[0]

@@ -280,7 +280,8 @@ def _half_precision_mask(subject) -> Result:
     if saturated:
         padded = _padded_runs(subject, device, [name for name, _ in saturated])
         details["padded_runs"] = padded
-        broken = {name: run for name, run in (padded or {}).items() if run["outcome"] in ("overflow error", "non-finite")}
+        broken = {name: run for name, run in (padded or {}).items()
+                  if run["outcome"] in ("overflow error", "non-finite")}
         if broken:
             name, run = next(iter(broken.items()))
             constant = run["constants"][0] if run["constants"] else saturated[0][1]["constants"][0]

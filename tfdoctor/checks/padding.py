@@ -211,8 +211,9 @@ def masked_row_nan(subject) -> Result:
     so it looks fine, but NaN reaches the gradients and then every weight.
 
     Runs a batch with one fully padded row and rows padded on the declared side (unknown: left for
-    causal models, right for encoders and seq2seq sources), takes a cross-entropy that ignores pads, and checks the outputs and the gradients
-    (computed with torch.autograd.grad, so the model's .grad stays untouched) for NaN and Inf.
+    causal models, right for encoders and seq2seq sources), takes a cross-entropy that ignores pads,
+    and checks the outputs and the gradients (computed with torch.autograd.grad, so the model's .grad
+    stays untouched) for NaN and Inf.
 
     Fix: fill masks with `torch.finfo(scores.dtype).min` instead of `float('-inf')`.
     """
@@ -255,7 +256,8 @@ def masked_row_nan(subject) -> Result:
             return Result.skipped(f"no gradient can be taken at these shapes: {refused} (pass the --seq-len "
                                   "the model trains at)")
         bad_outputs = (~torch.isfinite(logits.detach()).all(dim=-1)).cpu().reshape(logits.shape[0], -1)  # (B, T or 1)
-        bad_params = [name for (name, _), g in zip(params, grads) if g is not None and not bool(torch.isfinite(g).all())]
+        bad_params = [name for (name, _), g in zip(params, grads)
+                      if g is not None and not bool(torch.isfinite(g).all())]
         details = {"pad_side": batch.side, "pads_per_row": batch.padded.sum(1).tolist(),
                    "loss": float(loss.detach()), "nonfinite_outputs": int(bad_outputs.sum()),
                    "nonfinite_grad_params": bad_params[:MAX_LISTED_POSITIONS],

@@ -283,7 +283,8 @@ def rank_sync(subject, trace) -> Result:
         + (f", {first['last']:.1e} by step {steps}" if first["state"] < steps else ""), hint, details)
 
 
-def _compare_pair(held: dict, theirs: dict, by_hand: bool, shards: set, sharded: set) -> tuple[int, Optional[int], list]:
+def _compare_pair(held: dict, theirs: dict, by_hand: bool, shards: set,
+                  sharded: set) -> tuple[int, Optional[int], list]:
     """One optimizer's checksums on two ranks: (tensors compared at the start, the first state at which
     some differ or None, those as (name, drift, |sum difference|)). Sharded tensors go to `sharded`;
     under tensor parallelism by hand (`by_hand`), tensors that differ at the start are its shards."""
@@ -504,7 +505,8 @@ def _local_clip(digests: list[dict], details: dict) -> Result | None:
     for window, by_rank in norms.items():
         low, high = min(by_rank.values()), max(by_rank.values())
         if high - low > CLIP_NORM_RTOL * max(abs(high), 1e-12):
-            where = next((d.get("calls_at", {}).get("clip") for d in digests if d.get("calls_at", {}).get("clip")), None)
+            where = next((d.get("calls_at", {}).get("clip") for d in digests
+                          if d.get("calls_at", {}).get("clip")), None)
             details.update(step=window + 1, clip_norms=by_rank)
             if where:
                 details["location"], details["call"] = where, "clip_grad_norm_"
@@ -532,7 +534,8 @@ def _rank_token_weights(digests: list[dict], details: dict) -> Result | None:
     def means(by_rank: dict) -> dict:
         return {r: total / n for r, (n, total) in by_rank.items()}
 
-    counts_differ = [w for w, by_rank in found.items() if spread([n for n, _ in by_rank.values()]) > 1 + RANK_WEIGHT_TOLERANCE]
+    counts_differ = [w for w, by_rank in found.items()
+                     if spread([n for n, _ in by_rank.values()]) > 1 + RANK_WEIGHT_TOLERANCE]
     if not counts_differ:
         details["tokens_not_compared"] = ("the ranks graded the same number of targets in each step, so a mean "
                                           "over all tokens cannot be told from a mean of per-rank means")

@@ -1,8 +1,7 @@
 """Run health judges: what a whole watched run did besides its loss and gradients. The GradScaler's
-skipped steps and scale (scaler-overflow), time spent waiting for batches (data-wait), memory that rises step after step (memory-growth), and the
-evaluations the script ran (eval-gap). Each is a pure function of the RunSeries that `tfdoctor watch`
-or a callback recorded (tfdoctor/watching/series.py); no torch here.
-"""
+skipped steps and scale (scaler-overflow), time spent waiting for batches (data-wait), memory that rises step after
+step (memory-growth), and the evaluations the script ran (eval-gap). Each is a pure function of the RunSeries that
+`tfdoctor watch` or a callback recorded (tfdoctor/watching/series.py); no torch here."""
 
 from __future__ import annotations
 
@@ -310,7 +309,8 @@ def _memory_signals(series: RunSeries) -> dict[str, list[tuple[int, int]]]:
     # per shape (oneDNN's primitive cache), and a run of varied shapes grows the heap steadily until that
     # cache is full (healthy_stairs.py: 158 -> 168 MiB, R2 0.99; level with the cache off)
     settled = max(MEMORY_SETTLE_STEPS, int(len(series.steps) * MEMORY_SETTLE_SHARE))
-    if heap and len(heap) * HEAP_SHARE >= len(series.steps) and not any(row.new_shape for row in series.steps[settled:]):
+    if (heap and len(heap) * HEAP_SHARE >= len(series.steps)
+            and not any(row.new_shape for row in series.steps[settled:])):
         signals["heap"] = heap
     return {**signals, "rss": rss} if rss else signals
 
@@ -334,6 +334,7 @@ def _memory_trend(kind: str, points: list[tuple[int, int]], planned: int) -> dic
     needed = max(COST_MIN_BYTES, COST_SHARE * levels[0])
     every = all(b > a for a, b in zip(levels, levels[1:]))
     steady = every and r2 >= STEADY_R2 and jump_share < STAIRS_SHARE
+    slowing = levels[-1] - levels[MEMORY_WINDOWS // 2] < SLOWING_RATIO * (levels[MEMORY_WINDOWS // 2] - levels[0])
     return {"signal": kind, "step": next((step for step, value in judged if value > levels[0] + RISE_SEEN_BYTES),
                                          judged[-1][0]),
             "from_step": judged[0][0], "to_step": judged[-1][0], "settled_after_steps": settle,
@@ -341,8 +342,7 @@ def _memory_trend(kind: str, points: list[tuple[int, int]], planned: int) -> dic
             "rise_mib": rise / MIB, "per_step_kib": slope / 1024, "r2": r2, "steady_r2": STEADY_R2,
             "jump_share": jump_share, "stairs_share": STAIRS_SHARE, "needed_mib": RISE_SEEN_BYTES / MIB,
             "planned_steps": planned, "cost_mib": cost / MIB, "cost_needed_mib": needed / MIB,
-            "rising_every_window": every, "steady": steady, "growing": steady and cost >= needed,
-            "slowing": levels[-1] - levels[MEMORY_WINDOWS // 2] < SLOWING_RATIO * (levels[MEMORY_WINDOWS // 2] - levels[0])}
+            "rising_every_window": every, "steady": steady, "growing": steady and cost >= needed, "slowing": slowing}
 
 
 def _line(points: list[tuple[int, int]]) -> tuple[float, float]:

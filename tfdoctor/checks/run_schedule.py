@@ -1,8 +1,9 @@
 """The rate the optimizer really used over a whole watched run (lr-trajectory): its shape (0 throughout,
 a decay that reaches about 0 long before the end, a warm-up that never ends), and how the loop stepped
-its learning-rate scheduler, read against what the scheduler promised. Pure functions of the RunSeries: each row's rate used and the
-number of scheduler.step() calls made before it (`scheduler_steps`), and the scheduler's promise, the
-rate it gives after k calls (facts["schedulers"][i]["promise"], watching/promise.py).
+its learning-rate scheduler, read against what the scheduler promised. Pure functions of the
+RunSeries: each row's rate used and the number of scheduler.step() calls made before it
+(`scheduler_steps`), and the scheduler's promise, the rate it gives after k calls
+(facts["schedulers"][i]["promise"], watching/promise.py).
 
 The rate used at optimizer step i is promise[position_i]: the loop's stepping decides which of the
 promised rates it gets. Stepped once per optimizer step, position_i = i (up to one step of offset).
@@ -454,9 +455,11 @@ def _restart_verdict(series: RunSeries, rated, details: dict, seen: str) -> Opti
             "checkpoint-N/scheduler.pt when given resume_from_checkpoint); create the scheduler once")
     if replay:
         return Result.failed(
-            f"{jumped}, and from there it repeats the run's first rates ({', '.join(f'{rated[k][1]:.3g}' for k in range(count))}): "
+            f"{jumped}, and from there it repeats the run's first rates "
+            f"({', '.join(f'{rated[k][1]:.3g}' for k in range(count))}): "
             f"the schedule started over at step {steps[0]}, as a scheduler created anew does when a run resumes "
-            f"without loading its state; the rest of the run follows a schedule meant for its start{seen}", hint, details)
+            f"without loading its state; the rest of the run follows a schedule meant for its start{seen}",
+            hint, details)
     return Result.warned(f"{jumped}{'' if len(found) == 1 else f' ({len(found)} times, at steps {steps})'}: a "
                          "scheduler restarted or re-created mid-run (on resume), unless warm restarts were meant"
                          f"{seen}", hint, details)

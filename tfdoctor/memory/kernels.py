@@ -271,8 +271,8 @@ class AttentionKernels(TorchFunctionMode):
         """For the report: the target, why, and each kernel with its calls (none: no SDPA call at all)."""
         kernels = [{"kernel": FUSED.get(op, MATH), "op": op, "fused": op != "math", "calls": n, "reason": reason}
                    for (op, reason), n in sorted(self.counts.items(), key=lambda kv: -kv[1])]
-        return {"device": self.target, "why": self.why, "emulated": self.emulate, "sdpa_calls": sum(self.counts.values()),
-                "kernels": kernels}
+        return {"device": self.target, "why": self.why, "emulated": self.emulate,
+                "sdpa_calls": sum(self.counts.values()), "kernels": kernels}
 
 
 def changes_kernel(summary: Optional[dict[str, Any]]) -> bool:

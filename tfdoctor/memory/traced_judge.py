@@ -143,8 +143,8 @@ def analytic_command(subject, batch: int, seq: int, dtype: str, optimizer: str) 
              ("--vocab", str(subject.vocab_size) if subject.vocab_size else "V")]
     extra = [f"--dtype {dtype}"] if dtype != "fp32" else []
     extra += [f"--optimizer {optimizer}"] if optimizer != "adamw" else []
-    return " ".join(["tfdoctor memory", f"--batch {batch}", f"--seq {seq}", *(f"{flag} {value}" for flag, value in shape),
-                     *extra, "--attention sdpa"])
+    return " ".join(["tfdoctor memory", f"--batch {batch}", f"--seq {seq}",
+                     *(f"{flag} {value}" for flag, value in shape), *extra, "--attention sdpa"])
 
 
 def _shape_of(model, vocab) -> tuple:

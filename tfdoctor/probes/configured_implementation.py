@@ -22,7 +22,8 @@ from tfdoctor.result import Result
 
 def _demoted(result: Result, implementation: str, running: str) -> Result:
     details = dict(result.details, status_under_implementation=result.status.value, runs=running)
-    return Result.warned(result.message, f"{result.hint}; this holds only under attn_implementation={implementation!r}, "
+    return Result.warned(result.message,
+                         f"{result.hint}; this holds only under attn_implementation={implementation!r}, "
                          f"not under {running!r}, which the model runs: do not switch to {implementation!r}", details)
 
 
@@ -32,7 +33,8 @@ def _raised(implementation: str, running: str, exc: BaseException) -> Result:
                          f"run {implementation!r} on this release", {"raised": first_line(exc), "runs": running})
 
 
-def judged_as_run(model: torch.nn.Module, judge: Callable[[Optional[str]], Result]) -> Callable[[Optional[str]], Result]:
+def judged_as_run(model: torch.nn.Module,
+                  judge: Callable[[Optional[str]], Result]) -> Callable[[Optional[str]], Result]:
     """judge(implementation) wrapped: under the implementation the model runs it is judge itself
     (measured once); under another, an exception the model raised is a warning naming it, and a
     result that is not a pass or skip while the running one passes (or skips) is a warning not to

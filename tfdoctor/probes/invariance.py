@@ -426,7 +426,8 @@ def document_map(subject: Subject, comparison: PackingComparison, generator: tor
     with torch.no_grad():
         moved = packed_call(subject, rows, copies).float()
     base = comparison.logits.repeat(count, 1, 1)
-    change = torch.nan_to_num((moved - base).abs().amax(-1), nan=float("inf"), posinf=float("inf")).cpu()  # [count * B, T]
+    change = torch.nan_to_num((moved - base).abs().amax(-1), nan=float("inf"),
+                              posinf=float("inf")).cpu()  # [count * B, T]
     maps = []
     for r, row in enumerate(rows.documents):
         grid = []
@@ -439,7 +440,8 @@ def document_map(subject: Subject, comparison: PackingComparison, generator: tor
 def change_with_config_cache(subject: Subject, rows: PackedRows, comparison: PackingComparison) -> Optional[float]:
     """How far the packed logits move when use_cache is left to a Hugging Face config that turns it
     on (None when the Subject does not pack by position ids or the config has no cache on)."""
-    if subject.packing != PACKING_POSITION_IDS or not getattr(getattr(subject.model, "config", None), "use_cache", False):
+    if (subject.packing != PACKING_POSITION_IDS
+            or not getattr(getattr(subject.model, "config", None), "use_cache", False)):
         return None
     with torch.no_grad():
         default = packed_call(subject, rows, use_cache=None).float()

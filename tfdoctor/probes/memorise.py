@@ -69,7 +69,8 @@ def _non_leaf(value) -> bool:
 
 def _held(value) -> list:
     """The tensors an attribute holds: itself, or the items of a list, tuple or dict."""
-    return list(value.values()) if isinstance(value, dict) else list(value) if isinstance(value, (list, tuple)) else [value]
+    return (list(value.values()) if isinstance(value, dict)
+            else list(value) if isinstance(value, (list, tuple)) else [value])
 
 
 @contextlib.contextmanager

@@ -85,7 +85,8 @@ def padded_batch(subject: Subject, generator: torch.Generator, side: Optional[st
 def input_embedding(subject: Subject) -> torch.nn.Module | None:
     """The module that embeds the (source) token ids: Hugging Face's get_input_embeddings() when it
     is a module (Perceiver's is its latent array, a Parameter; a custom class may not say), else the
-    first nn.Embedding over the whole vocabulary. Its output may be a tensor or a tuple led by one (I-BERT's (embedding, scale))."""
+    first nn.Embedding over the whole vocabulary. Its output may be a tensor or a tuple led by one
+    (I-BERT's (embedding, scale))."""
     model = subject.model
     if is_hugging_face(model):
         holders = [model]

@@ -44,9 +44,10 @@ LISTEN_BACKLOG = 128
 
 
 def launch(nproc: int, run_args: list[str], command: str = "run") -> int:
-    """Run `tfdoctor COMMAND RUN_ARGS` (`run` or `watch`, less any --nproc) as an nproc-rank torchrun job; returns the job's
-    exit code (rank 0's). RankError when a rank ended on its own (killed, crashed) and took the job
-    down; Stopped (a KeyboardInterrupt) when a signal stopped the job, every rank ended."""
+    """Run `tfdoctor COMMAND RUN_ARGS` (`run` or `watch`, less any --nproc) as an nproc-rank torchrun
+    job; returns the job's exit code (rank 0's). RankError when a rank ended on its own (killed,
+    crashed) and took the job down; Stopped (a KeyboardInterrupt) when a signal stopped the job, every
+    rank ended."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run as torchrun

@@ -583,7 +583,8 @@ def subject_of(run: ScriptRun, facts: dict, overrides: dict):
     if eos_id is None and facts.get("eos_id") is not None and (not vocab or facts["eos_id"] < vocab):
         eos_id = facts["eos_id"]  # a tokenizer's id past the model's vocabulary is not the model's eos
     fields = dict(vocab_size=vocab, seq_len=seq_len, eos_id=eos_id,
-                  batch_size=overrides.get("batch_size"), pad_id=pad_id, kind=overrides.get("kind") or facts.get("kind"),
+                  batch_size=overrides.get("batch_size"), pad_id=pad_id,
+                  kind=overrides.get("kind") or facts.get("kind"),
                   padding_side=overrides.get("padding_side") or facts.get("padding_side"), forward=forward,
                   packing=overrides.get("packing") or _packing_for(facts, recorder, pad_id),
                   task=overrides.get("task") or facts.get("task"))

@@ -360,7 +360,8 @@ class RankRecorder:
                 states = [[None] * len(held.params) for _ in states]
             found.append({"class": held.cls, "sharded": sharded, "states": states, "layouts": list(held.layouts),
                           "numel": [p.numel() for p in held.params],
-                          "names": [names.get(id(p), f"param[{i}] {list(p.shape)}") for i, p in enumerate(held.params)]})
+                          "names": [names.get(id(p), f"param[{i}] {list(p.shape)}")
+                                    for i, p in enumerate(held.params)]})
         return found
 
     @staticmethod

@@ -275,7 +275,8 @@ class Recorder(PatchedCalls, TorchFunctionMode):
         recorder = self
 
         def hook(grad):
-            if grad is None:  # these scores are not what the loss read (DDP's copy of an output, find_unused_parameters)
+            # no gradient: these scores are not what the loss read (DDP's copy of an output, find_unused_parameters)
+            if grad is None:
                 return
             recorder.busy = True
             try:
@@ -504,7 +505,8 @@ def find_mode_dependent(model: torch.nn.Module) -> list[tuple[str, torch.nn.Modu
     for parent_name, parent in model.named_modules():
         trained = None
         for name, child in parent.named_children():
-            if not ((isinstance(child, DROPOUT_MODULES) and float(child.p) > 0) or isinstance(child, BATCH_NORM_MODULES)):
+            if not ((isinstance(child, DROPOUT_MODULES) and float(child.p) > 0)
+                    or isinstance(child, BATCH_NORM_MODULES)):
                 continue
             if trained is None:
                 trained = any(p.requires_grad for p in parent.parameters())

@@ -98,8 +98,9 @@ def boundary_targets(trace, subject, min_share: float) -> dict:
     """On the packed rows the loop trained on: `boundaries`, the positions whose target (the input
     token `offset` positions on) lies in another document than the position itself (the last token
     of a document, graded on the first of the next one), and `graded`, those of them the loss gave a
-    weight (a pad position or pad target is padding, not a boundary). `packed_by` says how the documents were read (None: no packed row was seen); `offset`
-    is None when the targets could not be lined up with the inputs. A boundary whose target lies past
+    weight (a pad position or pad target is padding, not a boundary). `packed_by` says how the
+    documents were read (None: no packed row was seen); `offset` is None when the targets could not
+    be lined up with the inputs. A boundary whose target lies past
     the input ids (the last position of nanoGPT's ids[:, :-1]) cannot be placed and is not counted."""
     found = alignment(trace, subject)
     out = {"packed_by": None, "offset": found["best"] if _aligned(found, min_share) else None,

@@ -65,7 +65,8 @@ def render(report: Report, out: TextIO, width: int | None = None) -> None:
         if location and not _in_project(location):  # a model's line outside the project: not mappable
             location = None
         where = _split(location) if location else model_site
-        text = result.message.rstrip(".") + ("" if location else note) + (f". Fix: {result.hint}" if result.hint else "")
+        text = (result.message.rstrip(".") + ("" if location else note)
+                + (f". Fix: {result.hint}" if result.hint else ""))
         entry = {"ruleId": result.id, "level": LEVELS[result.status], "message": {"text": text}}
         if where is not None:
             entry["locations"] = [_location(where)]

@@ -48,8 +48,9 @@ class TrainedRows:
 
 
 def fingerprints(ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """One int64 per row of `ids` (B, T; more dimensions are more rows; (T,) is one row); `weights`: T random int64 drawn for that
-    length, on the ids' device. int64 products wrap around, which a hash may do."""
+    """One int64 per row of `ids` (B, T; more dimensions are more rows; (T,) is one row); `weights`:
+    T random int64 drawn for that length, on the ids' device. int64 products wrap around, which a
+    hash may do."""
     with torch.no_grad():
         rows = ids.reshape(-1, ids.shape[-1]) if ids.dim() > 1 else ids.reshape(1, -1)
         return (rows * weights).sum(-1)  # integer ids promote to int64 with the weights

@@ -166,7 +166,8 @@ def _scaler(monitor: Monitor, name: str, original: Callable) -> Callable:
     def step(scaler, optimizer, *args, **kwargs):
         before = len(monitor.series) + (monitor.pending is not None)
         out = original(scaler, optimizer, *args, **kwargs)
-        watched = monitor.main is None or optimizer is monitor.main or getattr(optimizer, "optimizer", None) is monitor.main
+        watched = (monitor.main is None or optimizer is monitor.main
+                   or getattr(optimizer, "optimizer", None) is monitor.main)
         if scaler_enabled(scaler) and watched and len(monitor.series) + (monitor.pending is not None) == before:
             if monitor.main is None:  # skipped before any step was seen: this is the watched optimizer
                 monitor.main = getattr(optimizer, "optimizer", optimizer)

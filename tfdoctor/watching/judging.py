@@ -21,5 +21,6 @@ def watched_report(run, only=None, skip=None, listener=None) -> Report:
     report = Report(f"watch {run.name}", results, series=run.series.to_dict())
     report.discovered = {"steps": len(run.series), "ended": run.ended, "seconds": round(run.seconds, 3)}
     if run.error is not None:
-        report.discovered["error"] = f"{type(run.error).__name__}: {run.error}" + (f" at {run.where}" if run.where else "")
+        report.discovered["error"] = (f"{type(run.error).__name__}: {run.error}"
+                                      + (f" at {run.where}" if run.where else ""))
     return report

@@ -310,7 +310,8 @@ class Monitor:
             self.position = self._position_on(self.main)
             self.group_norms = []
         trains = self.training_loaders  # before any is known (the first step), the latest loader's wait
-        wait = sum(s for key, s in self.wait.items() if key in trains) if trains else self.wait.get(self.last_loader, 0.0)
+        wait = (sum(s for key, s in self.wait.items() if key in trains) if trains
+                else self.wait.get(self.last_loader, 0.0))
         closed = {"micro": self.micro, "clip": self.clip_norm, "groups": self.group_norms, "lrs": self.lrs,
                   "skipped": skipped, "wall": now - self.last_close, "tokens": self.tokens, "wait": wait,
                   "batches": sum(self.loaders[key]["batches"] for key in trains),
@@ -446,13 +447,15 @@ class Monitor:
             else (math.inf if groups else None))
         if closed["clip"] is not None and groups and all(math.isfinite(g) for g in groups):
             after = math.sqrt(sum(g * g for g in groups))  # the groups were measured after the clip
-            groups = [g * norm / after for g in groups] if after > 0 and norm is not None and math.isfinite(norm) else groups
+            groups = ([g * norm / after for g in groups] if after > 0 and norm is not None and math.isfinite(norm)
+                      else groups)
         if closed["skipped"] and norm is None:
             norm = math.inf
         allocated, reserved = closed["cuda"]
         row = StepRow(step=closed["index"], loss=sum(finite) / len(finite) if finite else None,
                       micro_losses=finite, grad_norm=norm, group_norms=groups, lrs=closed["lrs"],
-                      scale=number(closed["scale"]), skipped=closed["skipped"], wall=closed["wall"], data_wait=closed["wait"],
+                      scale=number(closed["scale"]), skipped=closed["skipped"],
+                      wall=closed["wall"], data_wait=closed["wait"],
                       tokens=closed["tokens"] or None, rss=closed["rss"], cuda_allocated=allocated,
                       cuda_reserved=reserved, batches=closed["batches"], scheduler_steps=closed["position"],
                       eval_mode=closed["eval_mode"], heap=closed["heap"], new_shape=closed["new_shape"])

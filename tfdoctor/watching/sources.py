@@ -133,7 +133,8 @@ def provenance_cut(counts: list[list[int]]) -> Optional[int]:
     trained = rows = 0
     for i, (t, n) in enumerate(counts[:-1], start=1):
         trained, rows = trained + t, rows + n
-        ratio = 2 * (_log_likelihood(trained, rows) + _log_likelihood(total_trained - trained, total_rows - rows) - whole)
+        ratio = 2 * (_log_likelihood(trained, rows) + _log_likelihood(total_trained - trained, total_rows - rows)
+                     - whole)
         if ratio > best_ratio + 1e-9:  # the first of equally likely cuts
             best, best_ratio = i, ratio
     return best

@@ -50,7 +50,8 @@ def generation_verdict(run) -> Result:
         if run.margin is not None:
             details["full_forward_margin_nats"] = float(run.margin[r, t])
         details.update(row=r, position=t, expected_token=int(wanted[t]), decoded_token=int(decoded[t]),
-                       decoded=shown_around(decoded, t), memorised=shown_around(wanted, t), mismatched_rows=len(mismatched))
+                       decoded=shown_around(decoded, t), memorised=shown_around(wanted, t),
+                       mismatched_rows=len(mismatched))
         return Result.failed(
             f"train/inference mismatch: greedy decoding from row {r}'s first token departs from the memorised batch "
             f"at position {t}: token {int(decoded[t])} where the batch has {int(wanted[t])}, although the full forward "

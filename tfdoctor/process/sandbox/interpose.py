@@ -4,9 +4,10 @@ folder, and reads see the mirror first, then the user's files less what the code
 
 Covered: open/io.open, os.open, os.remove/unlink/rmdir/mkdir (and so makedirs/removedirs),
 os.rename/replace, os.truncate, os.chmod/chown/utime/setxattr/removexattr, os.link/symlink,
-os.stat/lstat/access/listdir/scandir/listxattr/getxattr (and so os.path, pathlib, glob, os.walk, tempfile, shutil's copies
-and moves), shutil.rmtree, torch.save/torch.load and safetensors' save_file/load_file (patched when
-they are imported). Child Python processes (DataLoader spawn workers, subprocesses) install it again
+os.stat/lstat/access/listdir/scandir/listxattr/getxattr (and so os.path, pathlib, glob, os.walk,
+tempfile, shutil's copies and moves), shutil.rmtree, torch.save/torch.load and safetensors'
+save_file/load_file (patched when they are imported). Child Python processes (DataLoader spawn
+workers, subprocesses) install it again
 from TFDOCTOR_SANDBOX_VIEW through boot/sitecustomize.py. Not covered: non-Python subprocesses, C
 and Rust code that opens paths itself, calls given a dir_fd.
 
