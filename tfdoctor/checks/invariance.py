@@ -91,11 +91,11 @@ def _padding_cause(subject, arrangement) -> tuple[str, dict]:
         if calls:
             change = (moved - arrangement.logits).abs().amax(-1).cpu()
             evidence["largest_change_from_pad_content"] = float(change[arrangement.real].max())
-            if bool((change[arrangement.real] > arrangement.tolerance).any()):
-                return "pads", evidence
     with torch.no_grad():
         share = pad_attention(subject.model, lambda: padded_call(subject, ids, ~pads), pads)
     evidence["largest_attention_on_pads"] = share
+    if evidence.get("largest_change_from_pad_content", 0.0) > arrangement.tolerance:
+        return "pads", evidence  # how they are read: the attention share says (probes/padding.how_pads_are_read)
     if share is not None and share > PAD_ATTENTION_SHARE[1]:
         return "pads-attended", evidence
     if arrangement.side != "left":
@@ -108,7 +108,8 @@ def _padding_cause(subject, arrangement) -> tuple[str, dict]:
     return "positions", evidence
 
 
-def _padding_message(subject, arrangement, cause: str) -> tuple[str, str]:
+def _padding_message(subject, arrangement, cause: str, arrangement_share: float | None = None) -> tuple[str, str]:
+    """The finding's message and hint; `arrangement_share`: the largest attention share on pad keys seen."""
     T = arrangement.diff.shape[1]
     rows = arrangement.row_differences()
     worst = max(range(len(rows)), key=lambda r: rows[r])
@@ -125,7 +126,10 @@ def _padding_message(subject, arrangement, cause: str) -> tuple[str, str]:
         note, hint = _generate_positions(subject)
         return said + note, hint or POSITIONS_HINT
     if cause == "pads":
-        return f"{seen}: real positions attend to the pads (their logits move with the pads' content)", PADS_HINT
+        from tfdoctor.probes.padding import how_pads_are_read
+
+        verb, how = how_pads_are_read(arrangement_share)
+        return f"{seen}: real positions {verb} the pads{how}, their logits moving with the pads' content", PADS_HINT
     if cause == "pads-attended":
         return (f"{seen}: real positions attend to the pads (the softmax weights give pad keys a share of real "
                 "queries' attention), whose content the model overwrites, so only their number shows", PADS_HINT)
@@ -256,7 +260,7 @@ def padding_equivalence(subject) -> Result:
                                  f"logits alone as in a batch: {summary}{ties}", details)
         arrangement, cause = failing[0]
         details.update(pad_side=arrangement.side, **details["sides"][arrangement.side])
-        message, hint = _padding_message(subject, arrangement, cause)
+        message, hint = _padding_message(subject, arrangement, cause, details.get("largest_attention_on_pads"))
         # Side unknown and only left padding differs: a failure where left padding is evidenced, else
         # a warning (the same code is correct when only ever padded on the right). An unexplained
         # difference in some rows only (a top-k near tie can flip) is not escalated.

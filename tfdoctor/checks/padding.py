@@ -79,14 +79,9 @@ def _attention_on_pads(subject, batch):
 
 def _how_read(verdict: _SideVerdict) -> tuple[str, str]:
     """(verb, note): how the pads reach real positions, as the softmax weights on pad keys show."""
-    from tfdoctor.probes.padding import PAD_ATTENTION_SHARE
+    from tfdoctor.probes.padding import how_pads_are_read
 
-    share = verdict.details.get("largest_attention_on_pads")
-    if share is not None and share > PAD_ATTENTION_SHARE[1]:
-        return "attend to", ""
-    if share is not None and share < PAD_ATTENTION_SHARE[0]:
-        return "read", " (no attention weight reaches them: a convolution, recurrence or mean over positions)"
-    return "read", " (by attention, or a convolution or recurrence over positions: the weights were not seen)"
+    return how_pads_are_read(verdict.details.get("largest_attention_on_pads"))
 
 
 def _leak_message(subject, verdict: _SideVerdict) -> str:

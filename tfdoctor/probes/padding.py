@@ -26,6 +26,16 @@ PERTURBATION_STDS = 3.0
 PAD_ATTENTION_SHARE = (1e-6, 1e-3)
 
 
+def how_pads_are_read(share: float | None) -> tuple[str, str]:
+    """(verb, note): how pads whose content moves real outputs reach them, as the largest share of a real
+    query's attention on pad keys shows (None: no softmax weights over those keys were seen)."""
+    if share is not None and share > PAD_ATTENTION_SHARE[1]:
+        return "attend to", ""
+    if share is not None and share < PAD_ATTENTION_SHARE[0]:
+        return "read", " (no attention weight reaches them: a convolution, recurrence or mean over positions)"
+    return "read", " (by attention, or a convolution or recurrence over positions: the weights were not seen)"
+
+
 @dataclass
 class PaddedBatch:
     inputs: tuple  # for call(subject, *inputs)
