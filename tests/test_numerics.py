@@ -250,6 +250,8 @@ def test_a_forward_that_cannot_run_under_autocast_gets_a_named_warning_not_an_er
     run = result.details["runs"]["float16"]
     assert run["outcome"] == "raised" and run["error"].startswith("RuntimeError: ")
     assert "cannot run under float16 autocast" in result.message and "index_add_" in result.message
+    # where the model made the call, not the frame of tfdoctor's constant watcher that re-ran the op
+    assert run["at"].startswith("tests/test_numerics.py:") and run["at"].endswith(" in forward"), run["at"]
 
 
 def test_non_finite_outputs_only_in_float16_fail():

@@ -3,13 +3,12 @@ every constant that goes into a float16/bfloat16 tensor watched (half-precision-
 
 from __future__ import annotations
 
-import traceback
-
 import torch
 
 from tfdoctor.errors import first_line
 from tfdoctor.probes.attention import watching_constants
 from tfdoctor.subject import Subject, call
+from tfdoctor.usercode.call_sites import raised_outside_tfdoctor
 
 # Out-of-range constants listed per dtype in the details (a constant used in every layer repeats
 # once per layer); the count covers them all.
@@ -20,10 +19,10 @@ def _listed(constants) -> dict:
     return {"constants": [c.to_dict() for c in constants[:CONSTANTS_LISTED]], "constants_seen": len(constants)}
 
 
-def _raised_at(exc: BaseException) -> str:
-    """file:line of the innermost frame the exception passed through."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+def _raised(exc: BaseException, constants) -> dict:
+    """The model could not run this variant: the error, where the model's code made the failing call
+    (not the frame of tfdoctor's constant watcher, which re-runs every op), and the constants seen."""
+    return {"outcome": "raised", "error": first_line(exc), "at": raised_outside_tfdoctor(exc), **_listed(constants)}
 
 
 def autocast_run(subject: Subject, device: str, dtype: torch.dtype, inputs: tuple,
@@ -41,9 +40,9 @@ def autocast_run(subject: Subject, device: str, dtype: torch.dtype, inputs: tupl
         except RuntimeError as exc:
             if "overflow" in str(exc):
                 return {"outcome": "overflow error", "error": str(exc), **_listed(constants)}
-            return {"outcome": "raised", "error": first_line(exc), "at": _raised_at(exc), **_listed(constants)}
+            return _raised(exc, constants)
         except Exception as exc:  # the model's own forward under a variant it may not support
-            return {"outcome": "raised", "error": first_line(exc), "at": _raised_at(exc), **_listed(constants)}
+            return _raised(exc, constants)
     expected = torch.isfinite(reference)
     finite = torch.isfinite(logits)
     broken = expected & ~finite

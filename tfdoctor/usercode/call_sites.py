@@ -91,6 +91,19 @@ def raised_at(error: BaseException) -> str:
     return f"{display_path(frame.filename)}:{frame.lineno} in {frame.name}"
 
 
+def raised_outside_tfdoctor(error: BaseException) -> str:
+    """"path:line in function" of the innermost frame outside the tfdoctor package ("" if none): where
+    the model's (or its library's) code made the call that raised, when the call passed through one of
+    tfdoctor's hooks (a TorchFunctionMode re-runs the op from its own frame)."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if not os.path.abspath(f.filename).startswith(_PACKAGE + os.sep)]
+    if not frames:
+        return ""
+    return f"{display_path(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name}"
+
+
 def raised_in_tfdoctor(error: BaseException) -> Optional[str]:
     """"path:line in function" when the exception was raised by tfdoctor's own code (the innermost
     frame of its traceback is in the tfdoctor package: a hook or patch the recorder installed), else
