@@ -141,16 +141,38 @@ def test_a_model_that_mixes_positions_without_attention_is_not_said_to_attend():
     assert "not through attention" in result.message and "padding='max_length'" in result.hint
 
 
-@pytest.mark.parametrize("spec", ["mobilebert/seqcls", "nystromformer/seqcls"])
-def test_pads_mixed_in_without_attention_to_them_are_not_blamed_on_the_pooling(spec):
-    """MobileBERT's trigram input (each position concatenates its neighbours' embeddings) and Nystromformer's
-    landmarks (means over every position) carry the pads' content into the real positions' states while
-    no real query attends to a pad: the pooling (the first token's state) is not what reads them."""
-    model = build_model(spec)
+def test_pads_mixed_in_without_attention_to_them_are_not_blamed_on_the_pooling():
+    """Nystromformer's landmarks (means over every position) carry the pads into the real positions' states
+    while no real query attends to a pad: the pooling (the first token's state) is not what reads them."""
+    model = build_model("nystromformer/seqcls")
     result = run_checks(Subject(model, pad_id=model.config.pad_token_id), only=["padding-mask"])["padding-mask"]
-    assert result.details["cause"] == "mixes-pads", result.message
+    assert result.status.value == "fail" and result.details["cause"] == "mixes-pads", result.message
     assert result.details["largest_attention_on_pads"] < 0.01
     assert result.details["largest_real_state_change_from_pad_content"] > result.details["tolerance"]
+
+
+@pytest.mark.parametrize("spec, check_id", [("mobilebert/seqcls", "padding-mask"), ("mobilebert/tokcls", "padding-mask")])
+def test_a_leak_of_a_pad_embedding_that_never_changes_passes(spec, check_id):
+    """MobileBERT's trigram input concatenates the next position's token embedding into the last real token:
+    the pads' token embedding leaks, but nn.Embedding(padding_idx=pad) keeps it fixed (zero), and padded rows
+    match the rows alone."""
+    model = build_model(spec)
+    result = run_checks(Subject(model, pad_id=model.config.pad_token_id), only=[check_id])[check_id]
+    assert result.status.value == "pass", result.message
+    assert "padding_idx=0" in result.message and "nothing about the pads reaches them" in result.message
+
+
+def test_a_pinned_pad_embedding_does_not_excuse_attending_to_the_pads():
+    """The encoder of fixtures/classifier_attends_pads.py (no pad mask) with its pad row pinned: the pads
+    still carry their positions into the real tokens' attention, so padded rows differ from the rows
+    alone and padding-mask still fails."""
+    sys.path.insert(0, str(ROOT / "fixtures"))
+    from classifiers import PAD_ID, TextClassifier
+
+    model = TextClassifier(pooling="masked-mean", mask_pads=False)
+    model.tok_emb = torch.nn.Embedding(model.tok_emb.num_embeddings, model.tok_emb.embedding_dim, padding_idx=PAD_ID)
+    result = run_checks(Subject(model, pad_id=PAD_ID, padding_side="right"), only=["padding-mask"])["padding-mask"]
+    assert result.status.value == "fail" and result.details["cause"] == "attends-pads", result.message
 
 
 def test_a_choice_head_whose_score_moves_with_its_pads_fails_padding_equivalence():

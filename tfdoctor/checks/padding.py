@@ -112,11 +112,11 @@ def _hint(verdict: _SideVerdict) -> str:
             "first (x = x * (ids != pad_id)[..., None]) or exclude them from the mean")
 
 
-def _answers_change_left_padded(subject, details: dict) -> bool:
-    """Whether the probe sequences, left-padded with the real pad id, get other logits than alone
+def _answers_change_padded(subject, details: dict, side: str = "left") -> bool:
+    """Whether the probe sequences, padded on `side` with the real pad id, get other logits than alone
     (as padding-equivalence compares them, position ids from the mask for Hugging Face causal LMs).
     A model can read its pads' content and still answer the same when the pad token's own embedding
-    changes nothing (RecurrentGemma's recurrence)."""
+    changes nothing (RecurrentGemma's recurrence), or can never change (a pinned padding_idx row)."""
     import torch
 
     from tfdoctor.context import current
@@ -125,9 +125,25 @@ def _answers_change_left_padded(subject, details: dict) -> bool:
 
     with evaluation(subject.model):  # as padding-equivalence compares them: dropout off
         probe = alone(subject, torch.Generator().manual_seed(current().seed + 11))
-        arrangement = compare_padded(subject, probe, "left")
-    details["left_padded_vs_alone"] = float(arrangement.diff[arrangement.real].max())
+        arrangement = compare_padded(subject, probe, side)
+    details[f"{side}_padded_vs_alone"] = float(arrangement.diff[arrangement.real].max())
     return bool(arrangement.differs.any())
+
+
+def _pinned_pad_leak(subject, worst: _SideVerdict, details: dict) -> Optional[Result]:
+    """A pass when only the pads' token embedding leaks and it can never change (probes/padding.
+    pad_row_pinned): the rows padded on that side get the logits they get alone. None otherwise."""
+    from tfdoctor.probes.padding import pad_row_pinned
+
+    side = worst.side
+    if subject.kind == "seq2seq" or not pad_row_pinned(subject) or _answers_change_padded(subject, details, side):
+        return None
+    return Result.passed(
+        f"{worst.details['moved_count']} of {worst.real_count} real outputs move when the pads' token "
+        f"embedding is changed ({side} padding, largest change {worst.details['largest_change']:.2g}), but "
+        f"nn.Embedding(padding_idx={subject.pad_id}) keeps that embedding fixed in training, and {side}-padded "
+        f"rows get the logits they get alone (largest difference {details[f'{side}_padded_vs_alone']:.2g}): "
+        "nothing about the pads reaches them", details)
 
 
 @check("padding-mask", title="Real positions ignore what sits at pad positions", needs=("pad_id",),
@@ -175,10 +191,13 @@ def padding_mask(subject) -> Result:
                                  details)
         worst = leaking[0]
         details.update(worst.details)
+        inert = _pinned_pad_leak(subject, worst, details)
+        if inert is not None:
+            return inert
         message = _leak_message(subject, worst)
         unknown_left = declared is None and subject.kind == "causal" and worst.side == "left"
         evidence = unknown_left and left_padding_evidenced(subject)
-        if evidence and _answers_change_left_padded(subject, details):
+        if evidence and _answers_change_padded(subject, details):
             message += f"; {evidence}"
         elif unknown_left:
             # Unknown side, no evidence of left padding: the right side was clean, so right-padded training is sound.

@@ -125,6 +125,18 @@ def _located(subject, rows, cause: str, details: dict) -> None:
             details.update(location=where, call="the classification head, fed the pooled state")
 
 
+def _pinned_and_equivalent(subject, rows, padded, tolerance: float):
+    """When the pad token's embedding row can never change (probes/padding.pad_row_pinned), the largest
+    difference between the padded rows' scores and the rows alone, if within `tolerance`; else None."""
+    from tfdoctor.probes.padding import pad_row_pinned
+    from tfdoctor.probes.pooled import alone_scores, row_gaps
+
+    if not pad_row_pinned(subject):
+        return None
+    largest = float(row_gaps(padded, alone_scores(subject, rows)).max())
+    return largest if largest <= tolerance else None
+
+
 def _tie_order_only(subject, rows, tolerance: float):
     """The largest row difference between alone and padded once torch.topk breaks ties by position, when
     that brings every row within `tolerance` (the difference came from a selection's tie order, which
@@ -176,6 +188,14 @@ def pooled_padding_mask(subject) -> Result:
         details = {"pad_side": side, "pads_per_row": rows.pads.sum(1).tolist(), "task": subject.task,
                    "largest_change": float(change.max()), "tolerance": tol,
                    "rows_moved": moved[:MAX_LISTED]}
+        inert = _pinned_and_equivalent(subject, rows, base, tol) if moved else None
+        if inert is not None:
+            details["padded_vs_alone"] = inert
+            return Result.passed(f"the {named} of {len(moved)} of {len(rows.lengths)} {side}-padded rows move when "
+                                 f"the pads' token embedding is changed (largest change {float(change.max()):.2g}), "
+                                 f"but nn.Embedding(padding_idx={subject.pad_id}) keeps that embedding fixed in "
+                                 f"training, and the padded rows get the {named} they get alone (largest difference "
+                                 f"{inert:.2g}): nothing about the pads reaches them{why_side}", details)
         if not moved:
             return Result.passed(f"the {named} of {len(rows.lengths)} {side}-padded rows do not move with "
                                  f"their pads' content (largest change {float(change.max()):.2g}){why_side}", details)

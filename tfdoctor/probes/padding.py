@@ -115,6 +115,17 @@ def input_embedding(subject: Subject) -> torch.nn.Module | None:
     return None
 
 
+def pad_row_pinned(subject: Subject) -> bool:
+    """Whether the pad token's embedding can never change: the input embedding is an nn.Embedding with
+    padding_idx = the pad id, whose row gets no gradient (Hugging Face's BERT family builds it so and
+    zeroes it). The pads' token content is then one fixed vector in training; a leak of that content
+    alone (MobileBERT's trigram input reads the next position's token embedding) changes nothing, which
+    padded rows matching the rows alone then show."""
+    embedding = input_embedding(subject)
+    return (isinstance(embedding, torch.nn.Embedding) and subject.pad_id is not None
+            and embedding.padding_idx == subject.pad_id)
+
+
 def _embedded(output, ids: torch.Tensor) -> torch.Tensor | None:
     """The [*ids.shape, d] float embedding in what an embedding module returned (a tensor, or a
     tuple led by it); None when it is not there."""
