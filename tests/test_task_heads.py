@@ -175,6 +175,16 @@ def test_a_pinned_pad_embedding_does_not_excuse_attending_to_the_pads():
     assert result.status.value == "fail" and result.details["cause"] == "attends-pads", result.message
 
 
+def test_an_overfit_that_collapses_rows_names_the_collapse():
+    """MobileBERT's tiny sequence classifier: no normalisation lets the first token's state grow from RMS 0.03
+    to ~1000 within 50 steps, its tanh pooler saturates (every unit at +-1) and two rows with different labels
+    end as one output, at every rate. The failure says what was measured, not "something is broken"."""
+    result = run_checks(Subject(build_model("mobilebert/seqcls")), only=["overfit-batch"])["overfit-batch"]
+    assert result.status.value == "fail"
+    assert result.details["collapsed_rows"] and "end with the same scores" in result.message
+    assert "something between the input tokens and the loss is broken" not in result.message
+
+
 def test_a_choice_head_whose_score_moves_with_its_pads_fails_padding_equivalence():
     """ChoiceHead averages every position, pads included: each choice's score depends on its padding."""
     report = run_checks(Subject(ChoiceHead(), task="multiple-choice", pad_id=0), only=["padding-equivalence"])

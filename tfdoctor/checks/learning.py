@@ -273,6 +273,15 @@ def _overfit_verdict(subject, batch, attempts, target, goal, floor, note, budget
         return Result.failed(f"loss became {final} after {steps} steps on a single batch, at every rate tried: "
                              f"{rates}", "look for -inf masks on fully masked rows and for overflowing "
                              "activations", details)
+    if last.collapsed:  # measured: rows with different labels ended as one output
+        pairs = ", ".join(f"{i} and {j}" for i, j in last.collapsed[:3])
+        return Result.failed(
+            f"could not overfit one batch: loss {curve[0]:.2f} -> {final:.2f} (target {goal:.3f}) with each of "
+            f"{rates}; rows {pairs} end with the same scores although their labels differ: the model maps "
+            "different inputs to one output (a saturated activation, such as a tanh pooler at +-1, or a "
+            "collapsed state), so no update can fit both",
+            "keep the activations in range: normalise the states the head reads (a LayerNorm before the pooler), "
+            "initialise smaller, or lower the learning rate", {**details, "collapsed_rows": last.collapsed})
     return Result.failed(
         f"could not overfit one batch: loss {curve[0]:.2f} -> {final:.2f} (target {goal:.3f}) with each of "
         f"{rates}; something between the input tokens and the loss is broken",

@@ -27,7 +27,8 @@ import torch
 from tfdoctor.probes.isolation import isolated_copy
 from tfdoctor.probes.loss import LMBatch, lm_loss
 from tfdoctor.probes.process_state import DropoutOff
-from tfdoctor.subject import Subject
+from tfdoctor.subject import Subject, call
+from tfdoctor.tasks import pooled
 from tfdoctor.usercode.torch_compat import adam_update
 
 # AdamW rates tried one after another until one memorises: tfdoctor's own, then what a user would
@@ -56,6 +57,9 @@ class Attempt:
     mode: str = "eval"  # how dropout was switched off: eval(), or train() with every dropout at p=0
     out_of_time: bool = False
     detached: bool = False  # the loss did not require grad after a forward with gradients on
+    # A pooled head's rows that ended with the same scores although their labels differ (row, row): no
+    # rate can fit both (MobileBERT's tiny classifier: its tanh pooler saturates, every unit at +-1).
+    collapsed: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def best(self) -> float:
@@ -231,7 +235,23 @@ def memorise(subject: Subject, model: torch.nn.Module, batch: LMBatch, plan: Pla
                 attempt.out_of_time = True
                 break
             optimizer.step()
+        if attempt.curve and attempt.curve[-1] >= goal and pooled(subject.task):
+            attempt.collapsed = collapsed_rows(clone, batch)
     return attempt
+
+
+# Two rows' scores are one output when they differ by less than this share of the scores' scale.
+COLLAPSED_SHARE = 1e-6
+
+
+def collapsed_rows(subject: Subject, batch: LMBatch) -> list[tuple[int, int]]:
+    """Pairs of rows whose labels differ but whose scores ([B, C], one row each) are the same."""
+    with torch.no_grad():
+        scores = call(subject, *batch.inputs).float().reshape(batch.targets.shape[0], -1).cpu()
+    labels = batch.targets.reshape(batch.targets.shape[0], -1).cpu()
+    tolerance = COLLAPSED_SHARE * max(float(scores.abs().max()), 1e-30)
+    return [(i, j) for i in range(len(scores)) for j in range(i + 1, len(scores))
+            if not torch.equal(labels[i], labels[j]) and float((scores[i] - scores[j]).abs().max()) <= tolerance]
 
 
 def context_offsets(depends: torch.Tensor) -> Optional[list[int]]:
