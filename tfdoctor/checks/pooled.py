@@ -78,8 +78,6 @@ def _blamed(subject, rows, generator, side: str, details: dict, seen: str) -> Re
     from tfdoctor.probes.pooled import pooling_cause
 
     cause, evidence = pooling_cause(subject, rows, generator)
-    if cause == "attends-pads" and evidence.get("largest_attention_on_pads") is None and not _attends(subject):
-        cause = "mixes-pads"  # the real positions' states moved, and the model computes no attention at all
     details.update(evidence, cause=cause)
     _located(subject, rows, cause, details)
     message = f"{seen}: {_cause_text(cause, evidence, side)}"
@@ -88,14 +86,6 @@ def _blamed(subject, rows, generator, side: str, details: dict, seen: str) -> Re
                              "pooling that position is correct on left-padded rows; pass --padding-side left if "
                              "you pad on the left)", HINTS[cause], details)
     return Result.failed(message, HINTS[cause], details)
-
-
-def _attends(subject) -> bool:
-    """Whether a forward computes attention (softmax weights meeting values, or a fused kernel)."""
-    from tfdoctor.probes.attention import attention_calls
-
-    capture = attention_calls(subject)
-    return bool(capture.uses or capture.fused_calls)
 
 
 def _judged(subject, judge) -> Result:

@@ -149,8 +149,9 @@ def pooling_cause(subject: Subject, rows: PaddedRows, generator: torch.Generator
       their attention (softmax weights seen), or the last block's states at real positions move with it
       (a fused kernel): the encoder attends to the pads;
     - "mixes-pads": the pads' content moves the scores and the states at real positions, while real
-      queries give the pad keys no attention: a layer mixing positions without the mask does it
-      (MobileBERT's trigram input, Nystromformer's landmarks, a convolution over positions);
+      queries give the pad keys no attention (or the model computes none): a layer mixing positions
+      without the mask does it (FNet's Fourier transform, MobileBERT's trigram input, Nystromformer's
+      landmarks, a convolution over positions);
     - "pools-pads": the pads' content moves the scores, no attention on them and the states at real
       positions stay still: the pooling (a mean or max over every position) takes the pads in;
     - "reads-pads": the pads' content moves the scores, the attention weights not seen (a fused kernel);
@@ -190,11 +191,20 @@ def pooling_cause(subject: Subject, rows: PaddedRows, generator: torch.Generator
         states_tol = EQUIVALENCE_TOLERANCE * max(evidence["largest_change_from_pad_content"], 1.0)
         if moved <= states_tol:
             return POOLED_OVER_PADS, evidence
-        unattended = share is not None and share < PAD_ATTENTION_SHARE[0]
+        # not attention: real queries give the pads none, or the model computes no attention at all (FNet)
+        unattended = share < PAD_ATTENTION_SHARE[0] if share is not None else not _attends(subject)
         return (MIXED if unattended else ATTENDED), evidence
     if share is not None and share < PAD_ATTENTION_SHARE[0]:
         return POOLED_OVER_PADS, evidence
     return READ, evidence  # the weights not seen (a fused kernel), or a share too small to claim either
+
+
+def _attends(subject: Subject) -> bool:
+    """Whether a forward computes attention (softmax weights meeting values, or a fused kernel)."""
+    from tfdoctor.probes.attention import attention_calls
+
+    capture = attention_calls(subject)
+    return bool(capture.uses or capture.fused_calls)
 
 
 def head_site(subject: Subject, ids: torch.Tensor) -> Optional[str]:
